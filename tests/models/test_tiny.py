@@ -1,0 +1,96 @@
+"""A model and tokenizer built locally load with the Auto classes and behave as documented."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from xrlhf.models import tiny
+from xrlhf.models.tiny import build_model, build_tokenizer, count_params
+
+TEXT = "12+7=19\nodd sort: 3 1 2"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_model(tmp_path_factory.mktemp("tiny") / "model", seed=3)
+
+
+def test_loads_with_auto_classes(model_dir):
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ids = tok(TEXT, return_tensors="pt")["input_ids"]
+    logits = model(input_ids=ids).logits
+    assert logits.shape == (1, len(TEXT), model.config.vocab_size)
+    assert model.config.vocab_size % 64 == 0 and model.config.vocab_size >= len(tok)
+    assert model.config.pad_token_id == tok.pad_token_id == 0
+    assert model.generation_config.eos_token_id == tok.eos_token_id
+
+
+def test_char_tokenizer_round_trips(model_dir):
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    for text in (TEXT, "a , b ; c\t\r\n  ~", "12+7="):
+        ids = tok(text)["input_ids"]
+        assert len(ids) == len(text)  # one token per character, no BOS/EOS added
+        assert tok.decode(ids) == text
+    assert tok.pad_token_id == 0
+    assert len({tok.pad_token_id, tok.bos_token_id, tok.eos_token_id, tok.unk_token_id}) == 4
+    assert tok.decode(tok("19")["input_ids"] + [tok.eos_token_id], skip_special_tokens=True) == "19"
+
+
+def test_same_seed_same_weights(model_dir, tmp_path):
+    again = load_file(build_model(tmp_path / "again", seed=3) / "model.safetensors")
+    other = load_file(build_model(tmp_path / "other", seed=4) / "model.safetensors")
+    first = load_file(model_dir / "model.safetensors")
+    assert first.keys() == again.keys()
+    assert all(torch.equal(first[k], again[k]) for k in first)
+    assert not all(torch.equal(first[k], other[k]) for k in first)
+
+
+def test_bpe_tokenizer_and_bf16(tmp_path):
+    corpus = [f"{a}+{b}={a + b} sort {a % 10} {b % 10}: odd even" for a in range(60) for b in range(60)]
+    tok = build_tokenizer("bpe", corpus=corpus, vocab_size=400)
+    assert len(tok) <= 400 and tok.pad_token_id == 0 and tok.eos_token_id != tok.pad_token_id
+    assert tok.decode(tok(TEXT)["input_ids"]) == TEXT
+    out = build_model(tmp_path / "bf16", dtype="bfloat16", intermediate=96, kv_heads=2)
+    assert next(iter(load_file(out / "model.safetensors").values())).dtype == torch.bfloat16
+    assert count_params(out) > 0
+
+
+def test_param_counts_match_comments():
+    assert tiny.preset_params("tiny") == 139_584
+    assert tiny.preset_params("0.5b") == 492_094_464
+    assert tiny.preset_params("1.5b") == 1_469_535_744
+
+
+def test_bad_sizes_name_the_argument(tmp_path):
+    with pytest.raises(ValueError, match="hidden=64 is not divisible by heads=5"):
+        build_model(tmp_path / "x", heads=5)
+    with pytest.raises(ValueError, match="kind='word'"):
+        build_tokenizer("word")
+
+
+def test_cli_run_uses_preset_and_overrides(tmp_path):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    tiny.add_arguments(parser)
+    args = parser.parse_args([str(tmp_path / "cli"), "--layers", "1", "--hidden", "32"])
+    assert tiny.run(args) == 0
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "cli")
+    assert (model.config.num_hidden_layers, model.config.hidden_size) == (1, 32)
+
+
+def test_cli_run_reports_bad_sizes_as_user_error(tmp_path):
+    import argparse
+
+    from xrlhf.utils.errors import UserError
+
+    parser = argparse.ArgumentParser()
+    tiny.add_arguments(parser)
+    with pytest.raises(UserError, match="make-tiny-model: build_model: heads=4 is not divisible by kv_heads=3"):
+        tiny.run(parser.parse_args([str(tmp_path / "bad"), "--kv-heads", "3"]))

@@ -1,0 +1,9 @@
+"""Algorithm layer: pure losses and advantages (``functional``, ``estimators``) and the short
+trainer loops that use them, registered by name (``algorithm.name`` in YAML). Trainers talk
+to model handles only; nothing here imports Ray.
+"""
+
+from xrlhf.algorithms.base import ALGORITHMS, RLTrainer, Rollout, register_algorithm
+from xrlhf.algorithms import ppo  # noqa: F401  (registers "ppo")
+
+__all__ = ["ALGORITHMS", "RLTrainer", "Rollout", "register_algorithm"]

@@ -1,0 +1,199 @@
+"""The RL trainer loop shared by every algorithm: rollout, reward, evaluation, logging.
+
+An algorithm subclasses ``RLTrainer``, declares its options as a pydantic ``Config`` and
+implements ``update(rollout)``: the part that differs between PPO, GRPO, online KTO ...
+It talks to model handles only (``self.policy.generate``, ``.infer``, ``.train_step``), never
+to Ray or to engines directly.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+import torch
+from loguru import logger
+from pydantic import BaseModel
+
+from xrlhf.config.schema import XConfig
+from xrlhf.data.batch import Batch, build_sequences
+from xrlhf.data.text import decode_responses, encode_prompt
+from xrlhf.engines.base import GenerationOutput, SamplingParams
+from xrlhf.envs import Env, Prompt
+from xrlhf.utils.registry import Registry
+
+ALGORITHMS: Registry[type] = Registry("algorithm")
+
+
+def register_algorithm(name: str):
+    """Decorator registering an ``RLTrainer`` subclass under ``algorithm.name: <name>``."""
+    return ALGORITHMS.register(name)
+
+
+@dataclass
+class Rollout:
+    """One step's samples: the ``Batch`` (layout of ``xrlhf.data.batch``) and their texts.
+
+    ``batch`` holds ``input_ids``, ``attention_mask``, ``response_mask``, ``rollout_logprobs``,
+    ``scores`` ``[B]`` and ``group_ids`` ``[B]`` (the prompt each sample came from).
+    """
+
+    batch: Batch
+    prompts: list[Prompt]
+    responses: list[str]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def sampling_params(cfg: XConfig, temperature: float | None = None) -> SamplingParams:
+    g = cfg.policy.generate
+    return SamplingParams(temperature=g.temperature if temperature is None else temperature, top_p=g.top_p,
+                          top_k=g.top_k, max_new_tokens=g.max_new_tokens, stop_token_ids=list(g.stop_token_ids))
+
+
+def evaluate(generate: Callable[[list[list[int]], SamplingParams], GenerationOutput], env: Env, tokenizer,
+             params: SamplingParams, limit: int | None = None, pad_to: int = 1) -> dict[str, float]:
+    """Mean reward (and accuracy, per task) of ``generate`` on the env's held-out prompts.
+
+    ``pad_to``: the prompt count is padded to a multiple of this (data-parallel ranks); the
+    padding rows are generated but not scored.
+    """
+    prompts = env.eval_prompts()[:limit]
+    ids = [encode_prompt(tokenizer, p.text) for p in prompts]
+    extra = (-len(ids)) % pad_to
+    out = generate(ids + ids[:extra], params)
+    texts = decode_responses(tokenizer, out.token_ids[:len(ids)])
+    scores = env.score(prompts, texts)
+    metrics = {"eval/reward_mean": sum(s.reward for s in scores) / len(scores)}
+    if all(s.correct is not None for s in scores):
+        metrics["eval/accuracy"] = sum(bool(s.correct) for s in scores) / len(scores)
+    for task in sorted({p.task for p in prompts if p.task}):
+        rows = [s.reward for p, s in zip(prompts, scores) if p.task == task]
+        metrics[f"eval/reward_{task}"] = sum(rows) / len(rows)
+    return metrics
+
+
+class RLTrainer(ABC):
+    """The outer loop: ``fit`` = evaluate, then ``steps`` x (rollout -> update -> sync), evaluate.
+
+    Args:
+        cfg: the whole run's config.
+        options: this algorithm's validated ``Config``.
+        handles: the coordinator (``handles["policy"]`` ...) and ``sync_weights()``.
+        env: the environment.
+        tokenizer: the policy's tokenizer.
+        reward: ``(prompts, responses, batch) -> (scores [B], metrics)``.
+        log: called with each step's metrics dict.
+    """
+
+    Config: ClassVar[type[BaseModel]]
+    needs_critic: ClassVar[bool] = False
+
+    def __init__(self, cfg: XConfig, options: BaseModel, handles, env: Env, tokenizer,
+                 reward: Callable[[list[Prompt], list[str], Batch], tuple[torch.Tensor, dict]],
+                 log: Callable[[dict[str, Any]], None]):
+        self.cfg, self.opt, self.handles, self.env, self.tok = cfg, options, handles, env, tokenizer
+        self.reward, self.log = reward, log
+        self.policy = handles["policy"]
+        self.critic = handles.get("critic")
+        self.reference = handles.get("reference")
+        self.data_pos = 0
+        self.step_idx = 0
+        self.generator = torch.Generator().manual_seed(cfg.seed)
+
+    # -- config hooks -----------------------------------------------------------------------
+    @classmethod
+    def check_config(cls, cfg: XConfig, options: BaseModel) -> list[str]:
+        """Cross-section checks; each returned line names the YAML path and the fix."""
+        errors = []
+        if cls.needs_critic and cfg.critic is None:
+            errors.append(f"critic: algorithm {cfg.algorithm.name!r} needs a critic section (critic: {{}} "
+                          f"uses the policy's model with a new value head)")
+        return errors
+
+    @classmethod
+    def train_steps(cls, cfg: XConfig, options: BaseModel) -> dict[str, int]:
+        """Optimizer steps each trainable handle will take (for LR schedules)."""
+        return {"policy": cfg.trainer.steps, "critic": cfg.trainer.steps}
+
+    # -- the loop ---------------------------------------------------------------------------
+    def fit(self) -> dict[str, Any]:
+        """Run the RL steps; returns eval rewards before and after."""
+        t = self.cfg.trainer
+        initial = self.evaluate()
+        logger.info(f"eval before RL: reward {initial['eval/reward_mean']:.3f}")
+        self.log({"step": 0, **initial})
+        last_eval = initial
+        for step in range(self.step_idx + 1, t.steps + 1):
+            self.step_idx = step
+            t0 = time.time()
+            metrics = self.step()
+            if t.eval_every and step % t.eval_every == 0 and step != t.steps:
+                last_eval = self.evaluate()
+                metrics.update(last_eval)
+            metrics["time/step_s"] = time.time() - t0
+            self.log({"step": step, **metrics})
+            logger.info(self.progress_line(step, metrics))
+        final = self.evaluate()
+        self.log({"step": t.steps, **final})
+        logger.info(f"eval after RL: reward {final['eval/reward_mean']:.3f} "
+                    f"(before {initial['eval/reward_mean']:.3f})")
+        return {"eval_reward_initial": initial["eval/reward_mean"], "eval_reward_final": final["eval/reward_mean"],
+                "eval_initial": initial, "eval_final": final, "steps": t.steps}
+
+    def progress_line(self, step: int, m: dict[str, float]) -> str:
+        keys = [("reward/mean", "reward"), ("kl/mean", "kl"), ("policy/loss", "pg_loss"),
+                ("critic/loss", "vf_loss"), ("policy/entropy", "entropy"), ("eval/reward_mean", "eval")]
+        parts = [f"{short} {m[k]:.3f}" for k, short in keys if k in m]
+        return (f"step {step}/{self.cfg.trainer.steps} | " + " | ".join(parts) +
+                f" | {m.get('perf/gen_tokens_per_s', 0):.0f} tok/s | {m['time/step_s']:.2f}s")
+
+    def step(self) -> dict[str, float]:
+        """One RL step: rollout, then the algorithm's update, then weight sync."""
+        t = self.cfg.trainer
+        timings: dict[str, float] = {}
+        t0 = time.time()
+        prompts = self.env.train_prompts(self.data_pos, t.prompts_per_step)
+        self.data_pos += t.prompts_per_step
+        rollout = self.rollout(prompts, t.samples_per_prompt, timings)
+        t0 = time.time()
+        metrics = self.update(rollout, timings)
+        timings["time/update_s"] = time.time() - t0
+        timings["time/sync_s"] = self.handles.sync_weights()
+        return {**rollout.metrics, **metrics, **timings}
+
+    def rollout(self, prompts: list[Prompt], n: int, timings: dict[str, float]) -> Rollout:
+        """Generate ``n`` samples per prompt and score them."""
+        expanded = [p for p in prompts for _ in range(n)]
+        ids = [encode_prompt(self.tok, p.text) for p in expanded]
+        t0 = time.time()
+        out = self.policy.generate(ids, sampling_params(self.cfg))
+        timings["time/generate_s"] = dt = time.time() - t0
+        batch = build_sequences(ids, out.token_ids, self.tok.pad_token_id, out.logprobs)
+        texts = decode_responses(self.tok, out.token_ids)
+        t0 = time.time()
+        scores, rmetrics = self.reward(expanded, texts, batch)
+        timings["time/reward_s"] = time.time() - t0
+        batch["scores"] = scores.float()
+        batch["group_ids"] = torch.arange(len(prompts)).repeat_interleave(n)
+        n_tokens = float(batch["response_mask"].sum())
+        metrics = {"reward/mean": float(scores.mean()), "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
+                   "response/length_mean": n_tokens / len(batch), "perf/gen_tokens_per_s": n_tokens / max(dt, 1e-9),
+                   **rmetrics}
+        return Rollout(batch, expanded, texts, metrics)
+
+    @abstractmethod
+    def update(self, rollout: Rollout, timings: dict[str, float]) -> dict[str, float]:
+        """The algorithm: from a scored rollout to updated policy (and critic) weights."""
+
+    def evaluate(self) -> dict[str, float]:
+        t = self.cfg.trainer
+        return evaluate(self.policy.generate, self.env, self.tok, sampling_params(self.cfg, t.eval_temperature),
+                        t.eval_size, pad_to=self.policy.world_size)
+
+    def minibatches(self, batch: Batch, size: int) -> list[Batch]:
+        """A seeded shuffle of ``batch`` cut into mini-batches of ``size`` rows."""
+        perm = torch.randperm(len(batch), generator=self.generator)
+        shuffled = batch.index(perm)
+        return list(shuffled.chunks(size))

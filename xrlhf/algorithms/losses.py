@@ -1,0 +1,80 @@
+"""Loss callables handed to train engines (picklable: they travel to Ray workers).
+
+Each wraps pure functions of ``xrlhf.algorithms.functional`` and follows the ``LossFn``
+contract of ``xrlhf.engines.base``: return the loss *summed* over its units plus metrics;
+the engine normalises by the global unit count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from xrlhf.algorithms import functional as F
+from xrlhf.data.batch import Batch
+from xrlhf.engines.base import ForwardOutput
+
+
+@dataclass
+class PolicyLoss:
+    """PPO-clip policy loss (+ entropy bonus, + optional KL-to-reference term, + TIS).
+
+    Reads ``old_logprobs``, ``advantages`` and ``response_mask`` from the batch; with
+    ``kl_coef > 0`` also ``ref_logprobs``; with ``tis_cap`` also ``rollout_logprobs``.
+    """
+
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None
+    entropy_coef: float = 0.0
+    kl_coef: float = 0.0
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    tis_cap: float | None = None
+    unit: str = "token"
+    needs_entropy: bool = True
+
+    def __call__(self, out: ForwardOutput, mb: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        mask = mb["response_mask"]
+        is_w = None
+        if self.tis_cap is not None:
+            is_w = torch.exp(mb["old_logprobs"] - mb["rollout_logprobs"]).clamp(max=self.tis_cap)
+        loss, stats = F.policy_loss(out.logprobs, mb["old_logprobs"], mb["advantages"], mask,
+                                    self.clip_eps, self.clip_eps_high, is_w)
+        metrics = {f"policy/{k}": v for k, v in stats.items()}
+        metrics["policy/pg_loss"] = loss.detach() / mask.sum().clamp(min=1)
+        if out.entropy is not None:
+            ent = F.masked_sum(out.entropy, mask)
+            loss = loss - self.entropy_coef * ent
+            metrics["policy/entropy"] = ent.detach() / mask.sum().clamp(min=1)
+        if self.kl_coef > 0:
+            kl = F.masked_sum(F.kl_estimate(out.logprobs, mb["ref_logprobs"], self.kl_estimator), mask)
+            loss = loss + self.kl_coef * kl
+            metrics["policy/kl_loss"] = kl.detach() / mask.sum().clamp(min=1)
+        return loss, metrics
+
+
+@dataclass
+class ValueLoss:
+    """Clipped value loss; reads ``old_values``, ``returns`` and ``response_mask``."""
+
+    clip_eps: float | None = 0.2
+    unit: str = "token"
+    needs_entropy: bool = False
+
+    def __call__(self, out: ForwardOutput, mb: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        loss, stats = F.value_loss(out.values, mb["old_values"], mb["returns"], mb["response_mask"], self.clip_eps)
+        return loss, {f"critic/{k}": v for k, v in stats.items()}
+
+
+@dataclass
+class SFTLoss:
+    """Negative log-likelihood of the response tokens (supervised warm-up, SFT)."""
+
+    unit: str = "token"
+    needs_entropy: bool = False
+
+    def __call__(self, out: ForwardOutput, mb: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        mask = mb["response_mask"]
+        nll = -F.masked_sum(out.logprobs, mask)
+        return nll, {"sft/token_accuracy": F.masked_mean((out.logprobs.detach() > -0.693).float(), mask)}

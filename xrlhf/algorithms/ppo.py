@@ -1,0 +1,158 @@
+"""PPO with a critic and GAE (Schulman et al. 2017; Ouyang et al. 2022 for the RLHF form).
+
+One update, as in the paper's pseudocode::
+
+    old logprobs, reference logprobs, values  <- policy, reference, critic (in parallel)
+    token rewards = score on the last token - kl_coef * KL(policy || reference)
+    advantages, returns = GAE(token rewards, values); whiten advantages
+    for epoch in ppo_epochs: for mini-batch: policy step (clipped), critic step (clipped)
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+import torch
+from pydantic import Field
+
+from xrlhf.algorithms import functional as F
+from xrlhf.algorithms.base import RLTrainer, Rollout, register_algorithm
+from xrlhf.algorithms.losses import PolicyLoss, ValueLoss
+from xrlhf.config.schema import Strict, XConfig
+from xrlhf.data.batch import Batch
+
+
+class PolicyGradientConfig(Strict):
+    """Options shared by PPO and the critic-free trainers (``algorithm:`` section)."""
+
+    name: str = "ppo"
+    ppo_epochs: int = Field(1, ge=1, description="passes over each rollout")
+    mini_batch_size: int = Field(32, ge=1, description="samples per optimizer step (global)")
+    clip_eps: float = Field(0.2, gt=0)
+    clip_eps_high: float | None = Field(None, gt=0, description="upper clip (DAPO clip-higher); default clip_eps")
+    kl_coef: float = Field(0.05, ge=0, description="initial KL coefficient (0: no reference needed)")
+    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
+    kl_target: float | None = Field(None, gt=0, description="adaptive KL controller target (None: fixed)")
+    kl_horizon: int = Field(10000, ge=1)
+    kl_in_reward: bool = Field(True, description="KL as a per-token reward penalty (True) or a loss term")
+    entropy_coef: float = Field(0.0, ge=0)
+    whiten_advantages: bool = True
+    tis_cap: float | None = Field(None, gt=0, description="truncated importance sampling vs rollout logprobs")
+
+
+class PPOConfig(PolicyGradientConfig):
+    gamma: float = Field(1.0, ge=0, le=1)
+    lam: float = Field(0.95, ge=0, le=1)
+    value_clip_eps: float | None = Field(0.2, gt=0)
+
+
+class PolicyGradientTrainer(RLTrainer):
+    """The machinery PPO and the critic-free estimators share: KL, mini-batch epochs, losses."""
+
+    Config = PolicyGradientConfig
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        o = self.opt
+        self.kl_ctl = (F.AdaptiveKLController(o.kl_coef, o.kl_target, o.kl_horizon) if o.kl_target
+                       else F.FixedKLController(o.kl_coef))
+
+    @classmethod
+    def check_config(cls, cfg: XConfig, o) -> list[str]:
+        errors = super().check_config(cfg, o)
+        batch = cfg.trainer.prompts_per_step * cfg.trainer.samples_per_prompt
+        if batch % o.mini_batch_size:
+            errors.append(f"algorithm.mini_batch_size: {o.mini_batch_size} must divide the rollout batch "
+                          f"(trainer.prompts_per_step * trainer.samples_per_prompt = {batch})")
+        for h in ("policy", "critic"):
+            sec = getattr(cfg, h, None)
+            if sec is not None and (h == "policy" or cls.needs_critic) and o.mini_batch_size % sec.resources.ranks:
+                errors.append(f"algorithm.mini_batch_size: {o.mini_batch_size} must divide by "
+                              f"{h}.resources.ranks = {sec.resources.ranks}")
+        if o.kl_coef > 0 and cfg.reference is None:
+            errors.append("reference: algorithm.kl_coef > 0 needs a reference section (reference: {} uses the "
+                          "policy's initial model); or set algorithm.kl_coef: 0")
+        return errors
+
+    @classmethod
+    def train_steps(cls, cfg: XConfig, o) -> dict[str, int]:
+        batch = cfg.trainer.prompts_per_step * cfg.trainer.samples_per_prompt
+        n = cfg.trainer.steps * o.ppo_epochs * (batch // o.mini_batch_size)
+        return {"policy": n, "critic": n}
+
+    def policy_loss(self) -> PolicyLoss:
+        o = self.opt
+        return PolicyLoss(o.clip_eps, o.clip_eps_high, o.entropy_coef,
+                          0.0 if o.kl_in_reward else self.kl_ctl.value, o.kl_estimator, o.tis_cap)
+
+    def score_logprobs(self, batch: Batch, timings: dict[str, float], with_values: bool) -> dict[str, float]:
+        """Old logprobs, reference logprobs (and critic values) for ``batch``, in parallel."""
+        t0 = time.time()
+        old = self.policy.infer(batch.select("input_ids", "attention_mask", "response_mask"), wait=False)
+        ref = self.reference.infer(batch, wait=False) if self.reference is not None and self.opt.kl_coef > 0 else None
+        val = self.critic.infer(batch, wait=False) if with_values else None
+        batch["old_logprobs"] = old.get()["logprobs"]
+        mask = batch["response_mask"]
+        metrics = {}
+        if "rollout_logprobs" in batch:
+            diff = (batch["old_logprobs"] - batch["rollout_logprobs"]).abs() * mask
+            metrics["mismatch/logprob_abs_diff_mean"] = float(diff.sum() / mask.sum().clamp(min=1))
+            metrics["mismatch/logprob_abs_diff_max"] = float(diff.max())
+        if ref is not None:
+            batch["ref_logprobs"] = ref.get()["logprobs"]
+            kl = F.kl_estimate(batch["old_logprobs"], batch["ref_logprobs"], self.opt.kl_estimator)
+            batch["kl"] = kl * mask
+            metrics["kl/mean"] = float((batch["kl"].sum(-1)).mean())
+        else:
+            batch["kl"] = torch.zeros_like(mask)
+        if val is not None:
+            batch["old_values"] = val.get()["values"] * mask
+        timings["time/infer_s"] = time.time() - t0
+        metrics["kl/coef"] = self.kl_ctl.value
+        return metrics
+
+    def train_epochs(self, batch: Batch, with_critic: bool) -> dict[str, float]:
+        """``ppo_epochs`` passes of mini-batch steps; policy and critic step side by side."""
+        policy_loss = self.policy_loss()
+        value_loss = ValueLoss(getattr(self.opt, "value_clip_eps", None))
+        sums: dict[str, float] = {}
+        n = 0
+        keys = [k for k in batch.keys() if k != "group_ids"]
+        for _ in range(self.opt.ppo_epochs):
+            for mb in self.minibatches(batch.select(*keys), self.opt.mini_batch_size):
+                pending = self.critic.train_step(mb, value_loss, wait=False) if with_critic else None
+                metrics = self.policy.train_step(mb, policy_loss)
+                metrics = {("policy/" + k if "/" not in k else k): v for k, v in metrics.items()}
+                if pending is not None:
+                    metrics.update({("critic/" + k if "/" not in k else k): v for k, v in pending.get().items()})
+                for k, v in metrics.items():
+                    sums[k] = sums.get(k, 0.0) + v
+                n += 1
+        return {k: v / n for k, v in sums.items()}
+
+
+@register_algorithm("ppo")
+class PPOTrainer(PolicyGradientTrainer):
+    """PPO with a learned critic and GAE."""
+
+    Config = PPOConfig
+    needs_critic = True
+
+    def update(self, rollout: Rollout, timings: dict[str, float]) -> dict[str, float]:
+        batch, o = rollout.batch, self.opt
+        metrics = self.score_logprobs(batch, timings, with_values=True)
+        mask = batch["response_mask"]
+        kl_coef = self.kl_ctl.value if o.kl_in_reward else 0.0
+        rewards = F.kl_penalized_rewards(batch["scores"], batch["kl"], mask, kl_coef)
+        adv, ret = F.gae(rewards, batch["old_values"], mask, o.gamma, o.lam)
+        batch["advantages"] = F.masked_whiten(adv, mask) * mask if o.whiten_advantages else adv
+        batch["returns"] = ret
+        t0 = time.time()
+        metrics.update(self.train_epochs(batch, with_critic=True))
+        timings["time/train_s"] = time.time() - t0
+        self.kl_ctl.update(metrics.get("kl/mean", 0.0), len(batch))
+        metrics["critic/return_mean"] = float(F.masked_mean(ret, mask))
+        metrics["policy/loss"] = metrics.get("policy/loss", 0.0)
+        metrics["critic/loss"] = metrics.get("critic/loss", 0.0)
+        return metrics

@@ -1,0 +1,77 @@
+"""``xrlhf`` command line: run, validate, make-tiny-model.
+
+User errors (config, paths, data) print one line each and exit 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from loguru import logger
+
+from xrlhf.utils.errors import UserError, WorkerDiedError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="xrlhf", description="RLHF that runs on a laptop CPU and scales to GPUs.")
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="train as a config says")
+    run.add_argument("config")
+    run.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.kl_coef=0.05")
+    run.add_argument("--output-dir", default=None, help="default: runs/<config name>-<timestamp>")
+    val = sub.add_parser("validate", help="check a config and print every problem")
+    val.add_argument("config")
+    val.add_argument("overrides", nargs="*")
+    from xrlhf.models import tiny
+
+    tiny.add_arguments(sub.add_parser("make-tiny-model", help="build a small model and tokenizer locally"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    logger.remove()
+    logger.add(sys.stderr, level=os.environ.get("XRLHF_LOG_LEVEL", "INFO"),
+               format="<green>{time:HH:mm:ss}</green> | <level>{level: <7}</level> | {message}")
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    unknown = [r for r in rest if r.startswith("-") or "=" not in r or not hasattr(args, "overrides")]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if rest:
+        args.overrides = list(args.overrides) + rest
+    try:
+        return _dispatch(args)
+    except UserError as e:
+        for line in e.messages:
+            print(f"error: {line}", file=sys.stderr)
+        return 2
+    except WorkerDiedError as e:
+        logger.error(str(e))
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "make-tiny-model":
+        from xrlhf.models import tiny
+
+        return tiny.run(args)
+    from xrlhf.config import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    if args.command == "validate":
+        print(f"{args.config}: ok")
+        return 0
+    from xrlhf.runner import run
+
+    run(cfg, args.output_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

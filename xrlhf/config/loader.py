@@ -1,0 +1,170 @@
+"""Load YAML, apply dotted overrides, validate, and report every problem at once.
+
+Each problem is one line prefixed by its dotted YAML path::
+
+    policy.train.micro_batch_size: must be >= 1, got 0
+    algorithm.kl_coeff: unknown key (valid: clip_eps, gamma, kl_coef, ...)
+
+``load_config`` raises ``UserError`` with all lines; the CLI prints them and exits 2.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from xrlhf.config.schema import XConfig
+from xrlhf.utils.errors import UserError
+
+_MESSAGES = {
+    "greater_than_equal": "must be >= {ge}",
+    "greater_than": "must be > {gt}",
+    "less_than_equal": "must be <= {le}",
+    "less_than": "must be < {lt}",
+    "missing": "is required",
+}
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping; a missing file or bad YAML is a ``UserError``."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{path}: no such config file")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise UserError(f"{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` overrides (values parsed as YAML) to a nested dict, in place."""
+    errors = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key or any(not k for k in key.split(".")):
+            errors.append(f"{item}: an override must look like section.key=value")
+            continue
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                if part in node and node[part] is not None:
+                    errors.append(f"{key}: {part!r} is not a section (it holds {node[part]!r})")
+                    break
+                node[part] = {}
+            node = node[part]
+        else:
+            node[parts[-1]] = value
+    if errors:
+        raise UserError(*errors)
+    return data
+
+
+def format_errors(err: ValidationError, model: type[BaseModel] | None = None, prefix: str = "") -> list[str]:
+    """One line per pydantic error: ``dotted.path: message, got <value>``."""
+    lines = []
+    for e in err.errors(include_url=False):
+        loc = [str(x) for x in e["loc"]]
+        path = ".".join(([prefix] if prefix else []) + loc)
+        kind = e["type"]
+        if kind == "extra_forbidden":
+            valid = _valid_keys(model, e["loc"][:-1]) if model else []
+            msg = "unknown key" + (f" (valid: {', '.join(valid)})" if valid else "")
+        elif kind in _MESSAGES:
+            msg = _MESSAGES[kind].format(**e.get("ctx", {}))
+            if kind != "missing":
+                msg += f", got {e['input']!r}"
+        elif kind == "value_error":
+            msg = str(e["ctx"]["error"]) if "ctx" in e else e["msg"]
+            if not loc:  # a cross-field check: its message names its own paths
+                lines.append(msg)
+                continue
+        else:
+            msg = f"{e['msg'][0].lower()}{e['msg'][1:]}, got {e['input']!r}"
+        lines.append(f"{path}: {msg}" if path else msg)
+    return lines
+
+
+def _valid_keys(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The field names of the section at ``loc`` in ``model`` (best effort)."""
+    import typing
+
+    cls: Any = model
+    for part in loc:
+        field = getattr(cls, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        ann = field.annotation
+        cls = next((a for a in (ann, *typing.get_args(ann)) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if cls is None:
+            return []
+    return sorted(getattr(cls, "model_fields", {}))
+
+
+def validate_dict(data: dict[str, Any]) -> XConfig:
+    """Validate a config dict: the schema, then env and algorithm options, then their checks."""
+    try:
+        cfg = XConfig.model_validate(data)
+    except ValidationError as e:
+        raise UserError(*format_errors(e, XConfig)) from None
+    errors = _validate_registered(cfg)
+    if errors:
+        raise UserError(*errors)
+    return cfg
+
+
+def _validate_registered(cfg: XConfig) -> list[str]:
+    """Options of the named env and algorithm, validated by their own ``Config`` models."""
+    from xrlhf.algorithms import ALGORITHMS
+    from xrlhf.envs import ENVS
+
+    errors: list[str] = []
+    for section, registry, options in (("env", ENVS, cfg.env.options), ("algorithm", ALGORITHMS, cfg.algorithm.options())):
+        name = getattr(cfg, section).name
+        try:
+            cls = registry.get(name)
+        except KeyError as e:
+            errors.append(f"{section}.name: {e.args[0]}")
+            continue
+        prefix = "env.options" if section == "env" else "algorithm"
+        try:
+            parsed = cls.Config.model_validate(options)
+        except ValidationError as e:
+            errors += format_errors(e, cls.Config, prefix)
+            continue
+        if section == "algorithm":
+            errors += cls.check_config(cfg, parsed)
+    return errors
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> XConfig:
+    """Read, override and validate a config; raises ``UserError`` listing every problem."""
+    data = apply_overrides(read_yaml(path), list(overrides or []))
+    data.setdefault("name", Path(path).stem)
+    return validate_dict(data)
+
+
+def algorithm_options(cfg: XConfig) -> BaseModel:
+    """The validated options of ``cfg.algorithm`` (its class's ``Config``)."""
+    from xrlhf.algorithms import ALGORITHMS
+
+    return ALGORITHMS.get(cfg.algorithm.name).Config.model_validate(cfg.algorithm.options())
+
+
+def dump_config(cfg: XConfig) -> str:
+    """The resolved config as YAML (what ``config.yaml`` in the run directory holds)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,203 @@
+"""The YAML schema: one pydantic model per section, unknown keys rejected.
+
+Algorithm and environment sections carry a ``name`` plus options that are validated by the
+registered class's own ``Config`` model (see ``xrlhf.config.loader``), so a user's own
+algorithm or env gets the same strict checking.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+
+class Strict(BaseModel):
+    """Base of every section: unknown keys are errors, values are validated on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def _check_model_dir(v: str | None) -> str | None:
+    if v is None:
+        return v
+    p = Path(v).expanduser()
+    if not p.is_dir():
+        raise ValueError(f"no such model directory {v!r} (build one with: xrlhf make-tiny-model {v})")
+    if not (p / "config.json").is_file():
+        raise ValueError(f"{v!r} is not an HF-format model directory (no config.json)")
+    return str(p.resolve())
+
+
+ModelPath = Annotated[str, AfterValidator(_check_model_dir)]
+"""A local HF-format model directory; validated to exist (no hub, ever)."""
+
+
+class RayConfig(Strict):
+    """Where the Ray workers run. Without ``address`` a local Ray starts."""
+
+    address: str | None = Field(None, description="join an existing cluster, e.g. 'auto' or 'ray://host:10001'")
+    num_cpus: int | None = Field(None, ge=1, description="CPUs of the local Ray (default: all)")
+    num_gpus: int | None = Field(None, ge=0)
+    log_to_driver: bool = True
+
+
+class Resources(Strict):
+    """How a model handle is placed: ``ranks`` Ray actors, each with these resources."""
+
+    ranks: int = Field(1, ge=1, description="data-parallel ranks (one Ray actor each)")
+    cpus_per_rank: float = Field(1.0, ge=0)
+    gpus_per_rank: float = Field(0.0, ge=0)
+    colocate_with: str | None = Field(None, description="share the placement group of this handle (e.g. 'policy')")
+
+
+class TrainConfig(Strict):
+    """The train engine of a handle."""
+
+    engine: str = Field("hf", description="'hf', 'deepspeed' or an import path 'pkg.mod:Class'")
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    lr: float = Field(1e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    grad_clip: float | None = Field(1.0, gt=0)
+    micro_batch_size: int = Field(8, ge=1)
+    lr_warmup_steps: int = Field(0, ge=0)
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    gradient_checkpointing: bool = False
+    engine_options: dict[str, Any] = Field(default_factory=dict, description="passed to a custom engine as is")
+
+
+class InferConfig(Strict):
+    """The infer engine of a frozen handle (reference, reward model)."""
+
+    engine: str = "hf"
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    micro_batch_size: int = Field(32, ge=1)
+    engine_options: dict[str, Any] = Field(default_factory=dict)
+
+
+class GenerateConfig(Strict):
+    """The generate engine of the policy and its sampling parameters."""
+
+    engine: str = "hf"
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
+    max_new_tokens: int = Field(16, ge=1)
+    stop_token_ids: list[int] = Field(default_factory=list, description="default: the model's EOS")
+    micro_batch_size: int = Field(256, ge=1)
+    engine_options: dict[str, Any] = Field(default_factory=dict)
+
+
+class WeightSyncConfig(Strict):
+    """How new policy weights reach the generate engine."""
+
+    transport: Literal["auto", "in_process", "cpu", "cuda_ipc", "nccl"] = "auto"
+    bucket_mb: int = Field(256, ge=1)
+    verify: bool = False
+
+
+class PolicyConfig(Strict):
+    model: ModelPath
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    generate: GenerateConfig = Field(default_factory=GenerateConfig)
+    resources: Resources = Field(default_factory=Resources)
+    weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
+
+
+class CriticConfig(Strict):
+    model: ModelPath | None = Field(None, description="default: the policy's model, with a new value head")
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    resources: Resources = Field(default_factory=lambda: Resources(colocate_with="policy"))
+
+
+class ReferenceConfig(Strict):
+    model: ModelPath | None = Field(None, description="default: the policy's initial model")
+    infer: InferConfig = Field(default_factory=InferConfig)
+    resources: Resources = Field(default_factory=lambda: Resources(colocate_with="policy"))
+
+
+class RewardConfig(Strict):
+    """Where rewards come from: the env's rule, a reward model, or a Python function."""
+
+    source: Literal["env", "model", "function"] = "env"
+    model: ModelPath | None = None
+    function: str | None = Field(None, description="import path 'pkg.mod:fn' of fn(prompts, responses) -> list[float]")
+    infer: InferConfig = Field(default_factory=InferConfig)
+    resources: Resources = Field(default_factory=lambda: Resources(colocate_with="policy"))
+
+    @model_validator(mode="after")
+    def _source_needs(self):
+        if self.source == "model" and self.model is None:
+            raise ValueError("source 'model' needs reward.model: the path of a reward model")
+        if self.source == "function" and not self.function:
+            raise ValueError("source 'function' needs reward.function: an import path 'pkg.mod:fn'")
+        return self
+
+
+class NamedSection(BaseModel):
+    """``name`` plus options validated later by the registered class's ``Config``."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str
+
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class EnvConfig(Strict):
+    name: str = Field(description="a registered env or an import path 'pkg.mod:Class'")
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class TrainerConfig(Strict):
+    """The outer RL loop."""
+
+    steps: int = Field(20, ge=1, description="RL steps (rollout + update)")
+    prompts_per_step: int = Field(32, ge=1)
+    samples_per_prompt: int = Field(1, ge=1)
+    eval_every: int = Field(0, ge=0, description="evaluate every N steps (0: only at start and end)")
+    eval_temperature: float = Field(0.0, ge=0, description="0: greedy decoding for evaluation")
+    eval_size: int | None = Field(None, ge=1, description="limit the held-out set to N prompts")
+    save_final: bool = True
+
+
+class WarmupConfig(Strict):
+    """An optional supervised warm-up of the policy on the env's examples before RL."""
+
+    steps: int = Field(0, ge=0)
+    batch_size: int = Field(64, ge=1)
+    lr: float = Field(1e-3, gt=0)
+
+
+class XConfig(Strict):
+    """The whole run."""
+
+    name: str | None = None
+    seed: int = 0
+    ray: RayConfig = Field(default_factory=RayConfig)
+    env: EnvConfig
+    policy: PolicyConfig
+    critic: CriticConfig | None = None
+    reference: ReferenceConfig | None = Field(default_factory=ReferenceConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    algorithm: NamedSection = Field(default_factory=lambda: NamedSection(name="ppo"))
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    warmup: WarmupConfig = Field(default_factory=WarmupConfig)
+
+    @model_validator(mode="after")
+    def _cross_checks(self):
+        handles = {"policy", "critic", "reference", "reward"}
+        for h in ("critic", "reference", "reward"):
+            sec = getattr(self, h)
+            if sec is not None and sec.resources.colocate_with not in (None, *handles - {h}):
+                raise ValueError(f"{h}.resources.colocate_with: unknown handle "
+                                 f"{sec.resources.colocate_with!r}; valid: {', '.join(sorted(handles - {h}))}")
+        batch = self.trainer.prompts_per_step * self.trainer.samples_per_prompt
+        if batch % self.policy.resources.ranks:
+            raise ValueError(f"trainer.prompts_per_step * trainer.samples_per_prompt = {batch} must divide by "
+                             f"policy.resources.ranks = {self.policy.resources.ranks}")
+        return self

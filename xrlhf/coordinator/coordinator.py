@@ -1,0 +1,153 @@
+"""``Coordinator``: starts Ray, places the handles, builds their engines, wires weight sync.
+
+The algorithm layer gets ready ``ModelHandle`` objects (``policy``, ``critic``,
+``reference``, ``reward``) and calls ``sync_weights()`` after each policy update.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from loguru import logger
+
+from xrlhf.config.schema import Resources, XConfig
+from xrlhf.coordinator.handle import ModelHandle
+from xrlhf.coordinator.resources import Slot, place
+from xrlhf.coordinator.worker import EngineWorker
+from xrlhf.engines.base import DistInfo, EngineSpec
+
+
+@dataclass
+class HandleSpec:
+    """What one handle is: its engines by role, and where it runs."""
+
+    name: str
+    engines: dict[str, tuple[str, EngineSpec]]
+    resources: Resources
+    train_options: dict[str, Any] = field(default_factory=dict)
+
+
+def handle_specs(cfg: XConfig, policy_model: str, total_train_steps: dict[str, int]) -> list[HandleSpec]:
+    """The handles a run needs, from its config (``policy_model``: the RL start point)."""
+
+    def spec(model: str, head: str, res: Resources, section, temperature: float = 1.0, extra=None) -> EngineSpec:
+        opts = {**section.model_dump(), **section.engine_options, **(extra or {})}
+        return EngineSpec(model_path=model, head=head, device="cuda" if res.gpus_per_rank > 0 else "cpu",
+                          dtype=section.dtype, options=opts, seed=cfg.seed, temperature=temperature)
+
+    p = cfg.policy
+    temp = p.generate.temperature or 1.0
+    out = [HandleSpec("policy", {
+        "train": (p.train.engine, spec(policy_model, "causal_lm", p.resources, p.train, temp,
+                                       {"total_steps": total_train_steps.get("policy", 0)})),
+        "generate": (p.generate.engine, spec(policy_model, "causal_lm", p.resources, p.generate, temp)),
+    }, p.resources)]
+    if cfg.critic is not None:
+        c = cfg.critic
+        out.append(HandleSpec("critic", {"train": (c.train.engine, spec(
+            c.model or policy_model, "value", c.resources, c.train, extra={"total_steps": total_train_steps.get("critic", 0)}))},
+            c.resources))
+    if cfg.reference is not None:
+        r = cfg.reference
+        out.append(HandleSpec("reference", {"infer": (r.infer.engine, spec(
+            r.model or policy_model, "causal_lm", r.resources, r.infer, temp))}, r.resources))
+    if cfg.reward.source == "model":
+        w = cfg.reward
+        out.append(HandleSpec("reward", {"infer": (w.infer.engine, spec(w.model, "score", w.resources, w.infer))},
+                              w.resources))
+    return out
+
+
+def init_ray(cfg: XConfig) -> None:
+    """Start a local Ray, or join ``ray.address``; workers see the driver's import path."""
+    if ray.is_initialized():
+        return
+    path = os.pathsep.join([os.getcwd()] + [p for p in sys.path if p and os.path.isdir(p)])
+    env = {"PYTHONPATH": path, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+           "RAY_DEDUP_LOGS": "1"}
+    kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env}, "log_to_driver": cfg.ray.log_to_driver,
+                              "logging_level": "WARNING", "configure_logging": True}
+    if cfg.ray.address:
+        ray.init(address=cfg.ray.address, **kwargs)
+    else:
+        ray.init(num_cpus=cfg.ray.num_cpus or os.cpu_count(), num_gpus=cfg.ray.num_gpus,
+                 include_dashboard=False, **kwargs)
+
+
+class Coordinator:
+    """Owns Ray and the handles of one run.
+
+    Args:
+        cfg: the validated config.
+        policy_model: the directory the policy (and by default critic and reference) start from.
+        total_train_steps: optimizer steps per trainable handle, for LR schedules.
+    """
+
+    def __init__(self, cfg: XConfig, policy_model: str, total_train_steps: dict[str, int] | None = None):
+        self.cfg = cfg
+        self.specs = handle_specs(cfg, policy_model, total_train_steps or {})
+        self.handles: dict[str, ModelHandle] = {}
+
+    def start(self) -> "Coordinator":
+        t0 = time.time()
+        init_ray(self.cfg)
+        slots = place({s.name: s.resources for s in self.specs})
+        pending = []
+        for s in self.specs:
+            handle, setup = self._create(s, slots[s.name])
+            self.handles[s.name] = handle
+            pending.append((handle, setup))
+        for handle, refs in pending:
+            handle._get(refs, list(range(handle.world_size)))
+        self._wire_weight_sync()
+        logger.info(f"Ray handles ready in {time.time() - t0:.1f}s: " + ", ".join(
+            f"{h.name} x{h.world_size}" for h in self.handles.values()))
+        return self
+
+    def _create(self, s: HandleSpec, slot: Slot) -> tuple[ModelHandle, list]:
+        actor = ray.remote(EngineWorker)
+        workers = [actor.options(**slot.options(rank), max_restarts=0,
+                                 name=None).remote(s.name, rank, slot.threads)
+                   for rank in range(s.resources.ranks)]
+        handle = ModelHandle(s.name, workers)
+        gpu = s.resources.gpus_per_rank > 0
+        master, port = handle._get([workers[0].address.remote()], [0])[0]
+        refs = [w.setup.remote(s.engines, DistInfo(rank, len(workers), master, port, "nccl" if gpu else "gloo"))
+                for rank, w in enumerate(workers)]
+        return handle, refs
+
+    def _wire_weight_sync(self) -> None:
+        ws = self.cfg.policy.weight_sync
+        transport = "in_process" if ws.transport == "auto" else ws.transport
+        policy = self.handles["policy"]
+        policy._get([w.set_transport.remote(transport, ws.bucket_mb << 20, ws.verify) for w in policy.workers],
+                    list(range(policy.world_size)))
+        self.transport = transport
+
+    def sync_weights(self) -> float:
+        """Push the policy's new weights to its generate engines; returns seconds taken."""
+        t0 = time.time()
+        self.handles["policy"].sync_weights_local()
+        return time.time() - t0
+
+    def __getitem__(self, name: str) -> ModelHandle:
+        return self.handles[name]
+
+    def get(self, name: str) -> ModelHandle | None:
+        return self.handles.get(name)
+
+    def shutdown(self) -> None:
+        """Kill the workers and stop Ray (only a Ray this process started)."""
+        for h in self.handles.values():
+            try:
+                h.kill()
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass
+        self.handles.clear()
+        if ray.is_initialized():
+            ray.shutdown()

@@ -1,0 +1,176 @@
+"""``ModelHandle``: one model (policy, critic, reference, reward) as a group of Ray actors.
+
+Each method declares once how its inputs are split across ranks and how results come back
+(the ``dispatch`` decorator), in the manner of verl's ``@register(dispatch_mode=...)``:
+
+* ``DP``: the first argument (a ``Batch`` or a list) is split into equal consecutive parts,
+  one per rank; results are concatenated in rank order (metrics dicts are averaged).
+* ``ALL``: every rank gets the same arguments; a list of per-rank results comes back.
+* ``RANK0``: only rank 0 runs it.
+
+Calls return results, or with ``wait=False`` a ``Pending`` whose ``get()`` gathers later, so
+independent handles can overlap (reference and critic inference, say). A dead worker
+surfaces as ``WorkerDiedError`` naming the handle and the rank.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError
+
+from xrlhf.data.batch import Batch
+from xrlhf.engines.base import GenerationOutput
+from xrlhf.utils.errors import WorkerDiedError
+
+DP, ALL, RANK0 = "dp", "all", "rank0"
+
+
+def _split(x: Any, n: int) -> list[Any]:
+    if isinstance(x, Batch):
+        return x.split(n)
+    if isinstance(x, (list, tuple)):
+        if len(x) % n:
+            raise ValueError(f"{len(x)} items do not split into {n} equal parts")
+        k = len(x) // n
+        return [list(x[i * k:(i + 1) * k]) for i in range(n)]
+    raise TypeError(f"cannot split a {type(x).__name__} across ranks")
+
+
+def _gather(parts: list[Any]) -> Any:
+    first = parts[0]
+    if isinstance(first, Batch):
+        return Batch.cat(parts)
+    if isinstance(first, GenerationOutput):
+        return GenerationOutput([t for p in parts for t in p.token_ids], [lp for p in parts for lp in p.logprobs])
+    if isinstance(first, dict):
+        return {k: sum(float(p[k]) for p in parts) / len(parts) for k in first}
+    if isinstance(first, list):
+        return [x for p in parts for x in p]
+    return parts
+
+
+@dataclass
+class Pending:
+    """Results still being computed by a handle's ranks; ``get()`` waits and gathers."""
+
+    handle: "ModelHandle"
+    refs: list[ray.ObjectRef]
+    ranks: list[int]
+    gather: Callable[[list[Any]], Any]
+
+    def get(self, timeout: float | None = None) -> Any:
+        return self.gather(self.handle._get(self.refs, self.ranks, timeout))
+
+
+def dispatch(mode: str):
+    """Declare how a handle method's call is spread over ranks; the body is not run."""
+
+    def deco(fn):
+        method = fn.__name__
+
+        @functools.wraps(fn)
+        def wrapper(self: "ModelHandle", *args, wait: bool = True, **kwargs):
+            ranks = list(range(self.world_size)) if mode != RANK0 else [0]
+            if mode == DP:
+                pieces = _split(args[0], self.world_size)
+                refs = [getattr(w, method).remote(p, *args[1:], **kwargs) for w, p in zip(self.workers, pieces)]
+                gather = _gather
+            else:
+                refs = [getattr(self.workers[r], method).remote(*args, **kwargs) for r in ranks]
+                gather = (lambda parts: parts[0]) if mode == RANK0 else list
+            pending = Pending(self, refs, ranks, gather)
+            return pending.get() if wait else pending
+
+        wrapper.dispatch_mode = mode
+        return wrapper
+
+    return deco
+
+
+class ModelHandle:
+    """A model as a group of ``EngineWorker`` actors, one per rank.
+
+    Args:
+        name: ``policy``, ``critic``, ``reference`` or ``reward``.
+        workers: the actor handles, in rank order.
+    """
+
+    def __init__(self, name: str, workers: Sequence[Any]):
+        self.name = name
+        self.workers = list(workers)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.workers)
+
+    def _get(self, refs: list[ray.ObjectRef], ranks: list[int], timeout: float | None = None) -> list[Any]:
+        out = []
+        for ref, rank in zip(refs, ranks):
+            try:
+                out.append(ray.get(ref, timeout=timeout))
+            except RayActorError as e:
+                raise WorkerDiedError(f"{self.name} rank {rank} died: {_first_line(e)}") from None
+            except GetTimeoutError:
+                raise WorkerDiedError(f"{self.name} rank {rank} did not answer within {timeout} s") from None
+        return out
+
+    # -- methods, each with its dispatch ------------------------------------------------------
+    @dispatch(DP)
+    def generate(self, prompts, params):
+        """Sample continuations; prompts split across ranks -> ``GenerationOutput``."""
+
+    @dispatch(DP)
+    def infer(self, batch):
+        """Logprobs / values / scores of ``batch`` -> ``Batch``."""
+
+    @dispatch(DP)
+    def train_step(self, batch, loss_fn):
+        """One optimizer step on a global mini-batch, data-parallel -> metrics averaged over ranks."""
+
+    @dispatch(ALL)
+    def sync_weights_local(self):
+        """Each rank: its train engine -> its generate engine."""
+
+    @dispatch(RANK0)
+    def save_pretrained(self, path):
+        """Rank 0 writes the model in HF format."""
+
+    @dispatch(RANK0)
+    def state_dict(self):
+        """Model, optimizer and scheduler state (rank 0: all ranks hold the same after a step)."""
+
+    @dispatch(ALL)
+    def load_state_dict(self, state):
+        """Every rank restores the same state."""
+
+    @dispatch(ALL)
+    def rng_state(self):
+        """Every rank's RNG state."""
+
+    @dispatch(ALL)
+    def pid(self):
+        """Every rank's process id."""
+
+    @dispatch(ALL)
+    def sleep_generator(self):
+        """Release the generate engines' memory."""
+
+    @dispatch(ALL)
+    def wake_generator(self):
+        """Bring the generate engines back."""
+
+    def set_rng_state(self, states: list[dict]) -> None:
+        self._get([w.set_rng_state.remote(s) for w, s in zip(self.workers, states)], list(range(self.world_size)))
+
+    def kill(self) -> None:
+        for w in self.workers:
+            ray.kill(w, no_restart=True)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__

@@ -1,0 +1,1 @@
+"""Data plumbing shared by every layer: tensor batches, sequence layout, datasets."""

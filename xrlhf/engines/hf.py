@@ -1,0 +1,324 @@
+"""Transformers backend: train, infer and generate engines on CPU or one GPU.
+
+All three share ``HFModel``: loading a local HF-format directory with the right head, and a
+forward pass that returns per-token logprobs (and entropy), values, or sequence scores for
+the response part of a batch (layout in ``xrlhf.data.batch``). The DeepSpeed backend reuses
+it and only swaps the optimizer/parallelism.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+import torch.nn.functional as F
+
+from xrlhf.data.batch import Batch, response_width
+from xrlhf.engines.base import (ENGINES, EngineSpec, ForwardOutput, GenerateEngine, GenerationOutput,
+                                InferEngine, LossFn, NamedTensors, SamplingParams, TrainEngine)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_hf_model(spec: EngineSpec) -> torch.nn.Module:
+    """Load ``spec.model_path`` with the head ``spec.head`` on ``spec.device``."""
+    from transformers import (AutoModelForCausalLM, AutoModelForSequenceClassification,
+                              AutoModelForTokenClassification)
+
+    kwargs: dict[str, Any] = {"dtype": DTYPES[spec.dtype]}
+    if spec.head == "causal_lm":
+        model = AutoModelForCausalLM.from_pretrained(spec.model_path, **kwargs)
+    elif spec.head == "value":
+        model = AutoModelForTokenClassification.from_pretrained(spec.model_path, num_labels=1, **kwargs)
+    else:
+        model = AutoModelForSequenceClassification.from_pretrained(spec.model_path, num_labels=1, **kwargs)
+    return model.to(spec.device)
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax(logits) over the last dim: ``[..., V] -> [...]``."""
+    logp = F.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Logprob of ``tokens`` under softmax(logits / temperature): ``[B, R, V], [B, R] -> [B, R]``."""
+    logits = logits.float() / (temperature if temperature > 0 else 1.0)
+    return torch.gather(F.log_softmax(logits, dim=-1), -1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+class HFModel:
+    """A Transformers model and the forward pass every role needs."""
+
+    def __init__(self, spec: EngineSpec):
+        self.spec = spec
+        torch.manual_seed(spec.seed)
+        self.model = load_hf_model(spec)
+        self.device = torch.device(spec.device)
+
+    def forward(self, batch: Batch, need_entropy: bool = False) -> ForwardOutput:
+        """Forward over ``batch`` (layout of ``xrlhf.data.batch``); response part only."""
+        ids = batch["input_ids"].to(self.device)
+        attn = batch["attention_mask"].to(self.device)
+        r = response_width(batch)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        head = self.spec.head
+        if head == "causal_lm":
+            out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=r + 1,
+                             use_cache=False)
+            logits = out.logits[:, :-1].float() / max(self.spec.temperature, 1e-6)
+            logp = torch.gather(F.log_softmax(logits, -1), -1, ids[:, -r:].unsqueeze(-1)).squeeze(-1)
+            return ForwardOutput(logprobs=logp, entropy=entropy_from_logits(logits) if need_entropy else None)
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos)
+        if head == "value":
+            return ForwardOutput(values=out.logits[:, -r - 1:-1, 0].float())
+        return ForwardOutput(scores=out.logits[:, 0].float())
+
+
+@ENGINES.register("hf.infer")
+class HFInferEngine(InferEngine):
+    """Logprobs, values or scores with a frozen Transformers model."""
+
+    def __init__(self, spec: EngineSpec):
+        super().__init__(spec)
+        self.hf = HFModel(spec)
+        self.hf.model.eval().requires_grad_(False)
+
+    def forward(self, batch: Batch, need_entropy: bool = False) -> ForwardOutput:
+        return self.hf.forward(batch, need_entropy)
+
+    def infer(self, batch: Batch, micro_batch_size: int | None = None) -> Batch:
+        return super().infer(batch, micro_batch_size or self.spec.options.get("micro_batch_size", 64))
+
+
+def lr_lambda(warmup: int, total: int, schedule: str):
+    """LR multiplier per optimizer step: linear warm-up, then constant or cosine to 10%."""
+
+    def fn(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if schedule == "cosine" and total > warmup:
+            progress = min(1.0, (step - warmup) / max(1, total - warmup))
+            return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+        return 1.0
+
+    return fn
+
+
+def all_reduce_grads(params: list[torch.nn.Parameter]) -> None:
+    """Sum gradients over the data-parallel group, in one flat buffer per dtype."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    grads = [p.grad for p in params if p.grad is not None]
+    for dtype in {g.dtype for g in grads}:
+        group = [g for g in grads if g.dtype == dtype]
+        flat = torch.cat([g.reshape(-1) for g in group])
+        dist.all_reduce(flat)
+        offset = 0
+        for g in group:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+
+def global_units(batch: Batch, unit: str, device: torch.device) -> torch.Tensor:
+    """Number of loss units (tokens or rows) in the global mini-batch, summed over ranks."""
+    import torch.distributed as dist
+
+    n = batch["response_mask"].sum() if unit == "token" else torch.tensor(float(len(batch)))
+    n = n.to(device=device, dtype=torch.float64)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(n)
+    return n.clamp(min=1.0)
+
+
+def accumulate_metrics(acc: dict[str, float], metrics: dict[str, Any], weight: float) -> None:
+    for k, v in metrics.items():
+        acc[k] = acc.get(k, 0.0) + float(v) * weight
+
+
+@ENGINES.register("hf.train")
+class HFTrainEngine(TrainEngine):
+    """Plain PyTorch training of a Transformers model; data parallel through torch.distributed.
+
+    Options (the YAML ``train`` block): ``lr``, ``weight_decay``, ``betas``, ``eps``,
+    ``grad_clip``, ``micro_batch_size``, ``lr_warmup_steps``, ``lr_schedule``,
+    ``total_steps``, ``gradient_checkpointing``.
+    """
+
+    def __init__(self, spec: EngineSpec):
+        super().__init__(spec)
+        spec.dist.init_process_group()
+        self.hf = HFModel(spec)
+        self.model = self.hf.model
+        opts = spec.options
+        if opts.get("gradient_checkpointing"):
+            self.model.gradient_checkpointing_enable()
+        self.model.train()
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=opts.get("lr", 1e-5),
+                                           betas=tuple(opts.get("betas", (0.9, 0.999))),
+                                           eps=opts.get("eps", 1e-8), weight_decay=opts.get("weight_decay", 0.0))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(opts.get("lr_warmup_steps", 0), opts.get("total_steps", 0),
+                                      opts.get("lr_schedule", "constant")))
+        self._broadcast_initial_weights()
+
+    def _broadcast_initial_weights(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            for t in self.model.state_dict().values():
+                dist.broadcast(t, src=0)
+
+    def forward(self, batch: Batch, need_entropy: bool = False) -> ForwardOutput:
+        return self.hf.forward(batch, need_entropy)
+
+    def infer(self, batch: Batch, micro_batch_size: int | None = None) -> Batch:
+        self.model.eval()
+        try:
+            return super().infer(batch, micro_batch_size or self.spec.options.get("micro_batch_size", 16))
+        finally:
+            self.model.train()
+
+    def train_step(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
+        denom = global_units(batch, loss_fn.unit, self.hf.device)
+        acc: dict[str, float] = {}
+        total = 0.0
+        for mb in batch.chunks(self.spec.options.get("micro_batch_size", 16)):
+            mb = mb.to(self.hf.device)
+            out = self.forward(mb, need_entropy=loss_fn.needs_entropy)
+            loss_sum, metrics = loss_fn(out, mb)
+            (loss_sum / denom).backward()
+            w = float(mb["response_mask"].sum() if loss_fn.unit == "token" else len(mb))
+            accumulate_metrics(acc, {"loss": loss_sum.detach() / max(w, 1.0), **metrics}, w)
+            total += w
+        return {**{k: v / max(total, 1.0) for k, v in acc.items()}, **self.optimizer_step()}
+
+    def optimizer_step(self) -> dict[str, float]:
+        """All-reduce gradients, clip, step optimizer and schedule; returns grad norm and lr."""
+        all_reduce_grads(self.params)
+        clip = self.spec.options.get("grad_clip", 1.0)
+        norm = torch.nn.utils.clip_grad_norm_(self.params, clip if clip else float("inf"))
+        lr = self.optimizer.param_groups[0]["lr"]
+        if torch.isfinite(norm):
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"grad_norm": float(norm), "lr": lr, "skipped": float(not torch.isfinite(norm))}
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        yield from self.model.state_dict().items()
+
+    def save_pretrained(self, path: str) -> None:
+        save_with_tokenizer(self.model, self.spec.model_path, path)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()},
+                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+
+def save_with_tokenizer(model: torch.nn.Module, source_dir: str, path: str) -> None:
+    """``model.save_pretrained(path)`` plus the tokenizer files of ``source_dir``."""
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    for f in Path(source_dir).iterdir():
+        if f.is_file() and (f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json", "vocab.json",
+                                                                        "merges.txt", "chat_template.jinja")):
+            shutil.copy(f, out / f.name)
+
+
+def load_named_weights(model: torch.nn.Module, weights: NamedTensors) -> int:
+    """Copy ``(name, tensor)`` pairs into ``model`` in place; unknown names raise. Returns the count."""
+    params = model.state_dict(keep_vars=True)
+    n = 0
+    with torch.no_grad():
+        for name, tensor in weights:
+            if name not in params:
+                raise KeyError(f"weight {name!r} is not a parameter of the generator")
+            params[name].copy_(tensor.to(params[name].device, params[name].dtype))
+            n += 1
+    return n
+
+
+@ENGINES.register("hf.generate")
+class HFGenerateEngine(GenerateEngine):
+    """Sampling with ``transformers`` ``generate``; logprobs of the temperature-scaled distribution."""
+
+    def __init__(self, spec: EngineSpec):
+        super().__init__(spec)
+        self.hf = HFModel(spec)
+        self.model = self.hf.model.eval().requires_grad_(False)
+        cfg = self.model.config
+        self.pad_id = cfg.pad_token_id if cfg.pad_token_id is not None else 0
+        self.eos_ids = _as_list(getattr(self.model.generation_config, "eos_token_id", None) or cfg.eos_token_id)
+        self._calls = 0
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
+        mbs = self.spec.options.get("micro_batch_size", 256)
+        token_ids: list[list[int]] = []
+        logprobs: list[list[float]] = []
+        seed = params.seed if params.seed is not None else self.spec.seed * 100003 + self.spec.dist.rank * 7919
+        torch.manual_seed(seed + self._calls)
+        self._calls += 1
+        for start in range(0, len(prompts), mbs):
+            ids, lps = self._generate_chunk(prompts[start:start + mbs], params)
+            token_ids += ids
+            logprobs += lps
+        return GenerationOutput(token_ids, logprobs)
+
+    def _generate_chunk(self, prompts: list[list[int]], params: SamplingParams):
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.tensor(p)
+            attn[i, width - len(p):] = 1
+        stop = params.stop_token_ids or self.eos_ids
+        greedy = params.temperature <= 0
+        out = self.model.generate(
+            input_ids=ids.to(self.hf.device), attention_mask=attn.to(self.hf.device),
+            do_sample=not greedy, temperature=None if greedy else params.temperature,
+            top_p=None if greedy else params.top_p, top_k=params.top_k or None,
+            max_new_tokens=params.max_new_tokens, min_new_tokens=params.max_new_tokens if params.ignore_eos else 0,
+            eos_token_id=None if params.ignore_eos else stop, pad_token_id=self.pad_id,
+            output_logits=True, return_dict_in_generate=True)
+        new = out.sequences[:, width:].cpu()
+        logits = torch.stack(out.logits, dim=1)[:, :new.shape[1]]
+        lp = token_logprobs(logits, new.to(logits.device), params.temperature).cpu()
+        return _truncate(new, lp, set(stop), params.ignore_eos)
+
+    def update_weights(self, weights: NamedTensors) -> None:
+        load_named_weights(self.model, weights)
+
+
+def _as_list(x) -> list[int]:
+    if x is None:
+        return []
+    return list(x) if isinstance(x, (list, tuple)) else [int(x)]
+
+
+def _truncate(tokens: torch.Tensor, logprobs: torch.Tensor, stop: set[int], ignore_eos: bool):
+    """Cut each row after its first stop token (kept); ``[B, N]`` -> lists."""
+    ids_out, lps_out = [], []
+    for row, lps in zip(tokens.tolist(), logprobs.tolist()):
+        end = len(row)
+        if not ignore_eos:
+            for j, t in enumerate(row):
+                if t in stop:
+                    end = j + 1
+                    break
+        ids_out.append(row[:end])
+        lps_out.append(lps[:end])
+    return ids_out, lps_out
