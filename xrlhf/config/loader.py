@@ -54,10 +54,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         if not sep or not key or any(not k for k in key.split(".")):
             errors.append(f"{item}: an override must look like section.key=value")
             continue
-        try:
-            value = yaml.safe_load(raw) if raw != "" else ""
-        except yaml.YAMLError:
-            value = raw
+        value = _parse_value(raw)
         node = data
         parts = key.split(".")
         for part in parts[:-1]:
@@ -74,6 +71,20 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
+def _parse_value(raw: str) -> Any:
+    """A command-line value as YAML would read it, plus ``1e-5`` as a float (YAML 1.1 says str)."""
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        return raw
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    return value
+
+
 def format_errors(err: ValidationError, model: type[BaseModel] | None = None, prefix: str = "") -> list[str]:
     """One line per pydantic error: ``dotted.path: message, got <value>``."""
     lines = []
@@ -85,7 +96,7 @@ def format_errors(err: ValidationError, model: type[BaseModel] | None = None, pr
             valid = _valid_keys(model, e["loc"][:-1]) if model else []
             msg = "unknown key" + (f" (valid: {', '.join(valid)})" if valid else "")
         elif kind in _MESSAGES:
-            msg = _MESSAGES[kind].format(**e.get("ctx", {}))
+            msg = _MESSAGES[kind].format(**{k: _num(v) for k, v in e.get("ctx", {}).items()})
             if kind != "missing":
                 msg += f", got {e['input']!r}"
         elif kind == "value_error":
@@ -97,6 +108,10 @@ def format_errors(err: ValidationError, model: type[BaseModel] | None = None, pr
             msg = f"{e['msg'][0].lower()}{e['msg'][1:]}, got {e['input']!r}"
         lines.append(f"{path}: {msg}" if path else msg)
     return lines
+
+
+def _num(v: Any) -> Any:
+    return int(v) if isinstance(v, float) and v.is_integer() else v
 
 
 def _valid_keys(model: type[BaseModel], loc: tuple) -> list[str]:
@@ -116,39 +131,56 @@ def _valid_keys(model: type[BaseModel], loc: tuple) -> list[str]:
 
 
 def validate_dict(data: dict[str, Any]) -> XConfig:
-    """Validate a config dict: the schema, then env and algorithm options, then their checks."""
+    """Validate a config dict: the schema, the env and algorithm options, then cross-checks.
+
+    All problems found are reported together; the algorithm's cross-section checks run only
+    once everything else is valid (they read validated values).
+    """
+    errors: list[str] = []
+    cfg = None
     try:
         cfg = XConfig.model_validate(data)
     except ValidationError as e:
-        raise UserError(*format_errors(e, XConfig)) from None
-    errors = _validate_registered(cfg)
+        errors += format_errors(e, XConfig)
+    parsed = {}
+    for section in ("env", "algorithm"):
+        lines, parsed[section] = _validate_registered(section, data.get(section))
+        errors += lines
+    if not errors and cfg is not None:
+        errors += ALGORITHMS().get(cfg.algorithm.name).check_config(cfg, parsed["algorithm"])
     if errors:
         raise UserError(*errors)
     return cfg
 
 
-def _validate_registered(cfg: XConfig) -> list[str]:
-    """Options of the named env and algorithm, validated by their own ``Config`` models."""
-    from xrlhf.algorithms import ALGORITHMS
+def ALGORITHMS():  # noqa: N802 - imported lazily: the algorithm layer sits above this one
+    from xrlhf.algorithms import ALGORITHMS as registry
+
+    return registry
+
+
+def _validate_registered(section: str, raw: Any) -> tuple[list[str], BaseModel | None]:
+    """The options of the named env or algorithm, validated by the class's own ``Config``."""
     from xrlhf.envs import ENVS
 
-    errors: list[str] = []
-    for section, registry, options in (("env", ENVS, cfg.env.options), ("algorithm", ALGORITHMS, cfg.algorithm.options())):
-        name = getattr(cfg, section).name
-        try:
-            cls = registry.get(name)
-        except KeyError as e:
-            errors.append(f"{section}.name: {e.args[0]}")
-            continue
-        prefix = "env.options" if section == "env" else "algorithm"
-        try:
-            parsed = cls.Config.model_validate(options)
-        except ValidationError as e:
-            errors += format_errors(e, cls.Config, prefix)
-            continue
-        if section == "algorithm":
-            errors += cls.check_config(cfg, parsed)
-    return errors
+    if not isinstance(raw, dict) or not isinstance(raw.get("name", "ppo" if section == "algorithm" else None), str):
+        return [], None  # the schema already reported it
+    registry = ENVS if section == "env" else ALGORITHMS()
+    name = raw.get("name", "ppo")
+    try:
+        cls = registry.get(name)
+    except KeyError as e:
+        return [f"{section}.name: {e.args[0]}"], None
+    if section == "env":
+        options, prefix = raw.get("options") or {}, "env.options"
+        if not isinstance(options, dict):
+            return [], None
+    else:
+        options, prefix = {k: v for k, v in raw.items() if k != "name"}, "algorithm"
+    try:
+        return [], cls.Config.model_validate(options)
+    except ValidationError as e:
+        return format_errors(e, cls.Config, prefix), None
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> XConfig:
@@ -160,9 +192,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> XConfig
 
 def algorithm_options(cfg: XConfig) -> BaseModel:
     """The validated options of ``cfg.algorithm`` (its class's ``Config``)."""
-    from xrlhf.algorithms import ALGORITHMS
-
-    return ALGORITHMS.get(cfg.algorithm.name).Config.model_validate(cfg.algorithm.options())
+    return ALGORITHMS().get(cfg.algorithm.name).Config.model_validate(cfg.algorithm.options())
 
 
 def dump_config(cfg: XConfig) -> str:

@@ -1,0 +1,48 @@
+"""Shared fixtures: a tiny model built locally once per session; GPU tests skipped on CPU."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for item in items:
+        if "gpu" in item.keywords and n_gpus == 0:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+        marker = item.get_closest_marker("gpus")
+        if marker is not None and n_gpus < marker.args[0]:
+            item.add_marker(pytest.mark.skip(reason=f"needs {marker.args[0]} GPUs, found {n_gpus}"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> str:
+    """A 2-layer, 64-wide Llama with a char tokenizer (about 140k parameters)."""
+    from xrlhf.models.tiny import build_model
+
+    return str(build_model(tmp_path_factory.mktemp("models") / "tiny", seed=0))
+
+
+@pytest.fixture()
+def base_config(tiny_model) -> dict:
+    """A small valid PPO config dict on the reasoning env (no warm-up)."""
+    return {
+        "name": "test",
+        "seed": 0,
+        "ray": {"num_cpus": 2},
+        "env": {"name": "reasoning", "options": {"eval_size": 16}},
+        "policy": {"model": tiny_model, "train": {"lr": 1e-3, "micro_batch_size": 8},
+                   "generate": {"max_new_tokens": 4}, "resources": {"ranks": 2}},
+        "critic": {"train": {"lr": 1e-3, "micro_batch_size": 8}},
+        "reference": {},
+        "algorithm": {"name": "ppo", "mini_batch_size": 8, "kl_coef": 0.05},
+        "trainer": {"steps": 2, "prompts_per_step": 16},
+    }
