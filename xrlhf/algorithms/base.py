@@ -96,6 +96,7 @@ class RLTrainer(ABC):
         self.cfg, self.opt, self.handles, self.env, self.tok = cfg, options, handles, env, tokenizer
         self.reward, self.log = reward, log
         self.policy = handles["policy"]
+        self.gen_handle = getattr(handles, "generator", self.policy)  # split layout: the 'rollout' handle
         self.critic = handles.get("critic")
         self.reference = handles.get("reference")
         self.data_pos = 0
@@ -157,6 +158,10 @@ class RLTrainer(ABC):
         prompts = self.env.train_prompts(self.data_pos, t.prompts_per_step)
         self.data_pos += t.prompts_per_step
         rollout = self.rollout(prompts, t.samples_per_prompt, timings)
+        if hasattr(self.handles, "end_rollout"):
+            t0 = time.time()
+            self.handles.end_rollout()  # co-located vLLM sleeps until sync_weights wakes it
+            timings["time/sleep_s"] = time.time() - t0
         t0 = time.time()
         metrics = self.update(rollout, timings)
         timings["time/update_s"] = time.time() - t0
@@ -168,7 +173,7 @@ class RLTrainer(ABC):
         expanded = [p for p in prompts for _ in range(n)]
         ids = [encode_prompt(self.tok, p.text) for p in expanded]
         t0 = time.time()
-        out = self.policy.generate(ids, sampling_params(self.cfg))
+        out = self.gen_handle.generate(ids, sampling_params(self.cfg))
         timings["time/generate_s"] = dt = time.time() - t0
         batch = build_sequences(ids, out.token_ids, self.tok.pad_token_id, out.logprobs)
         texts = decode_responses(self.tok, out.token_ids)
@@ -189,8 +194,8 @@ class RLTrainer(ABC):
 
     def evaluate(self) -> dict[str, float]:
         t = self.cfg.trainer
-        return evaluate(self.policy.generate, self.env, self.tok, sampling_params(self.cfg, t.eval_temperature),
-                        t.eval_size, pad_to=self.policy.world_size)
+        return evaluate(self.gen_handle.generate, self.env, self.tok, sampling_params(self.cfg, t.eval_temperature),
+                        t.eval_size, pad_to=self.gen_handle.world_size)
 
     def minibatches(self, batch: Batch, size: int) -> list[Batch]:
         """A seeded shuffle of ``batch`` cut into mini-batches of ``size`` rows."""

@@ -101,8 +101,8 @@ def format_errors(err: ValidationError, model: type[BaseModel] | None = None, pr
                 msg += f", got {e['input']!r}"
         elif kind == "value_error":
             msg = str(e["ctx"]["error"]) if "ctx" in e else e["msg"]
-            if not loc:  # a cross-field check: its message names its own paths
-                lines.append(msg)
+            if not loc:  # a cross-field check: its message names its own paths (one per line)
+                lines.extend(msg.splitlines())
                 continue
         else:
             msg = f"{e['msg'][0].lower()}{e['msg'][1:]}, got {e['input']!r}"

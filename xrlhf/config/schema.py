@@ -89,15 +89,44 @@ class GenerateConfig(Strict):
     max_new_tokens: int = Field(16, ge=1)
     stop_token_ids: list[int] = Field(default_factory=list, description="default: the model's EOS")
     micro_batch_size: int = Field(256, ge=1)
-    engine_options: dict[str, Any] = Field(default_factory=dict)
+    engine_options: dict[str, Any] = Field(default_factory=dict, description="vllm: more vllm.LLM arguments, "
+                                           "and 'env': variables set before vLLM is imported")
+    resources: Resources | None = Field(None, description="disaggregated layout: the generators run as their own "
+                                        "handle ('rollout') with these resources; unset: in the policy's workers")
+    # vLLM only (engine: vllm); see docs/vllm.md.
+    tensor_parallel_size: int = Field(1, ge=1, description="vllm: GPUs per generator (tensor parallel)")
+    gpu_memory_utilization: float = Field(0.4, gt=0, le=1, description="vllm: share of the GPU's total memory "
+                                          "it may use (weights, activations, CUDA graphs, KV cache)")
+    enforce_eager: bool = Field(False, description="vllm: no torch.compile and no CUDA graphs")
+    sleep_level: Literal[0, 1, 2] = Field(1, description="vllm, co-located: what is freed while training runs: "
+                                          "0 nothing, 1 KV cache (weights to CPU), 2 KV cache and weights")
+    max_model_len: int | None = Field(None, ge=1, description="vllm: longest prompt + response (default: the model's)")
+    max_num_seqs: int | None = Field(None, ge=1, description="vllm: sequences decoded at once (CUDA graph sizes)")
+
+    @model_validator(mode="after")
+    def _vllm_only(self):
+        if self.engine == "hf":
+            used = [f"{f}={getattr(self, f)!r}" for f in VLLM_ONLY
+                    if f in self.model_fields_set and getattr(self, f) != type(self).model_fields[f].default]
+            if used:
+                raise ValueError(f"{', '.join(used)}: vLLM settings, but engine is 'hf'; remove them or set "
+                                 f"engine: vllm")
+        return self
+
+
+VLLM_ONLY = ("tensor_parallel_size", "gpu_memory_utilization", "enforce_eager", "sleep_level", "max_model_len",
+             "max_num_seqs")
+"""``GenerateConfig`` fields only the vLLM engine reads (an error with engine 'hf')."""
 
 
 class WeightSyncConfig(Strict):
     """How new policy weights reach the generate engine."""
 
-    transport: Literal["auto", "in_process", "cpu", "cuda_ipc", "nccl"] = "auto"
-    bucket_mb: int = Field(256, ge=1)
-    verify: bool = False
+    transport: Literal["auto", "in_process", "cpu", "cuda_ipc", "nccl"] = Field(
+        "auto", description="auto: co-located -> in_process (HF) or cuda_ipc (vLLM on a GPU); "
+        "split -> nccl on GPUs, cpu otherwise")
+    bucket_mb: int = Field(256, ge=1, description="weights move in buckets of at most this size")
+    verify: bool = Field(False, description="checksum every tensor on both sides; a mismatch stops the run")
 
 
 class PolicyConfig(Strict):
@@ -200,4 +229,43 @@ class XConfig(Strict):
         if batch % self.policy.resources.ranks:
             raise ValueError(f"trainer.prompts_per_step * trainer.samples_per_prompt = {batch} must divide by "
                              f"policy.resources.ranks = {self.policy.resources.ranks}")
+        errors = layout_errors(self)
+        if errors:
+            raise ValueError("\n".join(errors))
         return self
+
+
+def layout_errors(cfg: XConfig) -> list[str]:
+    """Checks of the generation layout (co-located or split) against the weight-sync transport."""
+    p = cfg.policy
+    g, t = p.generate, p.weight_sync.transport
+    errors = []
+    if g.resources is not None:  # split: a 'rollout' handle of generators
+        where = "policy.generate.resources"
+        if g.resources.colocate_with is not None:
+            errors.append(f"{where}.colocate_with: the generators of the split layout have their own placement; "
+                          f"remove it (leave {where} out for the co-located layout)")
+        if t in ("in_process", "cuda_ipc"):
+            errors.append(f"policy.weight_sync.transport: {t} needs the generator in the trainer's worker (co-located "
+                          f"layout); with {where} set use nccl (GPUs), cpu or auto")
+        batch = cfg.trainer.prompts_per_step * cfg.trainer.samples_per_prompt
+        if batch % g.resources.ranks:
+            errors.append(f"{where}.ranks: {g.resources.ranks} must divide trainer.prompts_per_step * "
+                          f"trainer.samples_per_prompt = {batch}")
+        gpus = g.resources.gpus_per_rank
+    else:
+        where = "policy.resources"
+        if t == "nccl":
+            errors.append("policy.weight_sync.transport: nccl broadcasts between GPUs, but the co-located layout puts "
+                          "trainer and generator on one (NCCL cannot have two ranks on a GPU); use auto or cuda_ipc, "
+                          "or set policy.generate.resources for the split layout")
+        if g.engine == "vllm" and g.tensor_parallel_size > 1:
+            errors.append("policy.generate.tensor_parallel_size: more than 1 needs the split layout "
+                          "(policy.generate.resources with gpus_per_rank >= tensor_parallel_size)")
+        gpus = p.resources.gpus_per_rank
+    if g.engine == "vllm" and (gpus == 0 or g.tensor_parallel_size > 1 and gpus < g.tensor_parallel_size):
+        errors.append(f"{where}.gpus_per_rank: engine vllm needs {g.tensor_parallel_size} GPU(s) per generator, "
+                      f"got {gpus:g}")
+    if t == "cuda_ipc" and p.resources.gpus_per_rank == 0:
+        errors.append("policy.weight_sync.transport: cuda_ipc needs the policy on a GPU (policy.resources.gpus_per_rank)")
+    return errors

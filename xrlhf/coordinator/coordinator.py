@@ -18,8 +18,10 @@ from loguru import logger
 from xrlhf.config.schema import Resources, XConfig
 from xrlhf.coordinator.handle import ModelHandle
 from xrlhf.coordinator.resources import Slot, place
+from xrlhf.coordinator.weight_sync import WeightSync
 from xrlhf.coordinator.worker import EngineWorker
-from xrlhf.engines.base import DistInfo, EngineSpec
+from xrlhf.engines.base import DistInfo, EngineSpec, _import_backend
+from xrlhf.utils.errors import UserError
 
 
 @dataclass
@@ -42,11 +44,15 @@ def handle_specs(cfg: XConfig, policy_model: str, total_train_steps: dict[str, i
 
     p = cfg.policy
     temp = p.generate.temperature or 1.0
+    gen_res = p.generate.resources or p.resources  # split layout: the generators' own handle, 'rollout'
+    generate = (p.generate.engine, spec(policy_model, "causal_lm", gen_res, p.generate, temp))
     out = [HandleSpec("policy", {
         "train": (p.train.engine, spec(policy_model, "causal_lm", p.resources, p.train, temp,
                                        {"total_steps": total_train_steps.get("policy", 0)})),
-        "generate": (p.generate.engine, spec(policy_model, "causal_lm", p.resources, p.generate, temp)),
+        **({"generate": generate} if p.generate.resources is None else {}),
     }, p.resources)]
+    if p.generate.resources is not None:
+        out.append(HandleSpec("rollout", {"generate": generate}, p.generate.resources))
     if cfg.critic is not None:
         c = cfg.critic
         out.append(HandleSpec("critic", {"train": (c.train.engine, spec(
@@ -61,6 +67,19 @@ def handle_specs(cfg: XConfig, policy_model: str, total_train_steps: dict[str, i
         out.append(HandleSpec("reward", {"infer": (w.infer.engine, spec(w.model, "score", w.resources, w.infer))},
                               w.resources))
     return out
+
+
+def check_backends(specs: list[HandleSpec]) -> None:
+    """Every engine's backend imports (vLLM, DeepSpeed installed), checked before Ray starts."""
+    errors = []
+    for s in specs:
+        for role, (name, _) in s.engines.items():
+            try:
+                _import_backend(name)
+            except KeyError as e:
+                errors.append(f"{'policy' if s.name == 'rollout' else s.name}.{role}.engine: {e.args[0]}")
+    if errors:
+        raise UserError(*errors)
 
 
 def init_ray(cfg: XConfig) -> None:
@@ -95,13 +114,19 @@ class Coordinator:
 
     def start(self) -> "Coordinator":
         t0 = time.time()
+        check_backends(self.specs)
         init_ray(self.cfg)
         slots = place({s.name: s.resources for s in self.specs})
+        # vLLM sizes its KV cache from the GPU memory it sees free while it starts: it starts first,
+        # alone, so that no other worker allocates or frees GPU memory meanwhile.
+        serial = [s for s in self.specs if "vllm" in (n for n, _ in s.engines.values())]
         pending = []
-        for s in self.specs:
+        for s in serial + [s for s in self.specs if s not in serial]:
             handle, setup = self._create(s, slots[s.name])
             self.handles[s.name] = handle
             pending.append((handle, setup))
+            if s in serial:
+                handle._get(setup, list(range(handle.world_size)))
         for handle, refs in pending:
             handle._get(refs, list(range(handle.world_size)))
         self._wire_weight_sync()
@@ -122,18 +147,23 @@ class Coordinator:
         return handle, refs
 
     def _wire_weight_sync(self) -> None:
-        ws = self.cfg.policy.weight_sync
-        transport = "in_process" if ws.transport == "auto" else ws.transport
-        policy = self.handles["policy"]
-        policy._get([w.set_transport.remote(transport, ws.bucket_mb << 20, ws.verify) for w in policy.workers],
-                    list(range(policy.world_size)))
-        self.transport = transport
+        self.weight_sync = WeightSync(self.cfg, self.handles["policy"], self.handles.get("rollout"))
+        self.transport = self.weight_sync.setup()
+        logger.info(f"weight sync: {self.transport} ({'split' if 'rollout' in self.handles else 'co-located'} "
+                    f"layout, verify {'on' if self.cfg.policy.weight_sync.verify else 'off'})")
+
+    @property
+    def generator(self) -> ModelHandle:
+        """The handle that generates: ``rollout`` in the split layout, else ``policy``."""
+        return self.handles.get("rollout") or self.handles["policy"]
+
+    def end_rollout(self) -> None:
+        """Generation is over until the next sync: co-located generators free their memory."""
+        self.weight_sync.end_rollout()
 
     def sync_weights(self) -> float:
-        """Push the policy's new weights to its generate engines; returns seconds taken."""
-        t0 = time.time()
-        self.handles["policy"].sync_weights_local()
-        return time.time() - t0
+        """Push the policy's new weights to the generate engines; returns seconds taken."""
+        return self.weight_sync.sync()
 
     def __getitem__(self, name: str) -> ModelHandle:
         return self.handles[name]

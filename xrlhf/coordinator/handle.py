@@ -136,6 +136,26 @@ class ModelHandle:
         """Each rank: its train engine -> its generate engine."""
 
     @dispatch(RANK0)
+    def send_weights(self):
+        """Rank 0's weights as a message transport's messages (use ``wait=False``: keep them in Ray)."""
+
+    @dispatch(RANK0)
+    def broadcast_weights(self):
+        """Rank 0 broadcasts its weights (the receivers must be in ``receive_weights``)."""
+
+    @dispatch(ALL)
+    def receive_weights(self, messages):
+        """Every rank loads the messages (``None``: a broadcast's) -> tensors loaded per rank."""
+
+    @dispatch(ALL)
+    def weight_checksums(self, role):
+        """Per rank: checksums of the ``"train"`` or ``"generate"`` engine's weights by HF name."""
+
+    @dispatch(ALL)
+    def memory_stats(self, reset=True):
+        """Per rank: peak/reserved GPU memory of the worker's process and the device's use (GiB)."""
+
+    @dispatch(RANK0)
     def save_pretrained(self, path):
         """Rank 0 writes the model in HF format."""
 

@@ -18,7 +18,7 @@ import torch
 from xrlhf.data.batch import Batch
 from xrlhf.engines.base import (DistInfo, EngineSpec, GenerateEngine, GenerationOutput, InferEngine, LossFn,
                                 SamplingParams, TrainEngine, build_engine)
-from xrlhf.engines.weight_sync import Message, build_transport
+from xrlhf.engines.weight_sync import Message, build_transport, checksum, push_weights
 
 
 class EngineWorker:
@@ -57,8 +57,20 @@ class EngineWorker:
             setattr(self, {"train": "train", "infer": "infer_engine", "generate": "gen"}[role], engine)
         return {"pid": os.getpid(), "device": str(next(iter(engines.values()))[1].device)}
 
-    def set_transport(self, name: str, bucket_bytes: int, verify: bool) -> None:
-        self.transport = build_transport(name, bucket_bytes=bucket_bytes, verify=verify)
+    def set_transport(self, name: str, options: dict[str, Any]) -> str:
+        """Build this worker's side of the weight-sync transport; returns its name.
+
+        ``auto`` (co-located layout) is decided here: ``in_process`` when the generator's weights
+        live in this process, else ``cuda_ipc`` on a GPU (vLLM's engine process), else ``cpu``.
+        """
+        if name == "auto":
+            on_gpu = self.train is not None and self.train.spec.device.startswith("cuda")
+            name = "in_process" if self.gen.shares_trainer_process else "cuda_ipc" if on_gpu else "cpu"
+        opts = dict(options)
+        if isinstance(opts.get("dtype"), str):
+            opts["dtype"] = getattr(torch, opts["dtype"])
+        self.transport = build_transport(name, **opts)
+        return name
 
     def pid(self) -> int:
         return os.getpid()
@@ -77,20 +89,46 @@ class EngineWorker:
     # -- weights --------------------------------------------------------------------------
     def sync_weights_local(self) -> int:
         """Train engine -> generate engine of this worker, through the configured transport."""
-        n = 0
-        for message in self.transport.send(self.train.named_weights()):
-            self.gen.update_weights(self.transport.receive(message))
-            n += len(message.names)
+        n = push_weights(self.transport, self.train.named_weights(), self.gen.receive_weights)
+        self._end_sync()
         return n
 
     def send_weights(self) -> list[Message]:
-        """Sender side of a cross-worker transport: every bucket's message."""
+        """Sender side of a message transport to other workers: every bucket's message."""
         return list(self.transport.send(self.train.named_weights()))
 
-    def receive_weights(self, messages: list[Message]) -> int:
-        for message in messages:
-            self.gen.update_weights(self.transport.receive(message))
-        return sum(len(m.names) for m in messages)
+    def broadcast_weights(self) -> int:
+        """Sender side of a broadcast transport (the receivers run ``receive_weights`` meanwhile)."""
+        return sum(len(m.names) for m in self.transport.send(self.train.named_weights()))
+
+    def receive_weights(self, messages: list[Message] | None = None) -> int:
+        """Receiver side: load a message transport's buckets, or a broadcast's (``None``)."""
+        n = self.gen.receive_weights(self.transport, messages)
+        self._end_sync()
+        return n
+
+    def _end_sync(self) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # the trainer's cached blocks go back before vLLM's KV cache does
+        self.gen.end_sync()
+
+    def weight_checksums(self, role: str) -> dict[str, float]:
+        """Checksums by HF name: the trainer's (``"train"``, in the generator's dtype) or the generator's."""
+        if role == "generate":
+            return self.gen.weight_checksums()
+        dtype = getattr(self.transport, "dtype", None)
+        return {n: checksum(t if dtype is None else t.to(dtype)) for n, t in self.train.named_weights()}
+
+    def memory_stats(self, reset: bool = True) -> dict[str, float]:
+        """This process's peak allocated and reserved GPU memory (GiB), and the device's use."""
+        if not torch.cuda.is_available():
+            return {}
+        free, total = torch.cuda.mem_get_info()
+        stats = {"max_allocated_gb": torch.cuda.max_memory_allocated() / 2**30,
+                 "reserved_gb": torch.cuda.memory_reserved() / 2**30, "device_used_gb": (total - free) / 2**30}
+        if reset:
+            torch.cuda.reset_peak_memory_stats()
+        return stats
 
     def save_pretrained(self, path: str) -> str:
         self.train.save_pretrained(path)

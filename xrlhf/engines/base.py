@@ -17,12 +17,15 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Literal, Protocol
 
 import torch
 
 from xrlhf.data.batch import Batch
 from xrlhf.utils.registry import Registry
+
+if TYPE_CHECKING:
+    from xrlhf.engines.weight_sync import Message, Transport
 
 ENGINES: Registry[type] = Registry("engine")
 
@@ -200,7 +203,14 @@ class GenerationOutput:
 
 
 class GenerateEngine(ABC):
-    """Samples continuations of token-id prompts and accepts new weights."""
+    """Samples continuations of token-id prompts and accepts new weights.
+
+    Attributes:
+        shares_trainer_process: the weights live in the process that hosts the engine (so a
+            co-located trainer can hand tensors over as they are: transport ``in_process``).
+    """
+
+    shares_trainer_process: bool = True
 
     def __init__(self, spec: EngineSpec):
         self.spec = spec
@@ -213,11 +223,36 @@ class GenerateEngine(ABC):
     def update_weights(self, weights: NamedTensors) -> None:
         """Load new weights (HF names) into the generator."""
 
+    def receive_weights(self, transport: "Transport", messages: "list[Message] | None" = None) -> int:
+        """Receive new weights through ``transport`` and load them; returns the tensor count.
+
+        ``messages`` are a message transport's buckets; a broadcast transport (``None``) pulls
+        its buckets from its collective. The default receives in this process; an engine whose
+        weights live in another process (vLLM) receives there, so checksums are checked
+        where the tensors land.
+        """
+        n = 0
+        for named in transport.receive_all(messages, self.spec.device):
+            self.update_weights(named)
+            n += len(named)
+        return n
+
+    def end_sync(self) -> None:
+        """Called once the last bucket of a sync is loaded: ready the engine to generate."""
+        self.wake_up()
+
+    def weight_checksums(self) -> dict[str, float]:
+        """``weight_sync.checksum`` of every weight as loaded, by HF name (for verification)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot read its weights back")
+
     def sleep(self) -> None:
         """Release accelerator memory while training runs (co-located layouts). Default: nothing."""
 
     def wake_up(self) -> None:
         """Undo ``sleep``. Default: nothing."""
+
+    def shutdown(self) -> None:
+        """Free the engine's resources now (processes, GPU memory). Default: nothing."""
 
 
 def build_engine(name: str, spec: EngineSpec, role: Literal["train", "infer", "generate"]):

@@ -1,0 +1,233 @@
+"""GPU weight-sync transports: CUDA IPC (trainer and generator on one GPU) and NCCL broadcast.
+
+``cuda_ipc`` (co-located layout). The trainer exports a CUDA IPC handle for each tensor of a
+bucket (no copy: the handles point into the trainer's own parameters) and the generator's
+process maps them and copies them into its weights. The handles are keyed by the GPU's UUID,
+because the device *index* in a handle is in the sender's ``CUDA_VISIBLE_DEVICES`` numbering
+(Ray gives every actor its own): the receiver checks the UUID is its own GPU's and rewrites
+the index. The sender keeps a bucket's tensors alive until the receiver has loaded them
+(``Transport.send``'s contract: the next bucket is asked for only then). A process cannot
+map its own handles, so an in-process vLLM engine uses ``in_process`` instead.
+
+``nccl`` (disaggregated layout). The trainer (rank 0) and every generator worker (ranks
+1..N) form a process group of their own, stateless, beside any torch.distributed world
+they are already in (vLLM's ``StatelessProcessGroup`` + ``PyNcclCommunicator``; NCCL cannot
+put two ranks on one GPU). Per bucket the trainer copies the tensors into one flat buffer,
+puts the bucket's names, shapes, dtypes and checksums in the group's TCP store, and
+broadcasts the buffer; each receiver reads the metadata, receives into an empty buffer of
+the right size and splits it into views. A ``None`` in the store ends the sync. On CPU the
+same transport runs over gloo, so its orchestration is tested without a GPU.
+"""
+
+from __future__ import annotations
+
+import datetime
+import pickle
+from typing import Any, Iterable, Iterator
+
+import torch
+
+from xrlhf.engines.weight_sync import (TRANSPORTS, Message, NamedTensorList, Transport, WeightSyncError, flat_layout,
+                                       flatten, unflatten)
+
+
+def gpu_uuid(device: torch.device) -> str:
+    """The UUID of the physical GPU behind ``device`` (the same in every process)."""
+    return str(torch.cuda.get_device_properties(device).uuid)
+
+
+def _cuda_device(device: torch.device | None) -> torch.device:
+    if device is None or device.type != "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
+
+
+@TRANSPORTS.register("cuda_ipc")
+class CUDAIPCTransport(Transport):
+    """Same GPU, different processes: CUDA IPC handles, a bucket per message.
+
+    Args:
+        packed: copy each bucket into one flat buffer and send a single handle for it (one
+            IPC mapping per bucket, at the cost of a device-to-device copy) instead of one
+            zero-copy handle per tensor.
+    """
+
+    name = "cuda_ipc"
+
+    def __init__(self, bucket_bytes: int = 256 << 20, verify: bool = False, dtype: torch.dtype | None = None,
+                 packed: bool = False):
+        super().__init__(bucket_bytes, verify, dtype)
+        self.packed = packed
+
+    def send(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[Message]:
+        try:
+            for message in super().send(weights):
+                yield message
+                self._keep = None  # the receiver has loaded this bucket
+        finally:
+            self._keep = None
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+                torch.cuda.ipc_collect()
+
+    def pack(self, tensors: list[torch.Tensor]) -> Any:
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        if any(t.device.type != "cuda" for t in tensors):
+            raise WeightSyncError("weight sync (cuda_ipc): the trainer's weights are not on a GPU; "
+                                  "use policy.weight_sync.transport: cpu")
+        uuid = gpu_uuid(tensors[0].device)
+        if self.packed:
+            buf, layout = flatten(tensors)
+            self._keep = buf
+            return {"uuid": uuid, "handles": [reduce_tensor(buf)[1]], "layout": layout}
+        self._keep = tensors
+        return {"uuid": uuid, "handles": [reduce_tensor(t)[1] for t in tensors]}
+
+    def unpack(self, message: Message, device: torch.device | None = None) -> list[torch.Tensor]:
+        from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+        device = _cuda_device(device)
+        mine = gpu_uuid(device)
+        if mine != message.payload["uuid"]:
+            raise WeightSyncError(f"weight sync (cuda_ipc): the trainer is on GPU {message.payload['uuid']} and "
+                                  f"the generator on GPU {mine}; CUDA IPC needs both on one GPU "
+                                  f"(use transport nccl or cpu)")
+        tensors = []
+        for args in message.payload["handles"]:
+            args = list(args)
+            args[6] = device.index  # the sender's device index means nothing here
+            tensors.append(rebuild_cuda_tensor(*args))
+        if "layout" in message.payload:
+            return unflatten(tensors[0], message.payload["layout"])
+        return tensors
+
+
+class _GlooGroup:
+    """CPU stand-in for the NCCL group: a TCP store for metadata, gloo for the buffers."""
+
+    def __init__(self, host: str, port: int, rank: int, world_size: int, timeout_s: float):
+        from torch._C._distributed_c10d import ProcessGroupGloo
+        from torch.distributed import PrefixStore, TCPStore
+
+        timeout = datetime.timedelta(seconds=timeout_s)
+        self.rank = rank
+        self.store = TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
+        opts = ProcessGroupGloo._Options()
+        opts._timeout = timeout
+        opts._devices = [ProcessGroupGloo.create_device(hostname=host)]
+        self.pg = ProcessGroupGloo(PrefixStore("xrlhf-weights/", self.store), rank, world_size, opts)
+        self.counter = 0
+
+    def broadcast_obj(self, obj: Any) -> Any:
+        key = f"xrlhf-msg/{self.counter}"
+        self.counter += 1
+        if self.rank == 0:
+            self.store.set(key, pickle.dumps(obj))
+            return obj
+        return pickle.loads(self.store.get(key))
+
+    def broadcast(self, t: torch.Tensor) -> None:
+        opts = torch.distributed.BroadcastOptions()
+        opts.rootRank = 0
+        self.pg.broadcast([t], opts).wait()
+
+
+class _NcclGroup:
+    """vLLM's stateless group (TCP store) for metadata and its PyNccl communicator for buffers."""
+
+    def __init__(self, host: str, port: int, rank: int, world_size: int, timeout_s: float, device: torch.device):
+        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+        from vllm.distributed.utils import StatelessProcessGroup
+
+        self.pg = StatelessProcessGroup.create(host=host, port=port, rank=rank, world_size=world_size,
+                                               store_timeout=int(timeout_s))
+        self.comm = PyNcclCommunicator(self.pg, device=device)
+        if self.comm.disabled:
+            raise WeightSyncError("weight sync (nccl): vLLM's NCCL communicator is disabled "
+                                  "(VLLM_DISABLE_PYNCCL set, no NCCL library, or a group of one)")
+        self.device = device
+
+    def broadcast_obj(self, obj: Any) -> Any:
+        return self.pg.broadcast_obj(obj, src=0)
+
+    def broadcast(self, t: torch.Tensor) -> None:
+        stream = torch.cuda.current_stream(self.device)
+        self.comm.broadcast(t, src=0, stream=stream)
+        stream.synchronize()
+
+
+@TRANSPORTS.register("nccl")
+class NCCLTransport(Transport):
+    """Different GPUs: broadcast from the trainer (rank 0) to every generator worker.
+
+    Args:
+        host, port: where rank 0 (the trainer) opens the group's TCP store.
+        world_size: 1 + the number of generator workers (tensor-parallel ones included).
+        rank: this side's rank: 0 for the trainer, ``1 + ...`` for a generator engine's first
+            worker (its tensor-parallel workers add their ``rank_offset``).
+        timeout_s: how long a side waits for the others (first connection, each bucket).
+    """
+
+    name = "nccl"
+    kind = "broadcast"
+
+    def __init__(self, bucket_bytes: int = 256 << 20, verify: bool = False, dtype: torch.dtype | None = None,
+                 host: str = "127.0.0.1", port: int = 0, world_size: int = 2, rank: int = 0,
+                 timeout_s: float = 600.0):
+        super().__init__(bucket_bytes, verify, dtype)
+        self.host, self.port, self.world_size, self.rank, self.timeout_s = host, port, world_size, rank, timeout_s
+
+    def _connect(self, rank: int, device: torch.device):
+        group = getattr(self, "_group", None)
+        if group is None:
+            if device.type == "cuda":
+                group = _NcclGroup(self.host, self.port, rank, self.world_size, self.timeout_s, _cuda_device(device))
+            else:
+                group = _GlooGroup(self.host, self.port, rank, self.world_size, self.timeout_s)
+            self._group = group
+        return group
+
+    def send(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[Message]:
+        """Broadcast every bucket; yields each bucket's metadata message once it has gone."""
+        if self.rank != 0:
+            raise WeightSyncError(f"weight sync (nccl): only rank 0 sends, this side is rank {self.rank}")
+        device = torch.device("cpu")
+        for message in super().send(weights):
+            buf, message.payload = message.payload, None
+            device = buf.device
+            group = self._connect(0, device)
+            group.broadcast_obj(message)
+            group.broadcast(buf)
+            yield message
+        self._connect(0, device).broadcast_obj(None)
+
+    def peer(self, rank: int = 1) -> "NCCLTransport":
+        copy = super().peer()
+        copy.rank = rank
+        return copy
+
+    def pack(self, tensors: list[torch.Tensor]) -> Any:
+        return flatten(tensors)[0]
+
+    def describe(self, tensors: list[torch.Tensor]) -> dict[str, Any]:
+        return flat_layout(tensors)
+
+    def receive_all(self, messages: Iterable[Message] | None = None, device: torch.device | str | None = None,
+                    rank_offset: int = 0) -> Iterator[NamedTensorList]:
+        """Receive buckets until the sender's end marker (``messages`` is ignored)."""
+        device = torch.device(device) if device is not None else torch.device("cpu")
+        if device.type == "cuda":
+            device = _cuda_device(device)
+        group = self._connect(self.rank + rank_offset, device)
+        while True:
+            message = group.broadcast_obj(None)
+            if message is None:
+                return
+            buf = torch.empty(message.meta["nbytes"], dtype=torch.uint8, device=device)
+            group.broadcast(buf)
+            message.payload = buf
+            yield self.receive(message, device)
+
+    def unpack(self, message: Message, device: torch.device | None = None) -> list[torch.Tensor]:
+        return unflatten(message.payload, message.meta)

@@ -1,0 +1,224 @@
+"""vLLM backend of the generate engine (vllm 0.25.1), imported only when ``engine: vllm``.
+
+One ``vllm.LLM`` per engine, fed token ids (``skip_tokenizer_init``: the model's EOS is passed
+as a stop id) and asked for the logprob of each sampled token (``logprobs=0``).
+
+Logprobs. The contract of ``GenerateEngine`` is the logprob under softmax(logits / T) before
+top-p/top-k, the distribution the trainer recomputes. vLLM's default ``raw_logprobs`` are of
+the raw logits (T = 1) and cannot be rescaled afterwards, so the engine asks for
+``logprobs_mode="processed_logprobs"``: logits after temperature (and penalties, which xrlhf
+does not set), *and* after top-k/top-p masking (vllm/v1/worker/gpu/sample/sampler.py,
+``apply_sampling_params``). Consequences: with ``top_p: 1`` and ``top_k: 0`` (the RL default)
+they are exactly the contract, at any temperature; at temperature 0 (greedy) vLLM scales
+nothing, giving T = 1 logprobs as the HF engine does; with ``top_p < 1`` or ``top_k > 0`` they
+are of the renormalised nucleus (the true behaviour policy), higher than the trainer's by
+log(nucleus mass), which the mismatch metric shows and truncated IS corrects.
+
+Weights. Updates go through ``xrlhf.engines.vllm_ext.XrlhfWorkerExtension`` inside vLLM's
+worker, called with ``collective_rpc``: the transport's receive side runs there, so CUDA IPC
+handles are mapped, NCCL buffers received and checksums checked where the weights land.
+
+Memory. With ``sleep_level`` 1 or 2 the engine is built with ``enable_sleep_mode`` and
+``sleep()`` frees its KV cache (level 1 also moves the weights to CPU, level 2 drops them).
+A sync while asleep wakes the weights, loads, and leaves the KV cache asleep until
+``end_sync``/``wake_up``, after the trainer has returned its cached memory (the order of
+verl and OpenRLHF). See docs/vllm.md.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pickle
+from typing import Any
+
+if importlib.util.find_spec("vllm") is None:  # fail at backend import, not inside a Ray worker
+    raise ImportError("No module named 'vllm'")
+
+from xrlhf.engines.base import ENGINES, EngineSpec, GenerateEngine, GenerationOutput, NamedTensors, SamplingParams
+from xrlhf.engines.weight_sync import CPUTransport, Message, Transport, WeightSyncError
+
+EXTENSION = "xrlhf.engines.vllm_ext.XrlhfWorkerExtension"
+
+ENV_DEFAULTS = {
+    "VLLM_NO_USAGE_STATS": "1",  # the usage thread posts to stats.vllm.ai with no timeout
+    "DO_NOT_TRACK": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_HOST_IP": "127.0.0.1",  # skips the 8.8.8.8 probe of get_ip(); one node only
+    "TOKENIZERS_PARALLELISM": "false",
+}
+"""Set (unless already set) before vLLM is imported: no network on the way up."""
+
+TYPED_OPTIONS = ("tensor_parallel_size", "gpu_memory_utilization", "enforce_eager", "max_model_len",
+                 "max_num_seqs")
+"""``policy.generate`` fields passed to ``vllm.LLM`` under the same names."""
+
+
+def llm_kwargs(spec: EngineSpec) -> tuple[dict[str, Any], dict[str, str]]:
+    """The ``vllm.LLM`` keyword arguments for ``spec`` and the user's environment: ``(kwargs, env)``.
+
+    ``policy.generate.engine_options`` adds or overrides keyword arguments (``compilation_config``,
+    ``max_num_batched_tokens``, ``enable_prefix_caching`` ...) and may hold ``env``: variables
+    set before vLLM is imported (``VLLM_ENABLE_V1_MULTIPROCESSING: 0`` runs vLLM's engine in
+    this process). ``ENV_DEFAULTS`` apply where neither the user nor the process set a value.
+    """
+    opts = spec.options
+    extra = dict(opts.get("engine_options") or {})
+    env = {k: str(v) for k, v in (extra.pop("env", None) or {}).items()}
+    sleep_level = int(opts.get("sleep_level") or 0)
+    kwargs: dict[str, Any] = {
+        "model": os.path.abspath(spec.model_path),
+        "skip_tokenizer_init": True,
+        "dtype": spec.dtype,
+        "seed": spec.seed + 1009 * spec.dist.rank,  # data-parallel generators sample differently
+        "enable_sleep_mode": sleep_level > 0,
+        "generation_config": "vllm",  # no defaults from generation_config.json: ours are explicit
+        "logprobs_mode": "processed_logprobs",
+        "worker_extension_cls": EXTENSION,
+    }
+    for key in TYPED_OPTIONS:
+        if opts.get(key) is not None:
+            kwargs[key] = opts[key]
+    if kwargs.get("tensor_parallel_size", 1) > 1:
+        # Inside a Ray actor vLLM would pick its Ray executor and ask Ray for GPUs the actor holds.
+        kwargs["distributed_executor_backend"] = "mp"
+    kwargs.update(extra)
+    return kwargs, env
+
+
+@ENGINES.register("vllm.generate")
+class VLLMGenerateEngine(GenerateEngine):
+    """Generation with ``vllm.LLM``; weights in through the worker extension.
+
+    Options (the YAML ``policy.generate`` block): ``tensor_parallel_size``,
+    ``gpu_memory_utilization``, ``enforce_eager``, ``sleep_level``, ``max_model_len``,
+    ``max_num_seqs``, ``engine_options`` (more ``vllm.LLM`` arguments, and ``env``).
+    """
+
+    def __init__(self, spec: EngineSpec):
+        super().__init__(spec)
+        kwargs, env = llm_kwargs(spec)
+        os.environ.update(env)
+        for k, v in ENV_DEFAULTS.items():
+            os.environ.setdefault(k, v)
+        from vllm import LLM
+
+        self.sleep_level = int(spec.options.get("sleep_level") or 0)
+        self.llm = LLM(**kwargs)
+        self.shares_trainer_process = type(self.llm.llm_engine.engine_core).__name__ == "InprocClient"
+        self.eos_ids = _eos_ids(spec.model_path)
+        self._asleep: set[str] = set()
+        self._weights_valid = True  # False after a level-2 sleep until weights are loaded again
+        self._verify = False
+        self._reset_cache = False
+
+    # -- generation ---------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
+        from vllm import TokensPrompt
+
+        if not self._weights_valid or (self.sleep_level == 2 and "weights" in self._asleep):
+            raise WeightSyncError("vLLM slept at level 2 and dropped its weights; sync weights before generating "
+                                  "(or use policy.generate.sleep_level: 1)")
+        self.wake_up()
+        if self._reset_cache:  # cached prefixes were computed with the old weights
+            self.llm.reset_prefix_cache()
+            self._reset_cache = False
+        sp = self.sampling_params(params, len(prompts))
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts], sp,
+                                 use_tqdm=False)
+        token_ids, logprobs = [], []
+        for out in outs:
+            c = out.outputs[0]
+            ids = list(c.token_ids)
+            token_ids.append(ids)
+            logprobs.append([float(c.logprobs[i][t].logprob) for i, t in enumerate(ids)])
+        return GenerationOutput(token_ids, logprobs)
+
+    def sampling_params(self, params: SamplingParams, n: int):
+        """``vllm.SamplingParams`` for our ``params`` (a list, one per prompt, when seeded)."""
+        from vllm import SamplingParams as VSamplingParams
+
+        stop = [] if params.ignore_eos else list(params.stop_token_ids or self.eos_ids)
+        base = dict(n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or 0,
+                    max_tokens=params.max_new_tokens, stop_token_ids=stop, ignore_eos=params.ignore_eos,
+                    logprobs=0, detokenize=False)
+        if params.seed is None:
+            return VSamplingParams(**base)
+        return [VSamplingParams(**base, seed=params.seed + i) for i in range(n)]
+
+    # -- weights ------------------------------------------------------------------------------
+    def receive_weights(self, transport: Transport, messages: list[Message] | None = None) -> int:
+        """Run the transport's receive side in vLLM's workers and load what arrives there."""
+        self._wake({"weights"})
+        self._verify = self._verify or transport.verify
+        if self.shares_trainer_process:  # no process boundary: hand the objects over as they are
+            payload: Any = (transport, messages)
+        else:
+            payload = pickle.dumps((transport, messages))
+        counts = self.llm.collective_rpc("xrlhf_receive", args=(payload,))
+        self._weights_valid = True
+        self._reset_cache = True
+        return int(counts[0])
+
+    def update_weights(self, weights: NamedTensors) -> None:
+        weights = list(weights)
+        if self.shares_trainer_process:
+            self._wake({"weights"})
+            self.llm.collective_rpc("xrlhf_load_weights", args=(weights,))
+            self._weights_valid, self._reset_cache = True, True
+            return
+        transport = CPUTransport()
+        self.receive_weights(transport, list(transport.send(weights)))
+
+    def end_sync(self) -> None:
+        """After the last bucket: check every parameter was loaded (with verify on), then wake."""
+        missing = sorted({n for per_worker in self.llm.collective_rpc("xrlhf_end_sync") for n in per_worker})
+        verify, self._verify = self._verify, False
+        if verify and missing:
+            raise WeightSyncError(f"weight sync: {len(missing)} vLLM parameters were not loaded: "
+                                  + ", ".join(missing[:8]))
+        self.wake_up()
+
+    def weight_checksums(self) -> dict[str, float]:
+        self.wake_up()
+        return dict(self.llm.collective_rpc("xrlhf_weight_checksums")[0])
+
+    # -- memory -------------------------------------------------------------------------------
+    def sleep(self) -> None:
+        if self.sleep_level == 0 or self._asleep:
+            return
+        self.llm.sleep(level=self.sleep_level)
+        self._asleep = {"weights", "kv_cache"}
+        if self.sleep_level == 2:
+            self._weights_valid = False
+
+    def wake_up(self) -> None:
+        self._wake({"weights", "kv_cache"})
+
+    def _wake(self, tags: set[str]) -> None:
+        # weights first: the KV cache, the largest allocation, comes back last
+        for tag in ("weights", "kv_cache"):
+            if tag in tags and tag in self._asleep:
+                self.llm.wake_up(tags=[tag])
+                self._asleep.discard(tag)
+
+    def shutdown(self) -> None:
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+            self.llm = None
+
+
+def _eos_ids(model_path: str) -> list[int]:
+    """The model's EOS ids from its ``generation_config.json`` or ``config.json`` (no tokenizer)."""
+    import json
+    from pathlib import Path
+
+    for name in ("generation_config.json", "config.json"):
+        f = Path(model_path) / name
+        if f.is_file():
+            eos = json.loads(f.read_text()).get("eos_token_id")
+            if eos is not None:
+                return [int(e) for e in eos] if isinstance(eos, list) else [int(eos)]
+    return []
