@@ -112,7 +112,7 @@ class EngineWorker:
             torch.cuda.empty_cache()  # the trainer's cached blocks go back before vLLM's KV cache does
         self.gen.end_sync()
 
-    def weight_checksums(self, role: str) -> dict[str, float]:
+    def weight_checksums(self, role: str) -> dict[str, int]:
         """Checksums by HF name: the trainer's (``"train"``, in the generator's dtype) or the generator's."""
         if role == "generate":
             return self.gen.weight_checksums()

@@ -241,7 +241,7 @@ class GenerateEngine(ABC):
         """Called once the last bucket of a sync is loaded: ready the engine to generate."""
         self.wake_up()
 
-    def weight_checksums(self) -> dict[str, float]:
+    def weight_checksums(self) -> dict[str, int]:
         """``weight_sync.checksum`` of every weight as loaded, by HF name (for verification)."""
         raise NotImplementedError(f"{type(self).__name__} cannot read its weights back")
 

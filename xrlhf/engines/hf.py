@@ -302,7 +302,7 @@ class HFGenerateEngine(GenerateEngine):
     def update_weights(self, weights: NamedTensors) -> None:
         load_named_weights(self.model, weights)
 
-    def weight_checksums(self) -> dict[str, float]:
+    def weight_checksums(self) -> dict[str, int]:
         from xrlhf.engines.weight_sync import checksum
 
         return {name: checksum(t) for name, t in self.model.state_dict().items()}

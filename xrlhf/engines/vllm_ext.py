@@ -65,13 +65,15 @@ class XrlhfWorkerExtension:
             state["loaded"].update(loaded or ())
             n += len(named)
             del named, loaded
-        torch.cuda.synchronize(self.device)  # copies done before the sender reuses or frees its memory
+        if self.device.type == "cuda":  # copies done before the sender reuses or frees its memory
+            torch.cuda.synchronize(self.device)
         return n
 
     def xrlhf_load_weights(self, named: list[tuple[str, torch.Tensor]]) -> int:
         """Load ``(HF name, tensor)`` pairs given directly (engine in the caller's process)."""
         self._xrlhf_state()["loaded"].update(self._xrlhf_model().load_weights(weights=named) or ())
-        torch.cuda.synchronize(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         return len(named)
 
     def xrlhf_end_sync(self) -> list[str]:
@@ -82,7 +84,7 @@ class XrlhfWorkerExtension:
         state["loaded"] = set()
         return missing
 
-    def xrlhf_weight_checksums(self) -> dict[str, float]:
+    def xrlhf_weight_checksums(self) -> dict[str, int]:
         """``checksum`` of every weight by HF name, fused tensors split back into their parts.
 
         vLLM fuses ``q_proj``/``k_proj``/``v_proj`` into ``qkv_proj`` and ``gate_proj``/
@@ -98,7 +100,7 @@ class XrlhfWorkerExtension:
         model = self._xrlhf_model()
         packed = getattr(model, "packed_modules_mapping", {}) or {}
         modules = dict(model.named_modules(remove_duplicate=False))
-        out: dict[str, float] = {}
+        out: dict[str, int] = {}
         with torch.no_grad():
             for name, p in model.named_parameters(remove_duplicate=False):
                 prefix, _, leaf = name.rpartition(".")

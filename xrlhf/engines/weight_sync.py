@@ -43,21 +43,33 @@ class WeightSyncError(RuntimeError):
     """The generator's copy of a tensor does not match the trainer's."""
 
 
-def checksum(t: torch.Tensor) -> float:
-    """An order-sensitive float64 checksum of a tensor's values (cheap, on its own device)."""
-    flat = t.detach().reshape(-1).double()
+_WORDS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def checksum(t: torch.Tensor) -> int:
+    """An exact, order-sensitive checksum of a tensor's bits, computed on its own device.
+
+    Each element's bits, read as an integer, are multiplied by a hash of its position and
+    summed in int64 (wrapping modulo 2**64, so the order of the sum does not matter and a CPU
+    and a GPU agree exactly). Equal checksums mean equal bits up to a 2**-64 chance; a single
+    flipped bit always changes it.
+    """
+    flat = t.detach().contiguous().reshape(-1)
     if flat.numel() == 0:
-        return 0.0
-    w = torch.arange(1, flat.numel() + 1, device=flat.device, dtype=torch.float64).remainder_(1009).add_(1)
-    return float((flat * w).sum())
+        return 0
+    word = _WORDS.get(flat.element_size())
+    words = (flat.view(torch.uint8) if word is None or flat.dtype == torch.bool else flat.view(word)).to(torch.int64)
+    pos = torch.arange(words.numel(), device=words.device, dtype=torch.int64)
+    pos.mul_(2654435761).add_(0x9E3779B9).bitwise_and_(0xFFFFFFFF).bitwise_or_(1)
+    return int((words * pos).sum())  # not in place: ``words`` may be the caller's int64 tensor
 
 
-def checksums_match(got: float, want: float) -> bool:
-    """Equal up to float64 summation-order noise (sums on different devices differ by ~1e-12)."""
-    return abs(got - want) <= 1e-6 * max(1.0, abs(want))
+def checksums_match(got: int, want: int) -> bool:
+    """Checksums are exact: bit-equal tensors have equal checksums."""
+    return got == want
 
 
-def compare_checksums(want: dict[str, float], got: dict[str, float], where: str = "generator") -> None:
+def compare_checksums(want: dict[str, int], got: dict[str, int], where: str = "generator") -> None:
     """Raise ``WeightSyncError`` naming the first tensors whose checksums differ or are missing."""
     missing = sorted(set(want) - set(got))
     wrong = [n for n in want if n in got and not checksums_match(got[n], want[n])]
@@ -147,7 +159,7 @@ class Message:
 
     names: list[str]
     payload: Any
-    checksums: list[float] | None = None
+    checksums: list[int] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -296,7 +308,8 @@ def push_weights(transport: Transport, weights: Iterable[tuple[str, torch.Tensor
     if transport.kind == "message":
         return sum(receiver(transport, [m]) for m in transport.send(weights))
     result: dict[str, Any] = {}
-    other = transport.peer()
+    other = getattr(transport, "_peer", None) or transport.peer()
+    transport._peer = other  # the receiver keeps its connection from one sync to the next
 
     def run() -> None:
         try:

@@ -1,0 +1,72 @@
+"""Config checks of the generation layout, the vLLM fields and the weight-sync transport."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from xrlhf.config import load_config, validate_dict
+from xrlhf.utils.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def errors(config: dict) -> list[str]:
+    with pytest.raises(UserError) as e:
+        validate_dict(config)
+    return e.value.messages
+
+
+def with_(config: dict, **paths) -> dict:
+    out = copy.deepcopy(config)
+    for path, value in paths.items():
+        node = out
+        *parents, last = path.split("__")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+    return out
+
+
+def test_vllm_fields_with_the_hf_engine_are_errors(base_config):
+    msgs = errors(with_(base_config, policy__generate={"max_new_tokens": 4, "sleep_level": 2,
+                                                      "gpu_memory_utilization": 0.5}))
+    assert msgs == ["policy.generate: gpu_memory_utilization=0.5, sleep_level=2: vLLM settings, but engine is "
+                    "'hf'; remove them or set engine: vllm"]
+    validate_dict(with_(base_config, policy__generate={"max_new_tokens": 4, "sleep_level": 1}))  # the default
+
+
+def test_vllm_needs_a_gpu_and_tensor_parallel_needs_the_split_layout(base_config):
+    cfg = with_(base_config, policy__generate={"engine": "vllm", "tensor_parallel_size": 2})
+    msgs = errors(cfg)
+    assert any(m.startswith("policy.generate.tensor_parallel_size: more than 1 needs the split layout") for m in msgs)
+    assert any(m.startswith("policy.resources.gpus_per_rank: engine vllm needs 2 GPU(s)") for m in msgs)
+    cfg = with_(base_config, policy__generate={"engine": "vllm"}, policy__resources={"ranks": 2, "gpus_per_rank": 0.5})
+    validate_dict(cfg)  # a fractional GPU is enough co-located
+
+
+def test_transports_must_fit_the_layout(base_config):
+    split = {"engine": "hf", "resources": {"ranks": 2, "cpus_per_rank": 0.5}}
+    for t in ("in_process", "cuda_ipc"):
+        msgs = errors(with_(base_config, policy__generate=split, policy__weight_sync={"transport": t}))
+        assert any(m.startswith(f"policy.weight_sync.transport: {t} needs the generator in the trainer's worker")
+                   for m in msgs), msgs
+    msgs = errors(with_(base_config, policy__weight_sync={"transport": "nccl"}))
+    assert msgs[0].startswith("policy.weight_sync.transport: nccl broadcasts between GPUs")
+    for t in ("auto", "cpu", "nccl"):  # nccl runs over gloo on CPU
+        validate_dict(with_(base_config, policy__generate=split, policy__weight_sync={"transport": t}))
+    msgs = errors(with_(base_config, policy__generate={"resources": {"ranks": 3, "colocate_with": "policy"}}))
+    assert any(m.startswith("policy.generate.resources.colocate_with:") for m in msgs)
+    assert any(m.startswith("policy.generate.resources.ranks: 3 must divide") for m in msgs)
+    msgs = errors(with_(base_config, policy__weight_sync={"transport": "cuda_ipc"}))
+    assert msgs == ["policy.weight_sync.transport: cuda_ipc needs the policy on a GPU (policy.resources.gpus_per_rank)"]
+
+
+@pytest.mark.parametrize("name", ["ppo_vllm_colocate", "ppo_vllm_split"])
+def test_gpu_configs_validate(name, tiny_model):
+    cfg = load_config(ROOT / "configs" / "gpu" / f"{name}.yaml", [f"policy.model={tiny_model}"])
+    g = cfg.policy.generate
+    assert g.engine == "vllm" and cfg.policy.train.dtype == "bfloat16" and cfg.policy.weight_sync.verify
+    assert (g.resources is None) == (name == "ppo_vllm_colocate")

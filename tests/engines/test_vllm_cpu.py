@@ -1,0 +1,288 @@
+"""The vLLM engine's own logic on CPU, with vLLM replaced by a small fake.
+
+The fake ``LLM`` runs the real worker extension (``xrlhf.engines.vllm_ext``) on a model laid
+out as vLLM lays out a Llama (q/k/v and gate/up fused), and every ``collective_rpc`` argument
+crosses a pickle boundary as it would to vLLM's engine process. What it checks: the mapping
+of our config and sampling parameters to vLLM's, the sleep/wake order around a sync, weights
+loaded inside the worker with checksums verified there, read-back of fused weights by HF
+name, the completeness check, and that vLLM itself is never needed to import xrlhf.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import pickle
+import subprocess
+import sys
+import types
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from xrlhf.engines.base import EngineSpec, SamplingParams
+from xrlhf.engines.weight_sync import WeightSyncError, build_transport, checksum, compare_checksums, push_weights
+
+REAL_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+def test_engines_import_without_vllm_and_choosing_it_says_how_to_install():
+    code = ("import sys, xrlhf.engines, xrlhf.engines.base as b, xrlhf.engines.weight_sync, xrlhf.engines.vllm_ext\n"
+            "assert 'vllm' not in sys.modules\n"
+            "try:\n    b.build_engine('vllm', b.EngineSpec('x'), 'generate')\nexcept KeyError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    if not REAL_VLLM:
+        assert "pip install -e '.[gpu]'" in out and "vllm" in out
+
+
+# -- a fake vLLM ---------------------------------------------------------------------------------
+def fused_like_vllm(hf: nn.Module) -> nn.Module:
+    """A module tree with vLLM's parameter names for a Llama, initialised from ``hf``."""
+    root = nn.Module()
+    root.packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+    sd = hf.state_dict()
+
+    def module(path: str) -> nn.Module:
+        node = root
+        for part in path.split("."):
+            if not hasattr(node, part):
+                node.add_module(part, nn.Module())
+            node = getattr(node, part)
+        return node
+
+    for name, t in sd.items():
+        if name == "lm_head.weight":
+            continue
+        path, _, leaf = name.rpartition(".")
+        parent, _, last = path.rpartition(".")
+        for fused, parts in root.packed_modules_mapping.items():
+            if last in parts:
+                mod = module(f"{parent}.{fused}")
+                if not hasattr(mod, "output_partition_sizes"):
+                    mod.output_partition_sizes = [sd[f"{parent}.{p}.{leaf}"].shape[0] for p in parts]
+                    mod.register_parameter(leaf, nn.Parameter(torch.cat([sd[f"{parent}.{p}.{leaf}"] for p in parts])))
+                break
+        else:
+            module(path).register_parameter(leaf, nn.Parameter(t.clone()))
+    module("lm_head").register_parameter("weight", root.model.embed_tokens.weight)  # tied, as vLLM ties
+
+    def load_weights(weights):
+        loaded = set()
+        params = dict(root.named_parameters())
+        with torch.no_grad():
+            for name, t in weights:
+                if name == "lm_head.weight":
+                    continue  # vLLM skips it when embeddings are tied
+                path, _, leaf = name.rpartition(".")
+                parent, _, last = path.rpartition(".")
+                for fused, parts in root.packed_modules_mapping.items():
+                    if last in parts:
+                        target = f"{parent}.{fused}.{leaf}"
+                        sizes = module(f"{parent}.{fused}").output_partition_sizes
+                        i = parts.index(last)
+                        params[target][sum(sizes[:i]):sum(sizes[:i + 1])].copy_(t)
+                        break
+                else:
+                    target = name
+                    params[target].copy_(t)
+                loaded.add(target)
+        return loaded
+
+    root.load_weights = lambda weights: load_weights(weights)
+    return root
+
+
+@dataclass
+class FakeSamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 16
+    stop_token_ids: list = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    detokenize: bool = True
+    seed: int | None = None
+
+
+class FakeLLM:
+    """``vllm.LLM`` as the engine uses it; the worker runs the real extension."""
+
+    last: "FakeLLM" = None
+    client = "SyncMPClient"
+
+    def __init__(self, **kwargs):
+        from transformers import AutoModelForCausalLM
+
+        from xrlhf.engines.vllm_ext import XrlhfWorkerExtension
+
+        self.kwargs = kwargs
+        self.calls: list = []
+        model = fused_like_vllm(AutoModelForCausalLM.from_pretrained(kwargs["model"]))
+        worker_cls = type("Worker", (XrlhfWorkerExtension,), {"_xrlhf_tp_rank": lambda self: 0})
+        self.worker = worker_cls()
+        self.worker.device = torch.device("cpu")
+        self.worker.model_runner = SimpleNamespace(get_model=lambda: model)
+        self.llm_engine = SimpleNamespace(engine_core=type(self.client, (), {"shutdown": lambda self: None})())
+        FakeLLM.last = self
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        self.calls.append(("rpc", method))
+        if self.client != "InprocClient":
+            args = pickle.loads(pickle.dumps(args))  # the process boundary
+        return [getattr(self.worker, method)(*args, **(kwargs or {}))]
+
+    def sleep(self, level=1):
+        self.calls.append(("sleep", level))
+
+    def wake_up(self, tags=None):
+        self.calls.append(("wake_up", tags))
+
+    def reset_prefix_cache(self):
+        self.calls.append(("reset_prefix_cache",))
+
+    def generate(self, prompts, sp, use_tqdm=True):
+        self.calls.append(("generate", len(prompts)))
+        out = []
+        for p in prompts:
+            ids = [(p["prompt_token_ids"][-1] + k) % 100 for k in range(1, 4)]
+            lps = [{t: SimpleNamespace(logprob=-0.5 * (k + 1))} for k, t in enumerate(ids)]
+            out.append(SimpleNamespace(outputs=[SimpleNamespace(token_ids=ids, logprobs=lps)]))
+        return out
+
+
+@pytest.fixture(scope="module")
+def vllm_module():
+    """``xrlhf.engines.vllm`` imported against the fake (once: it registers its engine)."""
+    if REAL_VLLM:
+        pytest.skip("the real vLLM is installed: tests/gpu covers the engine")
+    fake = types.ModuleType("vllm")
+    fake.__spec__ = importlib.machinery.ModuleSpec("vllm", None)
+    fake.LLM, fake.SamplingParams, fake.TokensPrompt = FakeLLM, FakeSamplingParams, dict
+    parallel_state = types.ModuleType("vllm.distributed.parallel_state")
+    parallel_state.get_tensor_model_parallel_world_size = lambda: 1
+    saved = {k: sys.modules.get(k) for k in ("vllm", "vllm.distributed", "vllm.distributed.parallel_state")}
+    sys.modules.update({"vllm": fake, "vllm.distributed": types.ModuleType("vllm.distributed"),
+                        "vllm.distributed.parallel_state": parallel_state})
+    import xrlhf.engines.vllm as module
+
+    yield module
+    for k, v in saved.items():
+        if v is None:
+            sys.modules.pop(k, None)
+        else:
+            sys.modules[k] = v
+
+
+def engine_spec(model: str, **options) -> EngineSpec:
+    from xrlhf.config.schema import GenerateConfig
+
+    section = GenerateConfig(engine="vllm", **options)
+    return EngineSpec(model, options={**section.model_dump(), **section.engine_options}, seed=3)
+
+
+def test_llm_arguments_from_the_config(vllm_module, tiny_model):
+    kwargs, env = vllm_module.llm_kwargs(engine_spec(
+        tiny_model, gpu_memory_utilization=0.3, enforce_eager=True, sleep_level=2, max_model_len=512,
+        engine_options={"max_num_seqs": 64, "env": {"VLLM_ENABLE_V1_MULTIPROCESSING": 0}}))
+    assert env == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    assert kwargs["model"] == tiny_model and kwargs["skip_tokenizer_init"] and kwargs["seed"] == 3
+    assert kwargs["gpu_memory_utilization"] == 0.3 and kwargs["enforce_eager"] and kwargs["max_model_len"] == 512
+    assert kwargs["enable_sleep_mode"] and kwargs["max_num_seqs"] == 64 and kwargs["tensor_parallel_size"] == 1
+    assert kwargs["logprobs_mode"] == "processed_logprobs" and kwargs["generation_config"] == "vllm"
+    assert kwargs["worker_extension_cls"] == "xrlhf.engines.vllm_ext.XrlhfWorkerExtension"
+    assert "distributed_executor_backend" not in kwargs
+    kwargs, _ = vllm_module.llm_kwargs(engine_spec(tiny_model, tensor_parallel_size=2, sleep_level=0))
+    assert kwargs["distributed_executor_backend"] == "mp" and not kwargs["enable_sleep_mode"]
+
+
+def test_sampling_parameters_and_outputs(vllm_module, tiny_model):
+    engine = vllm_module.VLLMGenerateEngine(engine_spec(tiny_model))
+    assert engine.eos_ids == [2] and not engine.shares_trainer_process
+    sp = engine.sampling_params(SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=5), 2)
+    assert (sp.temperature, sp.top_p, sp.top_k, sp.max_tokens, sp.stop_token_ids, sp.logprobs, sp.detokenize) == \
+        (0.7, 0.9, 0, 5, [2], 0, False)
+    sp = engine.sampling_params(SamplingParams(ignore_eos=True, stop_token_ids=[7]), 2)
+    assert sp.ignore_eos and sp.stop_token_ids == []  # as the HF engine: nothing stops it
+    seeded = engine.sampling_params(SamplingParams(seed=10, stop_token_ids=[7]), 3)
+    assert [s.seed for s in seeded] == [10, 11, 12] and seeded[0].stop_token_ids == [7]
+    out = engine.generate([[1, 5], [1, 6]], SamplingParams())
+    assert out.token_ids == [[6, 7, 8], [7, 8, 9]] and out.logprobs[0] == [-0.5, -1.0, -1.5]
+
+
+def trained_weights(tiny_model) -> list[tuple[str, torch.Tensor]]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    return list(model.state_dict().items())
+
+
+@pytest.mark.parametrize("client", ["SyncMPClient", "InprocClient"])
+def test_sync_while_asleep_loads_in_the_worker_and_reads_back_by_hf_name(vllm_module, tiny_model, client,
+                                                                         monkeypatch):
+    monkeypatch.setattr(FakeLLM, "client", client)
+    engine = vllm_module.VLLMGenerateEngine(engine_spec(tiny_model, sleep_level=2))
+    llm = FakeLLM.last
+    assert engine.shares_trainer_process == (client == "InprocClient")
+    weights = trained_weights(tiny_model)
+    want = {n: checksum(t) for n, t in weights}
+    with pytest.raises(WeightSyncError, match="differ"):
+        compare_checksums(want, engine.weight_checksums())
+    engine.sleep()
+    with pytest.raises(WeightSyncError, match="level 2"):
+        engine.generate([[1]], SamplingParams())
+    llm.calls.clear()
+    transport = build_transport("in_process" if client == "InprocClient" else "cpu", bucket_bytes=20_000,
+                                verify=True)
+    n = push_weights(transport, weights, engine.receive_weights)
+    engine.end_sync()
+    assert n == len(weights)
+    rpcs = [c for c in llm.calls if c[0] == "rpc"]
+    assert llm.calls[0] == ("wake_up", ["weights"]) and llm.calls[-1] == ("wake_up", ["kv_cache"])
+    assert len(rpcs) > 2 and all(c == ("rpc", "xrlhf_receive") for c in rpcs[:-1]) and rpcs[-1][1] == "xrlhf_end_sync"
+    got = engine.weight_checksums()
+    compare_checksums(want, got)  # fused q/k/v and gate/up split back; tied lm_head included
+    assert "model.layers.0.self_attn.k_proj.weight" in got and "lm_head.weight" in got
+    engine.generate([[1]], SamplingParams())
+    assert ("reset_prefix_cache",) in llm.calls
+
+
+def test_a_corrupted_bucket_stops_the_sync_in_the_worker(vllm_module, tiny_model):
+    engine = vllm_module.VLLMGenerateEngine(engine_spec(tiny_model))
+    transport = build_transport("cpu", verify=True)
+    message = next(transport.send(trained_weights(tiny_model)))
+    message.payload[3].view(torch.uint8)[5] ^= 4
+    with pytest.raises(WeightSyncError, match=repr(message.names[3])):
+        engine.receive_weights(transport, [message])
+
+
+def test_an_incomplete_sync_fails_with_verify_on(vllm_module, tiny_model):
+    engine = vllm_module.VLLMGenerateEngine(engine_spec(tiny_model))
+    weights = [(n, t) for n, t in trained_weights(tiny_model) if "layers.1.mlp" not in n]
+    push_weights(build_transport("cpu", verify=True), weights, engine.receive_weights)
+    with pytest.raises(WeightSyncError, match=r"layers\.1\.mlp\.down_proj.*layers\.1\.mlp\.gate_up_proj"):
+        engine.end_sync()
+    push_weights(build_transport("cpu", verify=False), weights, engine.receive_weights)
+    engine.end_sync()  # verify off: not checked
+
+
+def test_worker_resolves_auto_where_the_generator_lives(vllm_module, tiny_model, monkeypatch):
+    from xrlhf.coordinator.worker import EngineWorker
+    from xrlhf.engines.hf import HFGenerateEngine
+
+    worker = EngineWorker("policy", 0)
+    worker.train = SimpleNamespace(spec=EngineSpec(tiny_model, device="cpu"))
+    worker.gen = vllm_module.VLLMGenerateEngine(engine_spec(tiny_model))
+    assert worker.set_transport("auto", {"verify": True, "dtype": "bfloat16"}) == "cpu"
+    assert worker.transport.dtype == torch.bfloat16 and worker.transport.verify
+    worker.train.spec.device = "cuda"
+    assert worker.set_transport("auto", {}) == "cuda_ipc"
+    worker.gen = HFGenerateEngine(EngineSpec(tiny_model))
+    assert worker.set_transport("auto", {}) == "in_process"
