@@ -152,20 +152,22 @@ class VLLMGenerateEngine(GenerateEngine):
         """Run the transport's receive side in vLLM's workers and load what arrives there."""
         self._wake({"weights"})
         self._verify = self._verify or transport.verify
-        if self.shares_trainer_process:  # no process boundary: hand the objects over as they are
-            payload: Any = (transport, messages)
-        else:
-            payload = pickle.dumps((transport, messages))
-        counts = self.llm.collective_rpc("xrlhf_receive", args=(payload,))
+        n = 0
+        for part in [None] if messages is None else [[m] for m in messages]:  # one bucket per call
+            if self.shares_trainer_process:  # no process boundary: hand the objects over as they are
+                payload: Any = (transport, part)
+            else:
+                payload = pickle.dumps((transport, part))
+            n += int(self._rpc("xrlhf_receive", payload)[0])
         self._weights_valid = True
         self._reset_cache = True
-        return int(counts[0])
+        return n
 
     def update_weights(self, weights: NamedTensors) -> None:
         weights = list(weights)
         if self.shares_trainer_process:
             self._wake({"weights"})
-            self.llm.collective_rpc("xrlhf_load_weights", args=(weights,))
+            self._rpc("xrlhf_load_weights", weights)
             self._weights_valid, self._reset_cache = True, True
             return
         transport = CPUTransport()
@@ -173,7 +175,7 @@ class VLLMGenerateEngine(GenerateEngine):
 
     def end_sync(self) -> None:
         """After the last bucket: check every parameter was loaded (with verify on), then wake."""
-        missing = sorted({n for per_worker in self.llm.collective_rpc("xrlhf_end_sync") for n in per_worker})
+        missing = sorted({n for per_worker in self._rpc("xrlhf_end_sync") for n in per_worker})
         verify, self._verify = self._verify, False
         if verify and missing:
             raise WeightSyncError(f"weight sync: {len(missing)} vLLM parameters were not loaded: "
@@ -182,7 +184,19 @@ class VLLMGenerateEngine(GenerateEngine):
 
     def weight_checksums(self) -> dict[str, float]:
         self.wake_up()
-        return dict(self.llm.collective_rpc("xrlhf_weight_checksums")[0])
+        return dict(self._rpc("xrlhf_weight_checksums")[0])
+
+    def _rpc(self, method: str, *args) -> list:
+        """``collective_rpc`` on every worker; a weight-sync failure there comes back as one here
+        (vLLM's engine process returns errors as a plain ``Exception`` with the message)."""
+        try:
+            return self.llm.collective_rpc(method, args=args)
+        except WeightSyncError:
+            raise
+        except Exception as e:
+            if "weight sync" in str(e):
+                raise WeightSyncError(str(e)) from e
+            raise
 
     # -- memory -------------------------------------------------------------------------------
     def sleep(self) -> None:

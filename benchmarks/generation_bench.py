@@ -1,0 +1,95 @@
+"""Generation throughput: the vLLM engine against the Transformers engine, same model and prompts.
+
+Both are xrlhf's own ``GenerateEngine``s (so the numbers include what RL pays: per-token
+logprobs), on the locally built 0.5B model in bfloat16, ``--prompts`` prompts of the reasoning
+env each continued by exactly ``--new-tokens`` tokens (``ignore_eos``), temperature 1. Each
+engine gets a short warm-up first; vLLM is shut down before the Transformers engine runs.
+
+    python benchmarks/generation_bench.py --out benchmarks/results
+
+writes ``generation.json``: gpu, model_params, prompts, new_tokens, vllm_tokens_per_s,
+hf_tokens_per_s (and the seconds, the speed-up, the settings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from benchmarks.common import MODEL_05B, ensure_model, gpu_name, model_params, table, vllm_options, write_json
+
+
+def prompts_for(model: str, n: int) -> list[list[int]]:
+    from xrlhf.data.text import encode_prompt, load_tokenizer
+    from xrlhf.envs import build_env
+
+    tok = load_tokenizer(model)
+    env = build_env("reasoning", {}, 0)
+    return [encode_prompt(tok, p.text) for p in env.train_prompts(0, n)]
+
+
+def timed(engine, prompts: list[list[int]], new_tokens: int) -> tuple[float, int]:
+    """Seconds for one ``generate`` of every prompt, and the tokens generated."""
+    import torch
+
+    from xrlhf.engines.base import SamplingParams
+
+    engine.generate(prompts[:8], SamplingParams(temperature=1.0, max_new_tokens=16, ignore_eos=True))  # warm-up
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=new_tokens, ignore_eos=True))
+    seconds = time.perf_counter() - t0
+    tokens = sum(len(t) for t in out.token_ids)
+    assert tokens == len(prompts) * new_tokens, (tokens, len(prompts), new_tokens)
+    return seconds, tokens
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default=None, help="model directory (default: artifacts/model-0.5b, built if missing)")
+    p.add_argument("--prompts", type=int, default=256)
+    p.add_argument("--new-tokens", type=int, default=512)
+    p.add_argument("--hf-micro-batch", type=int, default=128,
+                   help="the HF engine generates this many prompts at once (its logits of every step are kept)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    p.add_argument("--engines", default="vllm,hf")
+    p.add_argument("--out", default="benchmarks/results")
+    args = p.parse_args()
+
+    from xrlhf.engines.base import EngineSpec
+
+    model = ensure_model(args.model or MODEL_05B)
+    prompts = prompts_for(model, args.prompts)
+    result = {"gpu": gpu_name(), "model_params": model_params(model), "prompts": args.prompts,
+              "new_tokens": args.new_tokens, "dtype": "bfloat16", "vllm_tokens_per_s": None, "hf_tokens_per_s": None}
+    if "vllm" in args.engines:
+        from xrlhf.engines.vllm import VLLMGenerateEngine
+
+        options = vllm_options(gpu_memory_utilization=args.gpu_memory_utilization, sleep_level=0,
+                               max_num_seqs=args.prompts, max_model_len=1024)
+        t0 = time.perf_counter()
+        engine = VLLMGenerateEngine(EngineSpec(model, device="cuda", dtype="bfloat16", options=options))
+        result["vllm_startup_s"] = round(time.perf_counter() - t0, 1)
+        seconds, tokens = timed(engine, prompts, args.new_tokens)
+        result.update(vllm_seconds=seconds, vllm_tokens_per_s=tokens / seconds,
+                      vllm_options={k: options[k] for k in ("enforce_eager", "max_num_seqs", "engine_options")})
+        engine.shutdown()
+        del engine
+    if "hf" in args.engines:
+        from xrlhf.engines.hf import HFGenerateEngine
+
+        engine = HFGenerateEngine(EngineSpec(model, device="cuda", dtype="bfloat16",
+                                             options={"micro_batch_size": args.hf_micro_batch}))
+        seconds, tokens = timed(engine, prompts, args.new_tokens)
+        result.update(hf_seconds=seconds, hf_tokens_per_s=tokens / seconds, hf_micro_batch_size=args.hf_micro_batch)
+    if result["vllm_tokens_per_s"] and result["hf_tokens_per_s"]:
+        result["speedup"] = result["vllm_tokens_per_s"] / result["hf_tokens_per_s"]
+    write_json(args.out, "generation.json", result)
+    rows = [(e, result.get(f"{e}_seconds"), result.get(f"{e}_tokens_per_s")) for e in ("vllm", "hf")]
+    print(table(rows, ["engine", "seconds", "tokens/s"]))
+    print(f"{result['gpu']}, {result['model_params']:,} params, {args.prompts} prompts x {args.new_tokens} tokens; "
+          f"speed-up {result.get('speedup', float('nan')):.1f}x (target >= 10x)")
+
+
+if __name__ == "__main__":
+    main()

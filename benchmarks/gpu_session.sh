@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The GPU session of issue 3 (vLLM engine, weight sync), stage by stage; each stage stays
+# under 9 minutes. Run from the repository root on the GPU machine, with the stack installed
+# in /root/site (shared/gpu/README.md). Nothing is installed here.
+#
+#   bash benchmarks/gpu_session.sh hang    # start-up hang bisection          (~3-9 min)
+#   bash benchmarks/gpu_session.sh tests   # pytest -m gpu tests/gpu           (~5-8 min)
+#   bash benchmarks/gpu_session.sh bench   # generation + weight-sync benchmarks (~5-8 min)
+#   bash benchmarks/gpu_session.sh ppo     # 20 PPO steps co-located: times, memory (~4-7 min)
+#   bash benchmarks/gpu_session.sh all     # all of the above (longer than one 10-minute call)
+#
+# Logs and JSON go to $OUT (default ./gpu-out): OUT/<stage>/..., the benchmark JSON to
+# OUT/benchmarks/results/ (copy it to benchmarks/results/ and commit). If the hang stage
+# prints an `export XRLHF_VLLM=...` line, put it in front of the later stages.
+set -uo pipefail
+STAGE="${1:-all}"
+cd "$(dirname "$0")/.."
+export PYTHONPATH=/root/site:$PWD PATH=/root/site/bin:$PATH VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
+       HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=disabled \
+       RAY_DEDUP_LOGS=1 XRLHF_VLLM="${XRLHF_VLLM:-}"
+OUT="${OUT:-$PWD/gpu-out}"
+mkdir -p "$OUT"
+PY=python
+
+log() { echo "[$(date +%H:%M:%S)] $*"; }
+
+setup() {
+  mkdir -p "$OUT/$1"
+  { nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv; $PY -c \
+    "import torch, vllm, ray, transformers; print('torch', torch.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__, 'transformers', transformers.__version__)"; \
+    echo "XRLHF_VLLM=$XRLHF_VLLM"; } > "$OUT/$1/env.txt" 2>&1
+  if [ ! -f artifacts/model-0.5b/config.json ]; then
+    log "building artifacts/model-0.5b (492M parameters, BPE 32000)"
+    timeout 300 $PY -m xrlhf.cli make-tiny-model artifacts/model-0.5b --preset 0.5b --dtype bfloat16 \
+      > "$OUT/$1/make-model.log" 2>&1 || { log "model build failed"; tail -5 "$OUT/$1/make-model.log"; }
+  fi
+}
+
+stage_hang() {
+  setup hang
+  log "hang: probes of vLLM start-up (one process each, time-limited, stacks dumped before the limit)"
+  timeout 540 $PY -m benchmarks.vllm_hang_probe --out "$OUT/hang" --budget 490 --timeout 170 2>&1 \
+    | tee "$OUT/hang/driver.log"
+}
+
+stage_tests() {
+  setup tests
+  log "tests: pytest -m gpu tests/gpu"
+  timeout 530 $PY -m pytest -m gpu tests/gpu -q -rA -p no:cacheprovider \
+    --junitxml="$OUT/tests/junit.xml" 2>&1 | tee "$OUT/tests/pytest.log" | tail -40
+}
+
+stage_bench() {
+  setup bench
+  mkdir -p "$OUT/benchmarks/results"
+  log "bench: generation (vLLM vs HF, 256 x 512 tokens)"
+  timeout 300 $PY -m benchmarks.generation_bench --out "$OUT/benchmarks/results" 2>&1 \
+    | tee "$OUT/bench/generation.log" | tail -8
+  log "bench: weight sync (cpu, cuda_ipc, nccl, d2d copy)"
+  timeout 220 $PY -m benchmarks.weight_sync_bench --out "$OUT/benchmarks/results" 2>&1 \
+    | tee "$OUT/bench/weight_sync.log" | tail -14
+}
+
+stage_ppo() {
+  setup ppo
+  mkdir -p "$OUT/benchmarks/results"
+  log "ppo: 20 steps, co-located config, per-step times and peak memory"
+  timeout 530 $PY -m benchmarks.ppo_step_bench --out "$OUT/benchmarks/results" 2>&1 \
+    | tee "$OUT/ppo/ppo_step.log" | tail -30
+}
+
+case "$STAGE" in
+  hang) stage_hang ;;
+  tests) stage_tests ;;
+  bench) stage_bench ;;
+  ppo) stage_ppo ;;
+  all) stage_hang; stage_tests; stage_bench; stage_ppo ;;
+  *) echo "usage: $0 hang|tests|bench|ppo|all" >&2; exit 2 ;;
+esac
+log "done: $STAGE -> $OUT"
