@@ -1,0 +1,130 @@
+"""Write docs/benchmarks.md from the JSON in benchmarks/results/ (and the hang probe's summary).
+
+    python -m benchmarks.report [--results benchmarks/results] [--hang OUT/hang/summary.json]
+
+Run it after copying a GPU session's ``OUT/benchmarks/results/*.json`` into benchmarks/results/
+(and, for the start-up hang section, its ``OUT/hang/summary.json`` to
+benchmarks/results/hang_probe.json). Sections whose JSON is missing say so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from benchmarks.common import ROOT
+
+
+def load(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def fmt(x, digits: int = 3) -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, float):
+        return f"{x:,.{digits}f}" if abs(x) < 1000 else f"{x:,.0f}"
+    return f"{x:,}" if isinstance(x, int) else str(x)
+
+
+def generation(r: dict | None) -> list[str]:
+    out = ["## Generation throughput", ""]
+    if r is None:
+        return out + ["Not run yet: `python -m benchmarks.generation_bench --out benchmarks/results`.", ""]
+    out += [f"GPU: **{r['gpu']}**. Model: {r['model_params']:,} parameters (locally built Llama, bf16), "
+            f"{r['prompts']} prompts × {r['new_tokens']} new tokens (ignore EOS), temperature 1, both engines "
+            f"returning per-token logprobs. Command: `{r.get('command', '')}`.", "",
+            "| engine | seconds | tokens/s |", "|---|---|---|",
+            f"| vLLM (`VLLMGenerateEngine`) | {fmt(r.get('vllm_seconds'))} | {fmt(r.get('vllm_tokens_per_s'))} |",
+            f"| Transformers (`HFGenerateEngine`, micro-batch {r.get('hf_micro_batch_size')}) | "
+            f"{fmt(r.get('hf_seconds'))} | {fmt(r.get('hf_tokens_per_s'))} |", "",
+            f"Speed-up: **{fmt(r.get('speedup'), 1)}×** (target ≥ 10×). vLLM start-up: {fmt(r.get('vllm_startup_s'), 1)} s; "
+            f"settings: `{json.dumps(r.get('vllm_options'))}`.", ""]
+    return out
+
+
+def weight_sync(r: dict | None) -> list[str]:
+    out = ["## Weight sync", ""]
+    if r is None:
+        return out + ["Not run yet: `python -m benchmarks.weight_sync_bench --out benchmarks/results`.", ""]
+    s = r["seconds"]
+    gib = r["bytes"] / 2**30
+    verified = r.get("verified_seconds", {})
+    rows = [("cpu", s.get("cpu"), verified.get("cpu")), ("cuda_ipc", s.get("cuda_ipc"), verified.get("cuda_ipc")),
+            ("cuda_ipc, packed buckets", r.get("cuda_ipc_packed_seconds"), verified.get("cuda_ipc_packed")),
+            ("cuda_ipc from sleep level 2 (wake weights, load, wake KV cache)", r.get("cuda_ipc_sleep_cycle_seconds"),
+             None),
+            ("nccl (trainer on GPU 1)", s.get("nccl"), verified.get("nccl")),
+            ("device-to-device copy (the floor)", r.get("d2d_copy_seconds"), None)]
+    out += [f"GPU: **{r['gpu']}**. {gib:.2f} GiB in {r['tensors']} tensors (bf16, the tied `lm_head` sent too), "
+            f"buckets of {r['bucket_mb']} MB, into a vLLM engine on GPU 0, median of {r['repeats']} syncs with "
+            f"verify off. Command: `{r.get('command', '')}`.", "",
+            "| transport | seconds | GiB/s | one sync with verify on (s) |", "|---|---|---|---|"]
+    for name, sec, ver in rows:
+        out.append(f"| {name} | {fmt(sec)} | {fmt(gib / sec, 1) if sec else '—'} | {fmt(ver)} |")
+    out += ["", "Targets: CUDA IPC < 0.2 s, NCCL < 0.5 s." + (f" NCCL: {r['nccl_note']}." if r.get("nccl_note") else ""), ""]
+    return out
+
+
+def ppo(r: dict | None) -> list[str]:
+    out = ["## PPO step (co-located, one GPU)", ""]
+    if r is None:
+        return out + ["Not run yet: `python -m benchmarks.ppo_step_bench --out benchmarks/results`.", ""]
+    m = r["median_from_step_2"]
+    out += [f"GPU: **{r['gpu']}**. `{r['config']}`, {r['steps']} steps, {r['prompts_per_step']} prompts × "
+            f"{r['max_new_tokens']} new tokens per step, weight verification {'on' if r['verify'] else 'off'}. "
+            f"Command: `{r.get('command', '')}`.", "",
+            "Median over steps 2.. (seconds):", "",
+            "| generate | infer | train | sync | sleep | whole step |", "|---|---|---|---|---|---|",
+            "| " + " | ".join(fmt(m.get(k)) for k in ("generate_s", "infer_s", "train_s", "sync_s", "sleep_s", "step_s"))
+            + " |", "",
+            "Peak GPU memory per step (GiB): the device's use sampled by nvidia-smi every 50 ms (vLLM included), and "
+            "the sum over the Ray workers of `torch.cuda.max_memory_allocated` (reset every step):", "",
+            "| step | device peak | torch peak (workers) |", "|---|---|---|"]
+    out += [f"| {s['step']} | {fmt(s['device_peak_gb'], 2)} | {fmt(s['torch_peak_gb'], 2)} |" for s in r["per_step"]]
+    ratio = r.get("memory_ratio", {})
+    out += ["", "Last step over step 2: " + ", ".join(f"{k.replace('_last_over_step2', '')} {v:.3f}" for k, v in ratio.items())
+            + " (target: within 5%).", ""]
+    return out
+
+
+def hang(r: dict | None) -> list[str]:
+    out = ["## vLLM start-up with multiprocessing and CUDA graphs on", ""]
+    if r is None:
+        return out + ["Not run yet: `python -m benchmarks.vllm_hang_probe --out OUT/hang` "
+                      "(copy its summary.json to benchmarks/results/hang_probe.json).", ""]
+    out += [f"GPU: **{r['gpu']}**. Command: `{r.get('command', '')}`. Each probe: a fresh process group, "
+            "time-limited, stacks of every process dumped before the limit (docs/vllm.md).", "",
+            "| probe | result | seconds | start-up s | what changed |", "|---|---|---|---|---|"]
+    for name, p in r["results"].items():
+        out.append(f"| {name} | {p['status']} | {fmt(p['seconds'], 0)} | {fmt(p.get('startup_s'), 0)} | {p['about']} |")
+    out += ["", f"Conclusion: {r['conclusion']}", ""]
+    if r.get("XRLHF_VLLM"):
+        out += [f"Setting used for the runs above: `XRLHF_VLLM='{json.dumps(r['XRLHF_VLLM'])}'`.", ""]
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
+    p.add_argument("--hang", default=None, help="default: <results>/hang_probe.json")
+    p.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
+    args = p.parse_args()
+    res = Path(args.results)
+    lines = ["# Benchmarks", "",
+             "Measured on the GPU machine by `benchmarks/gpu_session.sh` (stages `hang`, `bench`, `ppo`; the JSON is "
+             "in benchmarks/results/). This page is written by `python -m benchmarks.report`.", "",
+             "Reproduce: build the model (`xrlhf make-tiny-model artifacts/model-0.5b --preset 0.5b --dtype bfloat16`), "
+             "then `bash benchmarks/gpu_session.sh bench` and `bash benchmarks/gpu_session.sh ppo` "
+             "(or the commands in each section).", ""]
+    lines += generation(load(res / "generation.json"))
+    lines += weight_sync(load(res / "weight_sync.json"))
+    lines += ppo(load(res / "ppo_step.json"))
+    lines += hang(load(Path(args.hang) if args.hang else res / "hang_probe.json"))
+    Path(args.out).write_text("\n".join(lines))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
