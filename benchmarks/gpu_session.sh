@@ -45,9 +45,12 @@ stage_hang() {
 
 stage_tests() {
   setup tests
-  log "tests: pytest -m gpu tests/gpu"
-  timeout 530 $PY -m pytest -m gpu tests/gpu -q -rA -p no:cacheprovider \
-    --junitxml="$OUT/tests/junit.xml" 2>&1 | tee "$OUT/tests/pytest.log" | tail -40
+  log "tests 1/2: vLLM engine against Transformers, each transport (tests/gpu/test_vllm_engine.py)"
+  timeout 250 $PY -m pytest -m gpu tests/gpu/test_vllm_engine.py -q -rA -p no:cacheprovider \
+    --junitxml="$OUT/tests/junit-engine.xml" 2>&1 | tee "$OUT/tests/pytest-engine.log" | tail -25
+  log "tests 2/2: PPO 3 steps per layout (tests/gpu/test_ppo_vllm.py)"
+  timeout 290 $PY -m pytest -m gpu tests/gpu/test_ppo_vllm.py -q -rA -p no:cacheprovider \
+    --junitxml="$OUT/tests/junit-ppo.xml" 2>&1 | tee "$OUT/tests/pytest-ppo.log" | tail -25
 }
 
 stage_bench() {

@@ -161,9 +161,7 @@ def run_probe(name: str, model: str, out: Path, timeout: float) -> dict:
                 pass
             proc.wait()
     seconds = time.time() - t0
-    if spec.get("ray") and status != "ok":
-        subprocess.run(["ray", "stop", "--force"], capture_output=True)  # the probe's own local Ray
-    wait_gpu_free()
+    wait_gpu_free()  # a local Ray started by the probe dies with it (Ray's fate sharing)
     text = (d / "log.txt").read_text(errors="replace").splitlines()
     result = {"about": spec["about"], "status": status, "rc": rc, "seconds": round(seconds, 1),
               "log_tail": [line[-300:] for line in text[-25:]]}

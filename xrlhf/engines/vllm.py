@@ -182,7 +182,7 @@ class VLLMGenerateEngine(GenerateEngine):
                                   + ", ".join(missing[:8]))
         self.wake_up()
 
-    def weight_checksums(self) -> dict[str, float]:
+    def weight_checksums(self) -> dict[str, int]:
         self.wake_up()
         return dict(self._rpc("xrlhf_weight_checksums")[0])
 

@@ -43,7 +43,7 @@ class XrlhfWorkerExtension:
 
         return get_world_group().rank_in_group
 
-    def xrlhf_receive(self, payload: bytes | tuple) -> int:
+    def xrlhf_receive(self, payload: bytes | memoryview | tuple) -> int:
         """Receive weights through a transport and load them; returns the number of tensors.
 
         Args:
@@ -53,7 +53,10 @@ class XrlhfWorkerExtension:
                 buckets come from the transport's own group, whose connection is kept here
                 from one sync to the next).
         """
-        transport, messages = pickle.loads(payload) if isinstance(payload, (bytes, bytearray)) else payload
+        if isinstance(payload, (bytes, bytearray, memoryview)):
+            transport, messages = pickle.loads(payload)
+        else:
+            transport, messages = payload
         state = self._xrlhf_state()
         if transport.kind == "broadcast":  # keep the connection: one transport object per group
             key = repr(sorted(transport.__getstate__().items()))
