@@ -114,7 +114,7 @@ class Coordinator:
         workers = [actor.options(**slot.options(rank), max_restarts=0,
                                  name=None).remote(s.name, rank, slot.threads)
                    for rank in range(s.resources.ranks)]
-        handle = ModelHandle(s.name, workers)
+        handle = ModelHandle(s.name, workers, trainable="train" in s.engines)
         gpu = s.resources.gpus_per_rank > 0
         master, port = handle._get([workers[0].address.remote()], [0])[0]
         refs = [w.setup.remote(s.engines, DistInfo(rank, len(workers), master, port, "nccl" if gpu else "gloo"))
