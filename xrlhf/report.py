@@ -91,7 +91,7 @@ def write_report(run_dir: str | Path) -> Path:
     plots = make_plots(rows, run_dir / "plots")
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
-    steps = [r for r in rows if "step" in r and "reward/mean" in r]
+    steps = [r for r in rows if "step" in r and isinstance(r.get("reward/mean"), (int, float))]
     lines = [f"# Run report: {run_dir.name}", ""]
     if summary is None:
         lines += ["**Interrupted run** (no summary.json): figures up to the last logged step.", ""]
@@ -104,7 +104,7 @@ def write_report(run_dir: str | Path) -> Path:
         lines.append("")
     if steps:
         last = steps[-1]
-        mean_phase = {k: sum(r.get(k, 0.0) for r in steps) / len(steps) for k in PHASES}
+        mean_phase = {k: sum(r.get(k) or 0.0 for r in steps) / len(steps) for k in PHASES}
         lines += [f"Last logged step: {last['step']}; train reward {last['reward/mean']:.3f}.", "",
                   "Mean seconds per phase: " + ", ".join(f"{k.split('/')[1][:-2]} {v:.3f}" for k, v in
                                                          mean_phase.items() if v), ""]

@@ -126,7 +126,10 @@ def run(cfg: XConfig, output_dir: str | Path | None = None, resume: bool = False
         if cfg.logging.report and (out / "metrics.jsonl").is_file():
             from xrlhf.report import write_report
 
-            write_report(out)
+            try:
+                write_report(out)
+            except Exception as e:  # noqa: BLE001 - the report must never hide the run's own outcome
+                logger.warning(f"report.md not written: {e}")
         logger.remove(sink)
 
 
