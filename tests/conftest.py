@@ -23,6 +23,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=f"needs {marker.args[0]} GPUs, found {n_gpus}"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def ray_session():
+    """One local Ray for the in-process runs of the whole session (runs reuse it, as in a notebook);
+    subprocess runs start their own."""
+    from types import SimpleNamespace
+
+    import ray
+
+    from xrlhf.coordinator.coordinator import init_ray
+
+    init_ray(SimpleNamespace(ray=SimpleNamespace(address=None, num_cpus=2, num_gpus=None, log_to_driver=False)))
+    yield
+    ray.shutdown()
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> str:
     """A 2-layer, 64-wide Llama with a char tokenizer (about 140k parameters)."""

@@ -11,7 +11,7 @@ import sys
 
 from loguru import logger
 
-from xrlhf.utils.errors import UserError, WorkerDiedError
+from xrlhf.utils.errors import NonFiniteError, UserError, WorkerDiedError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -21,6 +21,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("config")
     run.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.kl_coef=0.05")
     run.add_argument("--output-dir", default=None, help="default: runs/<config name>-<timestamp>")
+    run.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its latest checkpoint")
+    rep = sub.add_parser("report", help="(re)write report.md and plots of a run directory")
+    rep.add_argument("run_dir")
     val = sub.add_parser("validate", help="check a config and print every problem")
     val.add_argument("config")
     val.add_argument("overrides", nargs="*")
@@ -49,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         for line in e.messages:
             print(f"error: {line}", file=sys.stderr)
         return 2
-    except WorkerDiedError as e:
+    except (WorkerDiedError, NonFiniteError) as e:
         logger.error(str(e))
         return 1
     except KeyboardInterrupt:
@@ -61,15 +64,26 @@ def _dispatch(args: argparse.Namespace) -> int:
         from xrlhf.models import tiny
 
         return tiny.run(args)
+    if args.command == "report":
+        from xrlhf.report import write_report
+
+        print(write_report(args.run_dir))
+        return 0
     from xrlhf.config import load_config
 
     cfg = load_config(args.config, args.overrides)
     if args.command == "validate":
         print(f"{args.config}: ok")
         return 0
-    from xrlhf.runner import run
+    from xrlhf.runner import Interrupted, run
 
-    run(cfg, args.output_dir)
+    if args.resume and not args.output_dir:
+        raise UserError("--resume needs --output-dir: the run directory to continue")
+    try:
+        run(cfg, args.output_dir, resume=args.resume)
+    except Interrupted as e:
+        logger.warning(f"{e}; resume with: xrlhf run {args.config} --output-dir {e.out} --resume")
+        return e.code
     return 0
 
 

@@ -1,87 +1,196 @@
 """One run, start to finish: output directory, warm-up, Ray handles, the trainer, summary.
 
 Outputs in the run directory: ``config.yaml`` (resolved), ``train.log``, ``metrics.jsonl``
-(one JSON object per step), ``summary.json``, ``final/`` (the policy in HF format).
+(one JSON object per step), ``tensorboard/``, ``checkpoints/``, ``summary.json``,
+``final/`` (the policy in HF format), ``report.md`` and ``plots/``.
+
+Runs survive: checkpoints every ``checkpoint.every`` steps; ``--resume`` continues from the
+latest one bit for bit; SIGINT/SIGTERM finish the step, checkpoint and exit; a dead worker
+stops the run naming it, or restarts from the last checkpoint (``fault_tolerance``).
 """
 
 from __future__ import annotations
 
 import json
-import math
+import signal
 import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
 from loguru import logger
 
+from xrlhf.checkpoint import list_checkpoints, load_driver_state, restore_handles, save_checkpoint
 from xrlhf.config import XConfig, algorithm_options, dump_config
 from xrlhf.data.text import load_tokenizer
 from xrlhf.envs import build_env
+from xrlhf.tracking import Tracker, truncate_metrics
+from xrlhf.utils.errors import UserError, WorkerDiedError
 
 
-class MetricsWriter:
-    """Appends one JSON object per call to ``metrics.jsonl`` (flushed: a crash loses nothing)."""
+class Interrupted(Exception):
+    """The run stopped on a signal after writing a checkpoint; ``code`` is the exit status."""
 
-    def __init__(self, path: Path):
-        self.path = path
-        self._f = open(path, "a")
+    def __init__(self, signum: int, out: Path):
+        self.code = 130 if signum == signal.SIGINT else 0
+        self.out = out
+        super().__init__(f"stopped by signal {signal.Signals(signum).name}")
 
-    def __call__(self, metrics: dict[str, Any]) -> None:
-        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
-        self._f.write(json.dumps(clean) + "\n")
-        self._f.flush()
 
-    def close(self) -> None:
-        self._f.close()
+class StopRequest:
+    """SIGINT/SIGTERM set a flag that ends the run after the current step; a second one aborts."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "StopRequest":
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def install(self) -> None:
+        """Take the signals back (``ray.init`` installs its own SIGTERM handler, which aborts)."""
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+        logger.warning(f"{signal.Signals(signum).name}: finishing the current step, then checkpoint and exit "
+                       f"(again to abort now)")
 
 
 def default_output_dir(cfg: XConfig) -> Path:
     return Path("runs") / f"{cfg.name or 'run'}-{datetime.now():%Y%m%d-%H%M%S}"
 
 
-def run(cfg: XConfig, output_dir: str | Path | None = None) -> dict[str, Any]:
-    """Train as ``cfg`` says; returns (and writes) ``summary.json``."""
+def _check_resume_config(out: Path, cfg: XConfig) -> None:
+    saved_path = out / "config.yaml"
+    if not saved_path.is_file():
+        raise UserError(f"--resume: {out} has no config.yaml; is it a run directory?")
+    saved, now = _flatten(yaml.safe_load(saved_path.read_text())), _flatten(cfg.model_dump(mode="json"))
+    diff = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
+    if diff:
+        raise UserError(*[f"--resume: {k} differs from the original run ({saved.get(k)!r} there, {now.get(k)!r} now)"
+                          for k in diff])
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}{k}." if not isinstance(v, dict) or v else f"{prefix}{k}"))
+    return {k.rstrip("."): v for k, v in out.items()}
+
+
+def run(cfg: XConfig, output_dir: str | Path | None = None, resume: bool = False) -> dict[str, Any]:
+    """Train as ``cfg`` says; returns (and writes) ``summary.json``.
+
+    Raises:
+        Interrupted: after a signal (a checkpoint was written).
+        WorkerDiedError: a worker died and no restart was left.
+    """
+    out = Path(output_dir) if output_dir else default_output_dir(cfg)
+    if resume:
+        _check_resume_config(out, cfg)
+    elif list_checkpoints(out):
+        raise UserError(f"--output-dir: {out} already holds a run with checkpoints; add --resume to continue it "
+                        f"or choose another directory")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(dump_config(cfg))
+    sink = logger.add(out / "train.log", level="DEBUG")
+    tracker = Tracker(out, cfg.logging, cfg.name or out.name, cfg.model_dump(mode="json"))
+    restarts = 0
+    try:
+        with StopRequest() as stop:
+            while True:
+                try:
+                    return _run_once(cfg, out, tracker, stop, resume)
+                except WorkerDiedError as e:
+                    if restarts >= cfg.fault_tolerance.max_restarts:
+                        raise
+                    restarts += 1
+                    logger.warning(f"{e}; restarting the workers from the last checkpoint "
+                                   f"({restarts}/{cfg.fault_tolerance.max_restarts})")
+                    resume = True
+    finally:
+        tracker.close()
+        if cfg.logging.report and (out / "metrics.jsonl").is_file():
+            from xrlhf.report import write_report
+
+            try:
+                write_report(out)
+            except Exception as e:  # noqa: BLE001 - the report must never hide the run's own outcome
+                logger.warning(f"report.md not written: {e}")
+        logger.remove(sink)
+
+
+def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resume: bool) -> dict[str, Any]:
     from xrlhf.algorithms import ALGORITHMS
     from xrlhf.algorithms.rewards import build_reward
     from xrlhf.algorithms.warmup import supervised_warmup
     from xrlhf.coordinator import Coordinator
 
     t_start = time.time()
-    out = Path(output_dir) if output_dir else default_output_dir(cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(dump_config(cfg))
-    sink = logger.add(out / "train.log", level="DEBUG")
-    writer = MetricsWriter(out / "metrics.jsonl")
-    logger.info(f"run {cfg.name!r} -> {out}")
-    try:
-        env = build_env(cfg.env.name, cfg.env.options, cfg.seed)
-        tokenizer = load_tokenizer(cfg.policy.model)
+    env = build_env(cfg.env.name, cfg.env.options, cfg.seed)
+    tokenizer = load_tokenizer(cfg.policy.model)
+    ckpts = list_checkpoints(out) if resume else []
+    state = load_driver_state(ckpts[-1]) if ckpts else None
+    if state is not None:
+        logger.info(f"resuming from {ckpts[-1]} (step {state['trainer']['step']})")
+        truncate_metrics(tracker.path, state["metrics_offset"])
+        model_dir, extra, t_start = state["model_dir"], state["extra"], t_start - state["wall_seconds"]
+    else:
+        truncate_metrics(tracker.path, 0)
         model_dir, extra = cfg.policy.model, {}
         if cfg.warmup.steps:
-            model_dir, before = supervised_warmup(cfg, env, tokenizer, model_dir, out, writer)
+            model_dir, before = supervised_warmup(cfg, env, tokenizer, model_dir, out, tracker)
             extra["eval_reward_before_warmup"] = before["eval/reward_mean"]
-        trainer_cls = ALGORITHMS.get(cfg.algorithm.name)
-        options = algorithm_options(cfg)
-        coord = Coordinator(cfg, model_dir, trainer_cls.train_steps(cfg, options))
-        try:
-            coord.start()
-            trainer = trainer_cls(cfg, options, coord, env, tokenizer, build_reward(cfg, env, coord), writer)
-            result = trainer.fit()
-            final = ""
-            if cfg.trainer.save_final:
-                final = str((out / "final").resolve())
-                coord["policy"].save_pretrained(final)
-        finally:
-            coord.shutdown()
-        summary = {"steps": result["steps"], "wall_seconds": round(time.time() - t_start, 1),
-                   "eval_reward_initial": result["eval_reward_initial"],
-                   "eval_reward_final": result["eval_reward_final"], "final_checkpoint": final, **extra,
-                   "eval_initial": result["eval_initial"], "eval_final": result["eval_final"]}
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
-        logger.info(f"done in {summary['wall_seconds']:.0f}s: eval reward {summary['eval_reward_initial']:.3f} -> "
-                    f"{summary['eval_reward_final']:.3f}; summary in {out / 'summary.json'}")
-        return summary
+    trainer_cls = ALGORITHMS.get(cfg.algorithm.name)
+    options = algorithm_options(cfg)
+    coord = Coordinator(cfg, model_dir, trainer_cls.train_steps(cfg, options))
+    try:
+        coord.start()
+        stop.install()
+        trainer = trainer_cls(cfg, options, coord, env, tokenizer, build_reward(cfg, env, coord), tracker)
+        if state is not None:
+            restore_handles(ckpts[-1], coord.handles)
+            trainer.load_state_dict(state["trainer"])
+            coord.sync_weights()
+
+        def checkpoint(step: int) -> None:
+            save_checkpoint(out, step, {"trainer": trainer.state_dict(), "model_dir": model_dir, "extra": extra,
+                                        "metrics_offset": tracker.offset(), "wall_seconds": time.time() - t_start},
+                            coord.handles, cfg.checkpoint.keep)
+
+        def on_step_end(step: int) -> bool:
+            every = cfg.checkpoint.every
+            if stop.signum is not None or (every and step % every == 0 and step < cfg.trainer.steps):
+                checkpoint(step)
+            return stop.signum is not None
+
+        result = trainer.fit(on_step_end)
+        if result is None:
+            raise Interrupted(stop.signum, out)
+        final = ""
+        if cfg.trainer.save_final:
+            final = str((out / "final").resolve())
+            coord["policy"].save_pretrained(final)
     finally:
-        writer.close()
-        logger.remove(sink)
+        coord.shutdown()
+    summary = {"steps": result["steps"], "wall_seconds": round(time.time() - t_start, 1),
+               "eval_reward_initial": result["eval_reward_initial"],
+               "eval_reward_final": result["eval_reward_final"], "final_checkpoint": final, **extra,
+               "eval_initial": result["eval_initial"], "eval_final": result["eval_final"]}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    logger.info(f"done in {summary['wall_seconds']:.0f}s: eval reward {summary['eval_reward_initial']:.3f} -> "
+                f"{summary['eval_reward_final']:.3f}; summary in {out / 'summary.json'}")
+    return summary

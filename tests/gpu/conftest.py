@@ -28,3 +28,9 @@ def model_05b() -> str:
     if not (path / "config.json").is_file():
         build_model(path, **PRESETS["0.5b"], dtype="bfloat16")
     return str(path.resolve())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ray_session():
+    """No shared Ray for the GPU tests: each run starts its own from its config (GPUs, CPUs)."""
+    yield

@@ -19,8 +19,12 @@ SMALL = ["trainer.steps=3", "trainer.prompts_per_step=32", "algorithm.mini_batch
 
 
 def run_config(name: str, model: str, out) -> list[dict]:
+    import ray
+
     cfg = load_config(ROOT / "configs" / "gpu" / f"{name}.yaml", [f"policy.model={model}", *SMALL, *cli_overrides()])
     assert cfg.policy.weight_sync.verify
+    if ray.is_initialized():  # a CPU test's shared Ray (2 CPUs, no GPU): the run needs its own
+        ray.shutdown()
     run(cfg, out)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "reward/mean" in r]

@@ -22,9 +22,11 @@ from xrlhf.data.batch import Batch, build_sequences
 from xrlhf.data.text import decode_responses, encode_prompt
 from xrlhf.engines.base import GenerationOutput, SamplingParams
 from xrlhf.envs import Env, Prompt
+from xrlhf.utils.errors import NonFiniteError
 from xrlhf.utils.registry import Registry
 
 ALGORITHMS: Registry[type] = Registry("algorithm")
+
 
 
 def register_algorithm(name: str):
@@ -101,6 +103,8 @@ class RLTrainer(ABC):
         self.reference = handles.get("reference")
         self.data_pos = 0
         self.step_idx = 0
+        self.bad_steps = 0
+        self.initial_eval: dict[str, float] | None = None
         self.generator = torch.Generator().manual_seed(cfg.seed)
 
     # -- config hooks -----------------------------------------------------------------------
@@ -119,29 +123,45 @@ class RLTrainer(ABC):
         return {"policy": cfg.trainer.steps, "critic": cfg.trainer.steps}
 
     # -- the loop ---------------------------------------------------------------------------
-    def fit(self) -> dict[str, Any]:
-        """Run the RL steps; returns eval rewards before and after."""
+    def fit(self, on_step_end: Callable[[int], bool] | None = None) -> dict[str, Any] | None:
+        """Run the RL steps from ``step_idx + 1``; returns eval rewards before and after.
+
+        ``on_step_end(step)`` runs after each step (checkpoints, signals); when it returns
+        True the loop stops early and ``fit`` returns ``None``.
+        """
         t = self.cfg.trainer
-        initial = self.evaluate()
-        logger.info(f"eval before RL: reward {initial['eval/reward_mean']:.3f}")
-        self.log({"step": 0, **initial})
-        last_eval = initial
+        if self.initial_eval is None:
+            self.initial_eval = self.evaluate()
+            logger.info(f"eval before RL: reward {self.initial_eval['eval/reward_mean']:.3f}")
+            self.log({"step": 0, **self.initial_eval})
         for step in range(self.step_idx + 1, t.steps + 1):
-            self.step_idx = step
             t0 = time.time()
             metrics = self.step()
+            self.step_idx = step
             if t.eval_every and step % t.eval_every == 0 and step != t.steps:
-                last_eval = self.evaluate()
-                metrics.update(last_eval)
+                metrics.update(self.evaluate())
             metrics["time/step_s"] = time.time() - t0
             self.log({"step": step, **metrics})
             logger.info(self.progress_line(step, metrics))
+            if on_step_end is not None and on_step_end(step):
+                return None
         final = self.evaluate()
         self.log({"step": t.steps, **final})
+        initial = self.initial_eval
         logger.info(f"eval after RL: reward {final['eval/reward_mean']:.3f} "
                     f"(before {initial['eval/reward_mean']:.3f})")
         return {"eval_reward_initial": initial["eval/reward_mean"], "eval_reward_final": final["eval/reward_mean"],
                 "eval_initial": initial, "eval_final": final, "steps": t.steps}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The trainer's own state for exact resume (handles save theirs separately)."""
+        return {"step": self.step_idx, "data_pos": self.data_pos, "generator": self.generator.get_state(),
+                "initial_eval": self.initial_eval, "bad_steps": self.bad_steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step_idx, self.data_pos = state["step"], state["data_pos"]
+        self.generator.set_state(state["generator"])
+        self.initial_eval, self.bad_steps = state["initial_eval"], state["bad_steps"]
 
     def progress_line(self, step: int, m: dict[str, float]) -> str:
         keys = [("reward/mean", "reward"), ("kl/mean", "kl"), ("policy/loss", "pg_loss"),
@@ -151,14 +171,20 @@ class RLTrainer(ABC):
                 f" | {m.get('perf/gen_tokens_per_s', 0):.0f} tok/s | {m['time/step_s']:.2f}s")
 
     def step(self) -> dict[str, float]:
-        """One RL step: rollout, then the algorithm's update, then weight sync."""
+        """One RL step: rollout, then the algorithm's update, then weight sync.
+
+        A step whose rewards or loss are not finite changes nothing (the engines skip a
+        non-finite optimizer step) and is counted; ``fault_tolerance.max_bad_steps`` of them
+        in a row abort the run.
+        """
         t = self.cfg.trainer
         timings: dict[str, float] = {}
-        t0 = time.time()
         prompts = self.env.train_prompts(self.data_pos, t.prompts_per_step)
         self.data_pos += t.prompts_per_step
         rollout = self.rollout(prompts, t.samples_per_prompt, timings)
-        if hasattr(self.handles, "end_rollout"):
+        if not torch.isfinite(rollout.batch["scores"]).all():
+            return self._bad_step("rewards", {**rollout.metrics, **timings})
+        if hasattr(self.handles, "end_rollout"):  # (not before a skipped step: no sync would wake it)
             t0 = time.time()
             self.handles.end_rollout()  # co-located vLLM sleeps until sync_weights wakes it
             timings["time/sleep_s"] = time.time() - t0
@@ -166,7 +192,19 @@ class RLTrainer(ABC):
         metrics = self.update(rollout, timings)
         timings["time/update_s"] = time.time() - t0
         timings["time/sync_s"] = self.handles.sync_weights()
+        if any(metrics.get(k, 0) > 0 for k in ("policy/skipped", "critic/skipped")):
+            return self._bad_step("loss", {**rollout.metrics, **metrics, **timings})
+        self.bad_steps = 0
         return {**rollout.metrics, **metrics, **timings}
+
+    def _bad_step(self, what: str, metrics: dict[str, float]) -> dict[str, float]:
+        self.bad_steps += 1
+        limit = self.cfg.fault_tolerance.max_bad_steps
+        logger.warning(f"step {self.step_idx + 1}: non-finite {what}; step skipped ({self.bad_steps}/{limit} in a row)")
+        if self.bad_steps >= limit:
+            raise NonFiniteError(f"{self.bad_steps} consecutive steps with non-finite {what}; stopping "
+                                 f"(fault_tolerance.max_bad_steps = {limit})")
+        return {**metrics, "skipped_step": 1.0}
 
     def rollout(self, prompts: list[Prompt], n: int, timings: dict[str, float]) -> Rollout:
         """Generate ``n`` samples per prompt and score them."""

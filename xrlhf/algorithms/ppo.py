@@ -58,6 +58,13 @@ class PolicyGradientTrainer(RLTrainer):
         self.kl_ctl = (F.AdaptiveKLController(o.kl_coef, o.kl_target, o.kl_horizon) if o.kl_target
                        else F.FixedKLController(o.kl_coef))
 
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "kl_ctl": self.kl_ctl.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.kl_ctl.load_state_dict(state["kl_ctl"])
+
     @classmethod
     def check_config(cls, cfg: XConfig, o) -> list[str]:
         errors = super().check_config(cfg, o)

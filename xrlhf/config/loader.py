@@ -146,11 +146,48 @@ def validate_dict(data: dict[str, Any]) -> XConfig:
     for section in ("env", "algorithm"):
         lines, parsed[section] = _validate_registered(section, data.get(section))
         errors += lines
+    if cfg is not None:
+        errors += _check_names(cfg)
     if not errors and cfg is not None:
         errors += ALGORITHMS().get(cfg.algorithm.name).check_config(cfg, parsed["algorithm"])
     if errors:
         raise UserError(*errors)
     return cfg
+
+
+_BACKEND_PACKAGES = {"deepspeed": ("deepspeed", "deepspeed"), "vllm": ("vllm", "gpu")}
+
+
+def _check_names(cfg: XConfig) -> list[str]:
+    """Engines and reward functions named in the config exist (without importing heavy libraries)."""
+    import importlib.util
+
+    from xrlhf.engines.base import engine_names
+    from xrlhf.utils.registry import import_path
+
+    errors = []
+    sections = [(f"{h}.{role}", getattr(getattr(cfg, h), role), role)
+                for h, role in (("policy", "train"), ("policy", "generate"), ("critic", "train"),
+                                ("reference", "infer"), ("reward", "infer")) if getattr(cfg, h, None) is not None]
+    for path, section, role in sections:
+        name = section.engine
+        if ":" in name:
+            try:
+                import_path(name)
+            except KeyError as e:
+                errors.append(f"{path}.engine: {e.args[0]}")
+        elif name not in engine_names(role):
+            errors.append(f"{path}.engine: no {role} engine {name!r}; valid: {', '.join(engine_names(role))} "
+                          f"(or an import path 'pkg.module:Class')")
+        elif name in _BACKEND_PACKAGES and importlib.util.find_spec(_BACKEND_PACKAGES[name][0]) is None:
+            errors.append(f"{path}.engine: {name!r} needs the {_BACKEND_PACKAGES[name][0]} package; install it with "
+                          f"pip install -e '.[{_BACKEND_PACKAGES[name][1]}]'")
+    if cfg.reward.source == "function" and cfg.reward.function:
+        try:
+            import_path(cfg.reward.function)
+        except KeyError as e:
+            errors.append(f"reward.function: {e.args[0]}")
+    return errors
 
 
 def ALGORITHMS():  # noqa: N802 - imported lazily: the algorithm layer sits above this one

@@ -202,6 +202,31 @@ class WarmupConfig(Strict):
     lr: float = Field(1e-3, gt=0)
 
 
+class CheckpointConfig(Strict):
+    """Periodic checkpoints for exact resume (``xrlhf run ... --resume``)."""
+
+    every: int = Field(0, ge=0, description="write a checkpoint every N RL steps (0: only at the end and on signals)")
+    keep: int = Field(2, ge=1, description="keep the last K checkpoints")
+
+
+class FaultToleranceConfig(Strict):
+    """What happens when something goes wrong mid-run."""
+
+    max_restarts: int = Field(0, ge=0, description="restart dead workers from the last checkpoint up to N times")
+    max_bad_steps: int = Field(3, ge=1, description="abort after K consecutive steps with NaN/inf loss or rewards")
+    reward_errors: Literal["fail", "zero"] = Field("fail", description="a reward function that raises: stop, or score 0")
+
+
+class LoggingConfig(Strict):
+    """Where metrics go besides ``metrics.jsonl``."""
+
+    tensorboard: bool = True
+    wandb: bool = False
+    wandb_project: str = "xrlhf"
+    wandb_mode: Literal["offline", "online", "disabled"] = "offline"
+    report: bool = Field(True, description="write report.md and PNG plots at the end")
+
+
 class XConfig(Strict):
     """The whole run."""
 
@@ -216,6 +241,9 @@ class XConfig(Strict):
     algorithm: NamedSection = Field(default_factory=lambda: NamedSection(name="ppo"))
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     warmup: WarmupConfig = Field(default_factory=WarmupConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    fault_tolerance: FaultToleranceConfig = Field(default_factory=FaultToleranceConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     @model_validator(mode="after")
     def _cross_checks(self):

@@ -82,10 +82,14 @@ def check_backends(specs: list[HandleSpec]) -> None:
         raise UserError(*errors)
 
 
-def init_ray(cfg: XConfig) -> None:
-    """Start a local Ray, or join ``ray.address``; workers see the driver's import path."""
+def init_ray(cfg: XConfig) -> bool:
+    """Start a local Ray, or join ``ray.address``; workers see the driver's import path.
+
+    Returns whether this call started (and so owns) the Ray connection; an already
+    initialised Ray (a notebook's, a test session's) is used as it is.
+    """
     if ray.is_initialized():
-        return
+        return False
     path = os.pathsep.join([os.getcwd()] + [p for p in sys.path if p and os.path.isdir(p)])
     env = {"PYTHONPATH": path, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
            "RAY_DEDUP_LOGS": "1"}
@@ -96,6 +100,7 @@ def init_ray(cfg: XConfig) -> None:
     else:
         ray.init(num_cpus=cfg.ray.num_cpus or os.cpu_count(), num_gpus=cfg.ray.num_gpus,
                  include_dashboard=False, **kwargs)
+    return True
 
 
 class Coordinator:
@@ -111,12 +116,15 @@ class Coordinator:
         self.cfg = cfg
         self.specs = handle_specs(cfg, policy_model, total_train_steps or {})
         self.handles: dict[str, ModelHandle] = {}
+        self.placement_groups: list = []
+        self._owns_ray = False
 
     def start(self) -> "Coordinator":
         t0 = time.time()
         check_backends(self.specs)
-        init_ray(self.cfg)
+        self._owns_ray = init_ray(self.cfg)
         slots = place({s.name: s.resources for s in self.specs})
+        self.placement_groups = list({id(s.pg): s.pg for s in slots.values()}.values())
         # vLLM sizes its KV cache from the GPU memory it sees free while it starts: it starts first,
         # alone, so that no other worker allocates or frees GPU memory meanwhile.
         serial = [s for s in self.specs if "vllm" in (n for n, _ in s.engines.values())]
@@ -139,7 +147,7 @@ class Coordinator:
         workers = [actor.options(**slot.options(rank), max_restarts=0,
                                  name=None).remote(s.name, rank, slot.threads)
                    for rank in range(s.resources.ranks)]
-        handle = ModelHandle(s.name, workers)
+        handle = ModelHandle(s.name, workers, trainable="train" in s.engines)
         gpu = s.resources.gpus_per_rank > 0
         master, port = handle._get([workers[0].address.remote()], [0])[0]
         refs = [w.setup.remote(s.engines, DistInfo(rank, len(workers), master, port, "nccl" if gpu else "gloo"))
@@ -172,12 +180,20 @@ class Coordinator:
         return self.handles.get(name)
 
     def shutdown(self) -> None:
-        """Kill the workers and stop Ray (only a Ray this process started)."""
+        """Kill the workers, free their placement groups, stop Ray if this run started it."""
+        from ray.util.placement_group import remove_placement_group
+
         for h in self.handles.values():
             try:
                 h.kill()
             except Exception:  # noqa: BLE001 - best effort on the way out
                 pass
+        for pg in self.placement_groups:
+            try:
+                remove_placement_group(pg)
+            except Exception:  # noqa: BLE001
+                pass
         self.handles.clear()
-        if ray.is_initialized():
+        self.placement_groups = []
+        if self._owns_ray and ray.is_initialized():
             ray.shutdown()

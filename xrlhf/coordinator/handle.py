@@ -16,11 +16,12 @@ surfaces as ``WorkerDiedError`` naming the handle and the rank.
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import RayActorError, RayTaskError
 
 from xrlhf.data.batch import Batch
 from xrlhf.engines.base import GenerationOutput
@@ -97,26 +98,56 @@ class ModelHandle:
     Args:
         name: ``policy``, ``critic``, ``reference`` or ``reward``.
         workers: the actor handles, in rank order.
+        trainable: whether the ranks hold a train engine (its state goes into checkpoints).
     """
 
-    def __init__(self, name: str, workers: Sequence[Any]):
+    def __init__(self, name: str, workers: Sequence[Any], trainable: bool = False):
         self.name = name
         self.workers = list(workers)
+        self.trainable = trainable
 
     @property
     def world_size(self) -> int:
         return len(self.workers)
 
     def _get(self, refs: list[ray.ObjectRef], ranks: list[int], timeout: float | None = None) -> list[Any]:
-        out = []
-        for ref, rank in zip(refs, ranks):
+        """Results in rank order. A rank that dies fails the call at once, even while the other
+        ranks are blocked in a collective waiting for it (they are killed: the handle is lost)."""
+        index = {ref: i for i, ref in enumerate(refs)}
+        results: list[Any] = [None] * len(refs)
+        pending = list(refs)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pending:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+            if not ready:
+                raise WorkerDiedError(f"{self.name} rank {ranks[index[pending[0]]]} did not answer within {timeout} s")
+            ref = ready[0]
             try:
-                out.append(ray.get(ref, timeout=timeout))
+                results[index[ref]] = ray.get(ref)
             except RayActorError as e:
-                raise WorkerDiedError(f"{self.name} rank {rank} died: {_first_line(e)}") from None
-            except GetTimeoutError:
-                raise WorkerDiedError(f"{self.name} rank {rank} did not answer within {timeout} s") from None
-        return out
+                self.kill()
+                raise WorkerDiedError(f"{self.name} rank {ranks[index[ref]]} died: {_first_line(e)}") from None
+            except RayTaskError:
+                # A rank that fails inside a collective usually does so because a peer died:
+                # report the dead peer when there is one; otherwise it is a real error.
+                dead = self._first_dead(pending, index, ranks)
+                self.kill()
+                if dead is not None:
+                    raise WorkerDiedError(dead) from None
+                raise
+        return results
+
+    def _first_dead(self, pending: list, index: dict, ranks: list[int], wait_s: float = 10.0) -> str | None:
+        done, _ = ray.wait(pending, num_returns=len(pending), timeout=wait_s)
+        for ref in done:
+            try:
+                ray.get(ref)
+            except RayActorError as e:
+                return f"{self.name} rank {ranks[index[ref]]} died: {_first_line(e)}"
+            except Exception:  # noqa: BLE001 - only a dead peer is of interest here
+                continue
+        return None
 
     # -- methods, each with its dispatch ------------------------------------------------------
     @dispatch(DP)

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from xrlhf.data.batch import Batch, response_width
+from xrlhf.utils.tensors import entropy_from_logits
 from xrlhf.engines.base import (ENGINES, EngineSpec, ForwardOutput, GenerateEngine, GenerationOutput,
                                 InferEngine, LossFn, NamedTensors, SamplingParams, TrainEngine)
 
@@ -36,12 +37,6 @@ def load_hf_model(spec: EngineSpec) -> torch.nn.Module:
     else:
         model = AutoModelForSequenceClassification.from_pretrained(spec.model_path, num_labels=1, **kwargs)
     return model.to(spec.device)
-
-
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of softmax(logits) over the last dim: ``[..., V] -> [...]``."""
-    logp = F.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(-1)
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

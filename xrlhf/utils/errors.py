@@ -17,3 +17,7 @@ class UserError(Exception):
 
 class WorkerDiedError(RuntimeError):
     """A Ray worker of a model handle died; names the handle and the rank."""
+
+
+class NonFiniteError(RuntimeError):
+    """Too many consecutive steps with NaN/inf rewards or losses (``fault_tolerance.max_bad_steps``)."""

@@ -1,0 +1,35 @@
+# Two commands set up a fresh machine (Python >= 3.10, no GPU needed):
+#   make quickstart   create .venv, install, build a tiny model, run configs/quickstart.yaml
+#   make test         create .venv, install with test extras, run the test suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# A CPU build of torch. Elsewhere, e.g.:  make TORCH="torch --index-url https://download.pytorch.org/whl/cpu"
+TORCH ?= torch==2.13.0
+EXTRAS ?= test
+MODEL ?= artifacts/tiny-char
+
+.PHONY: install quickstart test clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed-$(EXTRAS): setup.cfg pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
+	touch $@
+
+install: $(VENV)/.installed-$(EXTRAS)
+
+$(MODEL)/config.json: | install
+	$(BIN)/xrlhf make-tiny-model $(MODEL) --preset tiny
+
+quickstart: install $(MODEL)/config.json
+	$(BIN)/xrlhf run configs/quickstart.yaml
+
+test: install
+	$(BIN)/python -m pytest -q --durations=15
+
+clean:
+	rm -rf $(VENV) artifacts runs .pytest_cache

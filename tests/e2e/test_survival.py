@@ -1,0 +1,146 @@
+"""Runs that survive: SIGKILL + resume is bit-identical, signals checkpoint and exit cleanly,
+a dead worker stops the run (or restarts it), no process is left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from xrlhf.config import validate_dict
+from xrlhf.runner import run
+from xrlhf.utils.errors import UserError
+
+
+@pytest.fixture()
+def survival_config(base_config) -> dict:
+    base_config["trainer"] = {"steps": 5, "prompts_per_step": 16, "eval_every": 2}
+    base_config["checkpoint"] = {"every": 2, "keep": 2}
+    base_config["warmup"] = {"steps": 2, "batch_size": 16}
+    base_config["logging"] = {"tensorboard": False}
+    return base_config
+
+
+def start(config: dict, tmp_path: Path, out: Path, *extra: str) -> subprocess.Popen:
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return subprocess.Popen([sys.executable, "-m", "xrlhf.cli", "run", str(path), "--output-dir", str(out), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def wait_for_step(out: Path, step: int, proc: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        path = out / "metrics.jsonl"
+        if path.is_file():
+            rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip().endswith("}")]
+            if any(r.get("step", 0) >= step and "reward/mean" in r for r in rows):
+                return
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.2)
+    raise AssertionError(f"step {step} not reached in {timeout} s")
+
+
+def assert_no_leftovers(pid: int, timeout: float = 30) -> None:
+    """No process of the run's Ray session (named after the driver's pid) is left."""
+    deadline = time.time() + timeout
+    while True:
+        left = [p for p in psutil.process_iter(["cmdline"])
+                if any(f"_{pid}/" in part or part.endswith(f"_{pid}") for part in (p.info["cmdline"] or []))]
+        if not left or time.time() > deadline:
+            break
+        time.sleep(0.5)
+    assert not left, [p.info["cmdline"][:2] for p in left]
+
+
+def final_weights(out: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(out / "final" / "model.safetensors"))
+
+
+def test_sigkill_then_resume_is_bit_identical(survival_config, tmp_path):
+    cfg = validate_dict(survival_config)
+    run(cfg, tmp_path / "straight")
+    proc = start(survival_config, tmp_path, tmp_path / "killed")
+    wait_for_step(tmp_path / "killed", 3, proc)  # the step-2 checkpoint is written, step 3 is done
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert_no_leftovers(proc.pid)
+    summary = run(cfg, tmp_path / "killed", resume=True)
+    assert summary["steps"] == 5
+    a, b = final_weights(tmp_path / "straight"), final_weights(tmp_path / "killed")
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    rows = [json.loads(x) for x in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "reward/mean" in r] == [1, 2, 3, 4, 5]  # nothing lost, nothing twice
+    assert (tmp_path / "killed" / "report.md").is_file()
+
+
+def test_resume_refuses_a_different_config(survival_config, tmp_path):
+    cfg = validate_dict(survival_config)
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    survival_config["algorithm"]["kl_coef"] = 0.5
+    survival_config["trainer"]["steps"] = 9
+    with pytest.raises(UserError) as e:
+        run(validate_dict(survival_config), tmp_path / "r", resume=True)
+    lines = e.value.messages
+    assert any(line.startswith("--resume: algorithm.kl_coef differs") for line in lines)
+    assert any(line.startswith("--resume: trainer.steps differs") for line in lines)
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
+def test_signal_checkpoints_and_exits(survival_config, tmp_path, sig, code):
+    survival_config["trainer"]["steps"] = 50
+    proc = start(survival_config, tmp_path, tmp_path / "run")
+    wait_for_step(tmp_path / "run", 1, proc)
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == code, out
+    assert "Traceback" not in out
+    ckpts = sorted((tmp_path / "run" / "checkpoints").glob("step-*"))
+    assert ckpts, out
+    assert_no_leftovers(proc.pid)
+    assert "--resume" in out
+
+
+def test_dead_worker_stops_the_run_naming_it(survival_config, tmp_path):
+    survival_config["trainer"]["steps"] = 50
+    proc = start(survival_config, tmp_path, tmp_path / "run")
+    wait_for_step(tmp_path / "run", 1, proc)
+    workers = [p for p in psutil.Process(proc.pid).children(recursive=True)
+               if "EngineWorker" in " ".join(p.cmdline())]
+    assert workers
+    t0 = time.time()
+    workers[0].kill()
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out
+    assert time.time() - t0 < 60
+    assert " rank " in out and " died" in out
+    assert_no_leftovers(proc.pid)
+
+
+def test_dead_worker_restarts_from_checkpoint(survival_config, tmp_path):
+    survival_config["fault_tolerance"] = {"max_restarts": 1}
+    survival_config["checkpoint"]["every"] = 1
+    survival_config["trainer"]["steps"] = 6
+    proc = start(survival_config, tmp_path, tmp_path / "run")
+    wait_for_step(tmp_path / "run", 2, proc)
+    workers = [p for p in psutil.Process(proc.pid).children(recursive=True)
+               if "EngineWorker" in " ".join(p.cmdline())]
+    workers[-1].kill()
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    assert "restarting the workers from the last checkpoint (1/1)" in out
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 6

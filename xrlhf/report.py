@@ -1,0 +1,115 @@
+"""``report.md`` and PNG plots of a run, from ``metrics.jsonl`` alone.
+
+Works for a finished or an interrupted run: ``xrlhf report RUN_DIR`` regenerates it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from xrlhf.utils.errors import UserError
+
+PHASES = ["time/generate_s", "time/reward_s", "time/infer_s", "time/train_s", "time/sync_s"]
+PLOTS: dict[str, tuple[str, list[str]]] = {
+    "reward": ("reward (train samples) and eval reward (held out)", ["reward/mean", "eval/reward_mean"]),
+    "kl": ("KL(policy || reference), nats per sequence", ["kl/mean"]),
+    "losses": ("losses", ["policy/loss", "critic/loss"]),
+    "throughput": ("generated tokens per second", ["perf/gen_tokens_per_s"]),
+}
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise UserError(f"{run_dir}: no metrics.jsonl (is this a run directory?)")
+    rows = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                if i < len(path.read_text().splitlines()):  # a torn last line is a crash, not an error
+                    raise UserError(f"{path}:{i}: not valid JSON") from None
+    return rows
+
+
+def series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    pts = [(r["step"], r[key]) for r in rows if "step" in r and isinstance(r.get(key), (int, float))]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def make_plots(rows: list[dict[str, Any]], out: Path) -> list[Path]:
+    """One PNG per plot with data; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, (title, keys) in PLOTS.items():
+        lines = [(k, *series(rows, k)) for k in keys]
+        lines = [ln for ln in lines if ln[1]]
+        if not lines:
+            continue
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        for key, xs, ys in lines:
+            ax.plot(xs, ys, marker="o" if key.startswith("eval/") else None, label=key)
+        ax.set(title=title, xlabel="RL step")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / f"{name}.png", dpi=110)
+        plt.close(fig)
+        written.append(out / f"{name}.png")
+    phases = [(k, *series(rows, k)) for k in PHASES]
+    phases = [p for p in phases if p[1]]
+    if phases:
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        steps = phases[0][1]
+        bottom = [0.0] * len(steps)
+        for key, xs, ys in phases:
+            by_step = dict(zip(xs, ys))
+            vals = [by_step.get(s, 0.0) for s in steps]
+            ax.bar(steps, vals, bottom=bottom, label=key.split("/")[1][:-2], width=1.0)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        ax.set(title="seconds per phase of each RL step", xlabel="RL step", ylabel="s")
+        ax.legend(ncol=len(phases), fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "phases.png", dpi=110)
+        plt.close(fig)
+        written.append(out / "phases.png")
+    return written
+
+
+def write_report(run_dir: str | Path) -> Path:
+    """Write ``report.md`` and ``plots/*.png`` for ``run_dir``; returns the report's path."""
+    run_dir = Path(run_dir)
+    rows = read_metrics(run_dir)
+    plots = make_plots(rows, run_dir / "plots")
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+    steps = [r for r in rows if "step" in r and isinstance(r.get("reward/mean"), (int, float))]
+    lines = [f"# Run report: {run_dir.name}", ""]
+    if summary is None:
+        lines += ["**Interrupted run** (no summary.json): figures up to the last logged step.", ""]
+    else:
+        lines += ["| | |", "|---|---|"]
+        for key in ("steps", "wall_seconds", "eval_reward_before_warmup", "eval_reward_initial", "eval_reward_final",
+                    "final_checkpoint"):
+            if key in summary:
+                lines.append(f"| {key} | {summary[key]} |")
+        lines.append("")
+    if steps:
+        last = steps[-1]
+        mean_phase = {k: sum(r.get(k) or 0.0 for r in steps) / len(steps) for k in PHASES}
+        lines += [f"Last logged step: {last['step']}; train reward {last['reward/mean']:.3f}.", "",
+                  "Mean seconds per phase: " + ", ".join(f"{k.split('/')[1][:-2]} {v:.3f}" for k, v in
+                                                         mean_phase.items() if v), ""]
+    for p in plots:
+        lines += [f"## {p.stem}", "", f"![{p.stem}](plots/{p.name})", ""]
+    path = run_dir / "report.md"
+    path.write_text("\n".join(lines))
+    return path
