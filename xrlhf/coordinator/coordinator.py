@@ -20,8 +20,7 @@ from xrlhf.coordinator.handle import ModelHandle
 from xrlhf.coordinator.resources import Slot, place
 from xrlhf.coordinator.weight_sync import WeightSync
 from xrlhf.coordinator.worker import EngineWorker
-from xrlhf.engines.base import DistInfo, EngineSpec, _import_backend
-from xrlhf.utils.errors import UserError
+from xrlhf.engines.base import DistInfo, EngineSpec
 
 
 @dataclass
@@ -69,19 +68,6 @@ def handle_specs(cfg: XConfig, policy_model: str, total_train_steps: dict[str, i
     return out
 
 
-def check_backends(specs: list[HandleSpec]) -> None:
-    """Every engine's backend imports (vLLM, DeepSpeed installed), checked before Ray starts."""
-    errors = []
-    for s in specs:
-        for role, (name, _) in s.engines.items():
-            try:
-                _import_backend(name)
-            except KeyError as e:
-                errors.append(f"{'policy' if s.name == 'rollout' else s.name}.{role}.engine: {e.args[0]}")
-    if errors:
-        raise UserError(*errors)
-
-
 def init_ray(cfg: XConfig) -> bool:
     """Start a local Ray, or join ``ray.address``; workers see the driver's import path.
 
@@ -121,7 +107,6 @@ class Coordinator:
 
     def start(self) -> "Coordinator":
         t0 = time.time()
-        check_backends(self.specs)
         self._owns_ray = init_ray(self.cfg)
         slots = place({s.name: s.resources for s in self.specs})
         self.placement_groups = list({id(s.pg): s.pg for s in slots.values()}.values())
