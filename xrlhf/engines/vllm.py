@@ -46,6 +46,9 @@ ENV_DEFAULTS = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     "VLLM_HOST_IP": "127.0.0.1",  # skips the 8.8.8.8 probe of get_ip(); one node only
+    # vLLM's engine process: spawned, as vLLM itself does inside a Ray actor, rather than forked
+    # from a process whose threads (tokenizers, OpenMP, CUDA) may hold locks the child inherits.
+    "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
     "TOKENIZERS_PARALLELISM": "false",
 }
 """Set (unless already set) before vLLM is imported: no network on the way up."""
