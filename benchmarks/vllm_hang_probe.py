@@ -51,12 +51,21 @@ PROBES: dict[str, dict] = {
                   "env": {"VLLM_USE_V2_MODEL_RUNNER": "0"}},
     "no_cache": {"about": "no compile cache, no AOT compile", "env": {"VLLM_DISABLE_COMPILE_CACHE": "1",
                                                                        "VLLM_USE_AOT_COMPILE": "0"}},
-    "ray_engine": {"about": "xrlhf's vLLM engine in a Ray actor with a fractional GPU, sleep mode and the worker "
-                            "extension (the co-located layout): start, generate, sleep, wake, generate",
+    "xrlhf_engine": {"about": "xrlhf's vLLM engine (spawned engine process, sleep mode, worker extension, CUDA "
+                              "graphs on): start, generate, sleep, wake, generate", "engine": True},
+    "ray_engine": {"about": "the same in a Ray actor with a fractional GPU (the co-located layout)", "engine": True,
                    "ray": True},
+    "sleep_mode": {"about": "vLLM defaults + enable_sleep_mode (the CuMem allocator under graph capture)",
+                   "llm": {"enable_sleep_mode": True}},
+    "engine_nosleep": {"about": "xrlhf's engine with sleep_level 0 (no CuMem allocator)", "engine": True,
+                       "options": {"sleep_level": 0}},
+    "engine_fork": {"about": "xrlhf's engine with its engine process forked", "engine": True,
+                    "env": {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}},
 }
 
 FIXES = {  # probe that starts -> the XRLHF_VLLM setting that keeps the rest of the defaults
+    "engine_fork": {"engine_options": {"env": {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}}},
+    "engine_nosleep": {"sleep_level": 0},
     "spawn": {"engine_options": {"env": {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}}},
     "v1_runner": {"engine_options": {"env": {"VLLM_USE_V2_MODEL_RUNNER": "0"}}},
     "no_cache": {"engine_options": {"env": {"VLLM_DISABLE_COMPILE_CACHE": "1", "VLLM_USE_AOT_COMPILE": "0"}}},
@@ -84,8 +93,8 @@ os.register_at_fork(after_in_child=_xrlhf_arm)
 def probe(name: str, model: str) -> None:
     spec = PROBES[name]
     t0 = time.time()
-    if spec.get("ray"):
-        return probe_ray(model, t0)
+    if spec.get("engine"):
+        return probe_engine(model, t0, spec.get("ray", False), spec.get("options", {}))
     from vllm import LLM, SamplingParams, TokensPrompt
 
     llm = LLM(model=model, gpu_memory_utilization=0.3, seed=0, **spec.get("llm", {}))
@@ -96,40 +105,46 @@ def probe(name: str, model: str) -> None:
     print("PROBE_RESULT " + json.dumps({"startup_s": started, "total_s": time.time() - t0}), flush=True)
 
 
-def probe_ray(model: str, t0: float) -> None:
-    import ray
+class EngineCycle:
+    """xrlhf's engine as the co-located layout uses it (a Ray actor class, or a plain object)."""
 
-    from benchmarks.common import vllm_options
+    def __init__(self, model: str, options: dict | None = None):
+        from benchmarks.common import vllm_options
+        from xrlhf.engines.base import EngineSpec
+        from xrlhf.engines.vllm import VLLMGenerateEngine
 
-    class Actor:
-        def __init__(self):
-            from xrlhf.engines.base import EngineSpec
-            from xrlhf.engines.vllm import VLLMGenerateEngine
+        fields = {"gpu_memory_utilization": 0.3, "sleep_level": 1, "max_model_len": 512, "max_num_seqs": 256,
+                  **(options or {})}
+        self.engine = VLLMGenerateEngine(EngineSpec(model, device="cuda", dtype="bfloat16",
+                                                    options=vllm_options(**fields)))
 
-            self.engine = VLLMGenerateEngine(EngineSpec(model, device="cuda", dtype="bfloat16", options=vllm_options(
-                gpu_memory_utilization=0.3, sleep_level=1, max_model_len=512, max_num_seqs=256)))
+    def cycle(self) -> list[float]:
+        from xrlhf.engines.base import SamplingParams
 
-        def cycle(self) -> list[float]:
-            from xrlhf.engines.base import SamplingParams
+        times, params = [], SamplingParams(max_new_tokens=8, ignore_eos=True)
+        for step in (lambda: self.engine.generate([[1, 10, 20]] * 8, params), self.engine.sleep,
+                     self.engine.wake_up, lambda: self.engine.generate([[1, 10, 20]] * 8, params)):
+            t = time.time()
+            step()
+            times.append(time.time() - t)
+        return times
 
-            times, params = [], SamplingParams(max_new_tokens=8, ignore_eos=True)
-            for step in (lambda: self.engine.generate([[1, 10, 20]] * 8, params), self.engine.sleep,
-                         self.engine.wake_up, lambda: self.engine.generate([[1, 10, 20]] * 8, params)):
-                t = time.time()
-                step()
-                times.append(time.time() - t)
-            return times
 
-    ray.init(num_gpus=1, include_dashboard=False, logging_level="WARNING",
-             runtime_env={"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}})
-    try:
-        actor = ray.remote(num_gpus=0.4)(Actor).remote()
-        times = ray.get(actor.cycle.remote())
-        started = time.time() - t0 - sum(times)
-        print("PROBE_RESULT " + json.dumps({"startup_s": started, "generate_sleep_wake_generate_s": times,
-                                            "total_s": time.time() - t0}), flush=True)
-    finally:
-        ray.shutdown()
+def probe_engine(model: str, t0: float, in_ray: bool, options: dict) -> None:
+    if not in_ray:
+        times = EngineCycle(model, options).cycle()
+    else:
+        import ray
+
+        ray.init(num_gpus=1, include_dashboard=False, logging_level="WARNING",
+                 runtime_env={"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}})
+        try:
+            times = ray.get(ray.remote(num_gpus=0.4)(EngineCycle).remote(model, options).cycle.remote())
+        finally:
+            ray.shutdown()
+    print("PROBE_RESULT " + json.dumps({"startup_s": time.time() - t0 - sum(times),
+                                        "generate_sleep_wake_generate_s": times, "total_s": time.time() - t0}),
+          flush=True)
 
 
 # -- the driver ---------------------------------------------------------------------------------------
@@ -201,41 +216,49 @@ def wait_gpu_free(limit_s: float = 30.0, below_mib: float = 2048) -> None:
 
 def plan(results: dict[str, dict]) -> list[str]:
     """The probes still worth running, in order, given the results so far."""
-    ok = lambda n: results.get(n, {}).get("status") == "ok"  # noqa: E731
     if "default" not in results:
         return ["default"]
-    if ok("default"):
-        todo = ["ray_engine", "as_first_seen"]
-        if results.get("as_first_seen", {}).get("status") in ("hang", "error"):
+    bad = ("hang", "error")
+    todo = ["xrlhf_engine", "ray_engine"]
+    if results["default"]["status"] == "ok":
+        if any(results.get(n, {}).get("status") in bad for n in ("xrlhf_engine", "ray_engine")):
+            todo += ["sleep_mode", "engine_nosleep", "engine_fork"]
+        todo.append("as_first_seen")
+        if results.get("as_first_seen", {}).get("status") in bad:
             todo += ["usage_stats_on", "ip_probe_on", "hub_online"]
-        if results.get("ray_engine", {}).get("status") in ("hang", "error"):
-            todo += ["spawn", "mp_off", "eager"]
     else:
-        todo = ["mp_off", "spawn", "no_cudagraphs", "no_inductor", "few_graphs", "v1_runner", "no_cache", "eager"]
+        todo += ["spawn", "mp_off", "no_cudagraphs", "no_inductor", "few_graphs", "v1_runner", "no_cache", "eager"]
     return [n for n in todo if n not in results]
 
 
 def conclude(results: dict[str, dict]) -> tuple[str, dict | None]:
     """A sentence about the cause, and the ``XRLHF_VLLM`` setting to use (None: keep the defaults)."""
     st = {n: r["status"] for n, r in results.items()}
-    if st.get("default") == "ok" and st.get("ray_engine", "ok") == "ok":
-        if st.get("as_first_seen") in ("hang", "error"):
-            culprits = [n for n in ("usage_stats_on", "ip_probe_on", "hub_online") if st.get(n) in ("hang", "error")]
-            return (f"defaults start once the network is kept out of the start-up; without it they "
-                    f"{st['as_first_seen']} ({', '.join(culprits) or 'the combination'}). xrlhf's engine sets "
-                    f"{', '.join(HYGIENE)} itself, so CUDA graphs stay on."), None
-        return ("not reproduced: multiprocessing on + CUDA graphs on start here (with and without the no-network "
-                "env); keep the defaults."), None
+    bad = ("hang", "error")
+    ours = [n for n in ("xrlhf_engine", "ray_engine") if n in st]
+    ours_ok = bool(ours) and all(st[n] == "ok" for n in ours)
+    parts = []
     if st.get("default") == "ok":
-        fix = next((n for n in FIXES if st.get(n) == "ok"), None)
-        return (f"vLLM's defaults start in a plain process but xrlhf's engine in a Ray actor does not "
-                f"({st.get('ray_engine')}); first working variant: {fix}."), FIXES.get(fix)
-    fixes = [n for n in FIXES if st.get(n) == "ok"]
-    still = [n for n in FIXES if st.get(n) in ("hang", "error")]
-    if not fixes:
-        return f"the defaults {st.get('default')}; no variant tried started ({', '.join(still)}).", None
-    return (f"the defaults {st.get('default')}; these start: {', '.join(fixes)}; these do not: "
-            f"{', '.join(still) or '-'}. Use the first that keeps CUDA graphs: {fixes[0]}."), FIXES[fixes[0]]
+        if st.get("as_first_seen") in bad:
+            culprits = [n for n in ("usage_stats_on", "ip_probe_on", "hub_online") if st.get(n) in bad]
+            parts.append(f"vLLM's defaults start once the network is kept out of the start-up; without that they "
+                         f"{st['as_first_seen']} (alone: {', '.join(culprits) or 'none of the knobs'})")
+        elif "as_first_seen" in st:
+            parts.append("not reproduced: multiprocessing on + CUDA graphs on start here, with and without the "
+                         "no-network environment")
+    elif "default" in st:
+        fixes = [n for n in FIXES if st.get(n) == "ok"]
+        still = [n for n in FIXES if st.get(n) in bad]
+        parts.append(f"vLLM's defaults {st['default']}; these start: {', '.join(fixes) or '-'}; these do not: "
+                     f"{', '.join(still) or '-'}")
+    if ours_ok:
+        parts.append("xrlhf's engine (spawned engine process, no-network environment, CUDA graphs on) starts, "
+                     "alone and in a Ray actor: keep the defaults")
+        return "; ".join(parts) + ".", None
+    fix = next((n for n in FIXES if st.get(n) == "ok"), None)
+    parts.append(f"xrlhf's engine: {', '.join(f'{n} {st[n]}' for n in ours) or 'not run'}; use the first working "
+                 f"variant that keeps the most of the defaults: {fix or 'none found'}")
+    return "; ".join(parts) + ".", FIXES.get(fix)
 
 
 def main() -> None:
