@@ -204,12 +204,12 @@ def wait_gpu_free(limit_s: float = 30.0, below_mib: float = 2048) -> None:
     """Wait until GPU 0 is (nearly) empty again: a killed probe's memory takes a moment to go."""
     t0 = time.time()
     while time.time() - t0 < limit_s:
-        q = subprocess.run(["nvidia-smi", "--id=0", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                           capture_output=True, text=True)
         try:
+            q = subprocess.run(["nvidia-smi", "--id=0", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                               capture_output=True, text=True)
             if float(q.stdout.strip().splitlines()[0]) < below_mib:
                 return
-        except (ValueError, IndexError):
+        except (OSError, ValueError, IndexError):
             return
         time.sleep(1)
 
