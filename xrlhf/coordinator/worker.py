@@ -108,8 +108,8 @@ class EngineWorker:
         return n
 
     def _end_sync(self) -> None:
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()  # the trainer's cached blocks go back before vLLM's KV cache does
+        if torch.cuda.is_available() and getattr(self.gen, "sleep_level", 0):
+            torch.cuda.empty_cache()  # this process's cached blocks go back before vLLM's KV cache does
         self.gen.end_sync()
 
     def weight_checksums(self, role: str) -> dict[str, int]:
