@@ -39,8 +39,8 @@ def generation(r: dict | None) -> list[str]:
             f"| vLLM (`VLLMGenerateEngine`) | {fmt(r.get('vllm_seconds'))} | {fmt(r.get('vllm_tokens_per_s'))} |",
             f"| Transformers (`HFGenerateEngine`, micro-batch {r.get('hf_micro_batch_size')}) | "
             f"{fmt(r.get('hf_seconds'))} | {fmt(r.get('hf_tokens_per_s'))} |", "",
-            f"Speed-up: **{fmt(r.get('speedup'), 1)}×** (target ≥ 10×). vLLM start-up: {fmt(r.get('vllm_startup_s'), 1)} s; "
-            f"settings: `{json.dumps(r.get('vllm_options'))}`.", ""]
+            f"Speed-up: **{fmt(r.get('speedup'), 1)}×** (target ≥ 10×). "
+            f"vLLM start-up: {fmt(r.get('vllm_startup_s'), 1)} s; settings: `{json.dumps(r.get('vllm_options'))}`.", ""]
     return out
 
 
@@ -63,7 +63,8 @@ def weight_sync(r: dict | None) -> list[str]:
             "| transport | seconds | GiB/s | one sync with verify on (s) |", "|---|---|---|---|"]
     for name, sec, ver in rows:
         out.append(f"| {name} | {fmt(sec)} | {fmt(gib / sec, 1) if sec else '—'} | {fmt(ver)} |")
-    out += ["", "Targets: CUDA IPC < 0.2 s, NCCL < 0.5 s." + (f" NCCL: {r['nccl_note']}." if r.get("nccl_note") else ""), ""]
+    note = f" NCCL: {r['nccl_note']}." if r.get("nccl_note") else ""
+    out += ["", "Targets: CUDA IPC < 0.2 s, NCCL < 0.5 s." + note, ""]
     return out
 
 
@@ -77,15 +78,15 @@ def ppo(r: dict | None) -> list[str]:
             f"Command: `{r.get('command', '')}`.", "",
             "Median over steps 2.. (seconds):", "",
             "| generate | infer | train | sync | sleep | whole step |", "|---|---|---|---|---|---|",
-            "| " + " | ".join(fmt(m.get(k)) for k in ("generate_s", "infer_s", "train_s", "sync_s", "sleep_s", "step_s"))
-            + " |", "",
+            "| " + " | ".join(fmt(m.get(k)) for k in ("generate_s", "infer_s", "train_s", "sync_s", "sleep_s",
+                                                      "step_s")) + " |", "",
             "Peak GPU memory per step (GiB): the device's use sampled by nvidia-smi every 50 ms (vLLM included), and "
             "the sum over the Ray workers of `torch.cuda.max_memory_allocated` (reset every step):", "",
             "| step | device peak | torch peak (workers) |", "|---|---|---|"]
     out += [f"| {s['step']} | {fmt(s['device_peak_gb'], 2)} | {fmt(s['torch_peak_gb'], 2)} |" for s in r["per_step"]]
     ratio = r.get("memory_ratio", {})
-    out += ["", "Last step over step 2: " + ", ".join(f"{k.replace('_last_over_step2', '')} {v:.3f}" for k, v in ratio.items())
-            + " (target: within 5%).", ""]
+    ratios = ", ".join(f"{k.replace('_last_over_step2', '')} {v:.3f}" for k, v in ratio.items())
+    out += ["", f"Last step over step 2: {ratios} (target: within 5%).", ""]
     return out
 
 
@@ -115,7 +116,8 @@ def main() -> None:
     lines = ["# Benchmarks", "",
              "Measured on the GPU machine by `benchmarks/gpu_session.sh` (stages `hang`, `bench`, `ppo`; the JSON is "
              "in benchmarks/results/). This page is written by `python -m benchmarks.report`.", "",
-             "Reproduce: build the model (`xrlhf make-tiny-model artifacts/model-0.5b --preset 0.5b --dtype bfloat16`), "
+             "Reproduce: build the model "
+             "(`xrlhf make-tiny-model artifacts/model-0.5b --preset 0.5b --dtype bfloat16`), "
              "then `bash benchmarks/gpu_session.sh bench` and `bash benchmarks/gpu_session.sh ppo` "
              "(or the commands in each section).", ""]
     lines += generation(load(res / "generation.json"))

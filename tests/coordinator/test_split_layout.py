@@ -4,7 +4,6 @@ with verify on. One Ray start serves every test of the module (Ray starts slowly
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch

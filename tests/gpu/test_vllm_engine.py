@@ -29,8 +29,8 @@ GREEDY = SamplingParams(temperature=0, max_new_tokens=24)
 def vllm_engine(small_model):
     from xrlhf.engines.vllm import VLLMGenerateEngine
 
-    engine = VLLMGenerateEngine(EngineSpec(small_model, device="cuda", dtype="float32", seed=0, options=generate_options(
-        gpu_memory_utilization=0.25, sleep_level=2, max_model_len=256, max_num_seqs=64)))
+    options = generate_options(gpu_memory_utilization=0.25, sleep_level=2, max_model_len=256, max_num_seqs=64)
+    engine = VLLMGenerateEngine(EngineSpec(small_model, device="cuda", dtype="float32", seed=0, options=options))
     yield engine
     engine.shutdown()
 
@@ -57,7 +57,8 @@ def trainer(model: str, device: str):
 def test_greedy_tokens_and_logprobs_equal_transformers(vllm_engine, small_model, prompts):
     ours, theirs = vllm_engine.generate(prompts, GREEDY), hf_generator(small_model).generate(prompts, GREEDY)
     mismatched = [i for i, (a, b) in enumerate(zip(ours.token_ids, theirs.token_ids)) if a != b]
-    assert not mismatched, f"rows {mismatched[:5]}: vLLM {ours.token_ids[mismatched[0]]} HF {theirs.token_ids[mismatched[0]]}"
+    first = mismatched[0] if mismatched else 0
+    assert not mismatched, f"rows {mismatched[:5]}: vLLM {ours.token_ids[first]} HF {theirs.token_ids[first]}"
     for a, b in zip(ours.logprobs, theirs.logprobs):
         torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=2e-3, rtol=0)
 

@@ -295,5 +295,6 @@ def layout_errors(cfg: XConfig) -> list[str]:
         errors.append(f"{where}.gpus_per_rank: engine vllm needs {g.tensor_parallel_size} GPU(s) per generator, "
                       f"got {gpus:g}")
     if t == "cuda_ipc" and p.resources.gpus_per_rank == 0:
-        errors.append("policy.weight_sync.transport: cuda_ipc needs the policy on a GPU (policy.resources.gpus_per_rank)")
+        errors.append("policy.weight_sync.transport: cuda_ipc needs the policy on a GPU "
+                      "(policy.resources.gpus_per_rank)")
     return errors
