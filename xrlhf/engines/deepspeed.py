@@ -85,7 +85,7 @@ def gathered_weights(module: torch.nn.Module, bucket_bytes: int, stats: dict[str
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
     items = list(module.state_dict(keep_vars=True).items())
-    zero3 = [p for _, p in items if _is_zero3_param(p)]
+    zero3 = list({id(p): p for _, p in items if _is_zero3_param(p)}.values())  # tied weights once
     stats = stats if stats is not None else {}
     stats.setdefault("buckets", 0)
     stats.setdefault("peak_gathered_bytes", 0)
@@ -130,12 +130,26 @@ class _DSModel:
     def forward(self, batch: Batch, need_entropy: bool = False) -> ForwardOutput:
         return self.hf.forward(batch, need_entropy)
 
+    def release_gathered(self) -> None:
+        """ZeRO-3 keeps parameters gathered after a no-grad forward (they are "reused soon"
+        within ``stage3_max_reuse_distance``); give them back so inference does not end
+        holding the whole model. No-op below stage 3."""
+        if self.zero_stage == 3:
+            self.engine.empty_partition_cache()
+
+    def infer(self, batch: Batch, micro_batch_size: int | None = None) -> Batch:
+        try:
+            return InferEngine.infer(self, batch, micro_batch_size or self.spec.options.get("micro_batch_size", 16))
+        finally:
+            self.release_gathered()
+
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The full weights in HF naming. ZeRO 0-2: as they are; ZeRO-3: gathered bucket by
         bucket (a collective: every rank must consume the iterator to the end)."""
         if self.zero_stage < 3:
             yield from self.module.state_dict().items()
             return
+        self.release_gathered()
         self.gather_stats = {}
         yield from gathered_weights(self.module, self.gather_bucket_bytes, self.gather_stats)
 
@@ -186,7 +200,7 @@ class DeepSpeedTrainEngine(_DSModel, TrainEngine):
     def infer(self, batch: Batch, micro_batch_size: int | None = None) -> Batch:
         self.engine.eval()
         try:
-            return InferEngine.infer(self, batch, micro_batch_size or self.spec.options.get("micro_batch_size", 16))
+            return super().infer(batch, micro_batch_size)
         finally:
             self.engine.train()
 
