@@ -166,9 +166,9 @@ class ModelHandle:
     def sync_weights_local(self):
         """Each rank: its train engine -> its generate engine."""
 
-    @dispatch(RANK0)
+    @dispatch(ALL)
     def save_pretrained(self, path):
-        """Rank 0 writes the model in HF format."""
+        """Every rank takes part (a ZeRO-3 engine gathers its shards); rank 0 writes HF format."""
 
     @dispatch(RANK0)
     def state_dict(self):
