@@ -49,8 +49,11 @@ def init_distributed(spec: EngineSpec) -> None:
     DeepSpeed needs a process group and ``LOCAL_RANK`` even for one rank. Each Ray worker sees
     only its own GPU, so the local device index is that of ``spec.device`` (0 by default).
     """
-    os.environ.setdefault("LOCAL_RANK", str(torch.device(spec.device).index or 0))
-    if torch.device(spec.device).type == "cpu":
+    device = torch.device(spec.device)
+    os.environ["LOCAL_RANK"] = str(device.index or 0)  # DeepSpeed places the engine by it
+    if device.type == "cuda":
+        torch.cuda.set_device(device.index or 0)  # before NCCL picks a device for this rank
+    if device.type == "cpu":
         # DeepSpeed would JIT-compile (minutes of g++) a shared-memory all-reduce that only its
         # inference all-reduce uses; gloo does everything training needs.
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
