@@ -17,7 +17,7 @@ def model_dir(tmp_path_factory):
 
 def config(model_dir, train=None, reference=None):
     return {"env": {"name": "reasoning"}, "policy": {"model": model_dir, "train": train or {}},
-            "reference": reference or {}, "critic": {}}
+            "reference": reference or {}, "critic": {}, "algorithm": {"name": "ppo"}}
 
 
 def errors(data) -> list[str]:

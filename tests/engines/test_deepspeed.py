@@ -113,7 +113,7 @@ def _rank(rank, port, model_dir, out_dir):
     import torch.distributed as dist
 
     from xrlhf.engines.base import DistInfo
-    from xrlhf.engines.deepspeed import merge_states
+    from xrlhf.engines.base import merge_rank_states
 
     torch.set_num_threads(1)
     dist_info = DistInfo(rank, 2, "127.0.0.1", port, "gloo")
@@ -131,7 +131,7 @@ def _rank(rank, port, model_dir, out_dir):
     states = [None, None]
     dist.all_gather_object(states, z2.state_dict())
     z2b = engine(zero_stage=2)
-    z2b.load_state_dict(merge_states(states))
+    z2b.load_state_dict(merge_rank_states(states))
     nxt = make_batch(seed=5).split(2)[rank]
     z2.train_step(nxt, SFTLoss())
     z2b.train_step(nxt, SFTLoss())

@@ -240,9 +240,10 @@ class DeepSpeedTrainEngine(_DSModel, TrainEngine):
     def state_dict(self) -> dict[str, Any]:
         """This rank's share of a DeepSpeed checkpoint (a collective: every rank calls it).
 
-        Returns ``{"format": "deepspeed", "files": {relative path: bytes}}`` with the files
-        ``engine.save_checkpoint`` wrote on this rank (model, optimizer shard, scheduler).
-        ``load_state_dict`` needs the union of every rank's ``files`` (``merge_states``).
+        Returns ``{"format": "deepspeed", "world_size": n, "shard_files": {relative path: bytes}}``
+        with the files ``engine.save_checkpoint`` wrote on this rank (model, optimizer shard,
+        scheduler). ``load_state_dict`` needs the union of every rank's files:
+        ``xrlhf.engines.base.merge_rank_states`` (what ``ModelHandle.state_dict`` returns).
         """
         tmp = Path(tempfile.mkdtemp(prefix="xrlhf-ds-ckpt-"))
         try:
@@ -253,11 +254,10 @@ class DeepSpeedTrainEngine(_DSModel, TrainEngine):
             dist.barrier()
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        return {"format": "deepspeed", "rank": dist.get_rank(), "world_size": dist.get_world_size(),
-                "files": files}
+        return {"format": "deepspeed", "world_size": dist.get_world_size(), "shard_files": files}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a checkpoint from ``merge_states`` of every rank's ``state_dict`` (collective).
+        """Restore ``merge_rank_states`` of every rank's ``state_dict`` (a collective).
 
         Raises:
             ValueError: for a state that is not a DeepSpeed checkpoint of this DP world size.
@@ -269,7 +269,7 @@ class DeepSpeedTrainEngine(_DSModel, TrainEngine):
                              f"loading on {dist.get_world_size()}")
         tmp = Path(tempfile.mkdtemp(prefix="xrlhf-ds-load-"))
         try:
-            for rel, data in state["files"].items():
+            for rel, data in state["shard_files"].items():
                 f = tmp / rel
                 f.parent.mkdir(parents=True, exist_ok=True)
                 f.write_bytes(data)
@@ -279,14 +279,6 @@ class DeepSpeedTrainEngine(_DSModel, TrainEngine):
             dist.barrier()
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-
-
-def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
-    """One state every rank can load: the union of the ranks' ``state_dict()`` files."""
-    files: dict[str, bytes] = {}
-    for s in states:
-        files.update(s["files"])
-    return {"format": "deepspeed", "world_size": states[0]["world_size"], "files": files}
 
 
 @ENGINES.register("deepspeed.infer")
