@@ -77,10 +77,10 @@ def max_diff(a, b):
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
-@pytest.mark.parametrize("stage", [0, 1])
-def test_engines_swap_same_loss_and_update(model_dir, one_rank, hf_step, stage):
+@pytest.mark.parametrize("stage, checkpointing", [(0, False), (1, False), (2, True)])
+def test_engines_swap_same_loss_and_update(model_dir, one_rank, hf_step, stage, checkpointing):
     hf_metrics, hf_weights = hf_step
-    _, metrics, weights = train_once("deepspeed", model_dir, zero_stage=stage)
+    _, metrics, weights = train_once("deepspeed", model_dir, zero_stage=stage, gradient_checkpointing=checkpointing)
     assert abs(metrics["loss"] - hf_metrics["loss"]) < 1e-4
     assert abs(metrics["grad_norm"] - hf_metrics["grad_norm"]) < 1e-4 * hf_metrics["grad_norm"]
     assert metrics["lr"] == hf_metrics["lr"]

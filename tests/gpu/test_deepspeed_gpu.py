@@ -101,6 +101,7 @@ def test_zero3_offload_across_two_gpus(model_dir, tmp_path):
 
 def test_ppo_zero3_policy_two_gpus(tmp_path):
     """PPO end to end: the ZeRO-3 policy over both GPUs, critic and reference co-located."""
+    pytest.importorskip("ray")
     model = tmp_path / "model"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     subprocess.run([sys.executable, "-m", "xrlhf.cli", "make-tiny-model", str(model)], check=True, env=env, cwd=ROOT)

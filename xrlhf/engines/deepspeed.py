@@ -34,6 +34,7 @@ from typing import Any, Iterator
 import deepspeed
 import torch
 import torch.distributed as dist
+from loguru import logger
 
 from xrlhf.config.deepspeed import merged_config
 from xrlhf.data.batch import Batch
@@ -113,12 +114,32 @@ def gathered_weights(module: torch.nn.Module, bucket_bytes: int, stats: dict[str
         yield from out
 
 
+def _cpu_adam_or_torch(config: dict[str, Any]) -> None:
+    """With the optimizer offloaded, DeepSpeed's CPU Adam is JIT-compiled (a C++ compiler and
+    the Python headers are needed). Where it cannot be built, fall back to torch's AdamW on the
+    CPU shards (slower, same update) and say so, rather than fail the run."""
+    params = config["optimizer"]["params"]
+    if config["zero_optimization"]["offload_optimizer"]["device"] != "cpu" or params.get("torch_adam"):
+        return
+    try:
+        from deepspeed.ops.op_builder import CPUAdamBuilder
+
+        CPUAdamBuilder().load()
+    except Exception as e:  # noqa: BLE001 - any build failure means: use torch's Adam
+        logger.warning(f"DeepSpeed CPU Adam unavailable ({type(e).__name__}: {str(e)[:200]}); "
+                       "the offloaded optimizer uses torch.optim.AdamW instead")
+        params["torch_adam"] = True
+        config["zero_force_ds_cpu_optimizer"] = False
+
+
 class _DSModel:
     """What the train and infer engines share: loading, initialising and the forward."""
 
     def _init_engine(self, spec: EngineSpec, role: str, **init_kwargs) -> None:
         init_distributed(spec)
         self.ds_config = merged_config(spec.options, role)
+        if role == "train":
+            _cpu_adam_or_torch(self.ds_config)
         self.zero_stage = int(self.ds_config["zero_optimization"]["stage"])
         self.hf = _load(spec)
         if role == "train" and spec.options.get("gradient_checkpointing"):
