@@ -150,6 +150,8 @@ def validate_dict(data: dict[str, Any]) -> XConfig:
         errors += _check_names(cfg)
     if not errors and cfg is not None:
         errors += ALGORITHMS().get(cfg.algorithm.name).check_config(cfg, parsed["algorithm"])
+    if cfg is not None:
+        errors += _validate_engine_sections(cfg)
     if errors:
         raise UserError(*errors)
     return cfg
@@ -218,6 +220,20 @@ def _validate_registered(section: str, raw: Any) -> tuple[list[str], BaseModel |
         return [], cls.Config.model_validate(options)
     except ValidationError as e:
         return format_errors(e, cls.Config, prefix), None
+
+
+def _validate_engine_sections(cfg: XConfig) -> list[str]:
+    """Engine-specific checks of the train / infer sections (DeepSpeed options and conflicts)."""
+    from xrlhf.config.deepspeed import section_errors
+
+    sections = [("policy.train", "train", cfg.policy.train.model_dump())]
+    if cfg.critic is not None:
+        sections.append(("critic.train", "train", cfg.critic.train.model_dump()))
+    if cfg.reference is not None:
+        sections.append(("reference.infer", "infer", cfg.reference.infer.model_dump()))
+    if cfg.reward.source == "model":
+        sections.append(("reward.infer", "infer", cfg.reward.infer.model_dump()))
+    return section_errors(sections)
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> XConfig:

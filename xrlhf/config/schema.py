@@ -67,6 +67,12 @@ class TrainConfig(Strict):
     lr_schedule: Literal["constant", "cosine"] = "constant"
     gradient_checkpointing: bool = False
     engine_options: dict[str, Any] = Field(default_factory=dict, description="passed to a custom engine as is")
+    # DeepSpeed only (engine: deepspeed); checked by xrlhf.config.deepspeed at validation.
+    zero_stage: Literal[0, 1, 2, 3] | None = Field(None, description="deepspeed: ZeRO stage (default 2)")
+    offload_optimizer: bool = Field(False, description="deepspeed: optimizer states in CPU memory")
+    offload_params: bool = Field(False, description="deepspeed: parameters in CPU memory (ZeRO 3)")
+    deepspeed: dict[str, Any] = Field(default_factory=dict, description="deepspeed: extra config keys, "
+                                      "merged over the generated ones (conflicts are errors)")
 
 
 class InferConfig(Strict):
@@ -76,6 +82,10 @@ class InferConfig(Strict):
     dtype: Literal["float32", "bfloat16"] = "float32"
     micro_batch_size: int = Field(32, ge=1)
     engine_options: dict[str, Any] = Field(default_factory=dict)
+    # DeepSpeed only (engine: deepspeed): ZeRO 3 partitions the frozen weights across ranks.
+    zero_stage: Literal[0, 3] | None = Field(None, description="deepspeed: 0 (replicated, default) or 3")
+    offload_params: bool = Field(False, description="deepspeed: parameters in CPU memory (ZeRO 3)")
+    deepspeed: dict[str, Any] = Field(default_factory=dict, description="deepspeed: extra config keys")
 
 
 class GenerateConfig(Strict):

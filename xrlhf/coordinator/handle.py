@@ -24,7 +24,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from xrlhf.data.batch import Batch
-from xrlhf.engines.base import GenerationOutput
+from xrlhf.engines.base import GenerationOutput, merge_rank_states
 from xrlhf.utils.errors import WorkerDiedError
 
 DP, ALL, RANK0 = "dp", "all", "rank0"
@@ -67,8 +67,13 @@ class Pending:
         return self.gather(self.handle._get(self.refs, self.ranks, timeout))
 
 
-def dispatch(mode: str):
-    """Declare how a handle method's call is spread over ranks; the body is not run."""
+def dispatch(mode: str, gather: Callable[[list[Any]], Any] | None = None):
+    """Declare how a handle method's call is spread over ranks; the body is not run.
+
+    ``gather`` replaces the mode's way of combining the ranks' results.
+    """
+
+    combine = gather
 
     def deco(fn):
         method = fn.__name__
@@ -83,7 +88,7 @@ def dispatch(mode: str):
             else:
                 refs = [getattr(self.workers[r], method).remote(*args, **kwargs) for r in ranks]
                 gather = (lambda parts: parts[0]) if mode == RANK0 else list
-            pending = Pending(self, refs, ranks, gather)
+            pending = Pending(self, refs, ranks, combine or gather)
             return pending.get() if wait else pending
 
         wrapper.dispatch_mode = mode
@@ -186,13 +191,14 @@ class ModelHandle:
     def memory_stats(self, reset=True):
         """Per rank: peak/reserved GPU memory of the worker's process and the device's use (GiB)."""
 
-    @dispatch(RANK0)
+    @dispatch(ALL)
     def save_pretrained(self, path):
-        """Rank 0 writes the model in HF format."""
+        """Every rank takes part (a ZeRO-3 engine gathers its shards); rank 0 writes HF format."""
 
-    @dispatch(RANK0)
+    @dispatch(ALL, gather=merge_rank_states)
     def state_dict(self):
-        """Model, optimizer and scheduler state (rank 0: all ranks hold the same after a step)."""
+        """Model, optimizer and scheduler state: rank 0's where all ranks hold the same after a
+        step, the union of the ranks' shards for a sharded engine (``merge_rank_states``)."""
 
     @dispatch(ALL)
     def load_state_dict(self, state):

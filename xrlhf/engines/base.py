@@ -170,11 +170,30 @@ class TrainEngine(InferEngine):
 
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:
-        """Model, optimizer and scheduler state, for exact resume."""
+        """Model, optimizer and scheduler state, for exact resume.
+
+        Called on every rank. A replicated engine returns the same on each; a sharded one
+        returns its share under ``"shard_files"`` (see ``merge_rank_states``).
+        """
 
     @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what ``state_dict`` returned."""
+
+
+def merge_rank_states(states: list[Any]) -> Any:
+    """One state every rank can load, from each rank's ``TrainEngine.state_dict()``.
+
+    Replicated engines: rank 0's. Sharded engines (DeepSpeed ZeRO) return
+    ``{"shard_files": {name: bytes}, ...}``; the result holds the union of all ranks' files.
+    """
+    first = states[0]
+    if not (isinstance(first, dict) and "shard_files" in first):
+        return first
+    files: dict[str, Any] = {}
+    for s in states:
+        files.update(s["shard_files"])
+    return {**first, "shard_files": files}
 
 
 @dataclass

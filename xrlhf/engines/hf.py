@@ -210,7 +210,8 @@ class HFTrainEngine(TrainEngine):
         yield from self.model.state_dict().items()
 
     def save_pretrained(self, path: str) -> None:
-        save_with_tokenizer(self.model, self.spec.model_path, path)
+        if self.spec.dist.rank == 0:  # every rank is called (sharded engines gather); rank 0 writes
+            save_with_tokenizer(self.model, self.spec.model_path, path)
 
     def state_dict(self) -> dict[str, Any]:
         return {"model": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()},
@@ -222,11 +223,15 @@ class HFTrainEngine(TrainEngine):
         self.scheduler.load_state_dict(state["scheduler"])
 
 
-def save_with_tokenizer(model: torch.nn.Module, source_dir: str, path: str) -> None:
-    """``model.save_pretrained(path)`` plus the tokenizer files of ``source_dir``."""
+def save_with_tokenizer(model: torch.nn.Module, source_dir: str, path: str,
+                        state_dict: dict[str, torch.Tensor] | None = None) -> None:
+    """``model.save_pretrained(path)`` plus the tokenizer files of ``source_dir``.
+
+    ``state_dict`` replaces the model's own tensors (a sharded engine's gathered weights).
+    """
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
+    model.save_pretrained(out, **({"state_dict": state_dict} if state_dict is not None else {}))
     for f in Path(source_dir).iterdir():
         if f.is_file() and (f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json", "vocab.json",
                                                                         "merges.txt", "chat_template.jinja")):

@@ -1,0 +1,319 @@
+"""DeepSpeed backend: ZeRO 0-3 training (with CPU offload) and ZeRO-3 partitioned inference.
+
+The model, its forward pass and the LR schedule are the Transformers backend's (``HFModel``,
+``lr_lambda``); only the optimizer, the gradient reduction and the parameter layout change.
+DeepSpeed is imported only here, so a run with ``engine: hf`` never loads it.
+
+How the ``LossFn`` contract maps onto DeepSpeed (see ``TrainEngine.train_step``):
+
+* the loss is a *sum* over units divided by the global unit count (all ranks), exactly as in
+  ``HFTrainEngine``; DeepSpeed *averages* gradients over the data-parallel ranks where
+  ``HFTrainEngine`` sums them, so the loss is also multiplied by the DP world size (exact in
+  fp32 for power-of-two world sizes). Then the update does not depend on how the global batch
+  was split over ranks and micro-batches;
+* one optimizer step per ``train_step`` whatever the micro-batch count:
+  ``gradient_accumulation_steps`` is 1 and the accumulation boundary is set by hand on the
+  last micro-batch (``set_gradient_accumulation_boundary``), with ``backward(scale_wrt_gas=False)``;
+* clipping is DeepSpeed's ``gradient_clipping`` (from ``grad_clip``); the LR schedule is a
+  ``LambdaLR`` over ``lr_lambda`` handed to ``deepspeed.initialize``.
+
+ZeRO-3 weights leave the engine bucket by bucket (``named_weights``): a group of parameters of
+at most ``gather_bucket_mb`` (engine option, default 256) is gathered, copied, and released
+before the next, so the full model is never materialised on the accelerator at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import deepspeed
+import torch
+import torch.distributed as dist
+from loguru import logger
+
+from xrlhf.config.deepspeed import merged_config
+from xrlhf.data.batch import Batch
+from xrlhf.engines.base import ENGINES, EngineSpec, ForwardOutput, InferEngine, LossFn, TrainEngine
+from xrlhf.engines.hf import HFModel, accumulate_metrics, global_units, lr_lambda, save_with_tokenizer
+
+DEFAULT_GATHER_BUCKET_MB = 256
+
+
+def init_distributed(spec: EngineSpec) -> None:
+    """Join the DP group (a one-rank group when alone) and tell DeepSpeed about it.
+
+    DeepSpeed needs a process group and ``LOCAL_RANK`` even for one rank. Each Ray worker sees
+    only its own GPU, so the local device index is that of ``spec.device`` (0 by default).
+    """
+    device = torch.device(spec.device)
+    os.environ["LOCAL_RANK"] = str(device.index or 0)  # DeepSpeed places the engine by it
+    if device.type == "cuda":
+        torch.cuda.set_device(device.index or 0)  # before NCCL picks a device for this rank
+    if device.type == "cpu":
+        # DeepSpeed would JIT-compile (minutes of g++) a shared-memory all-reduce that only its
+        # inference all-reduce uses; gloo does everything training needs.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    if not dist.is_initialized():
+        if spec.dist.world_size > 1:
+            spec.dist.init_process_group()
+        else:
+            dist.init_process_group(spec.dist.backend, store=dist.HashStore(), rank=0, world_size=1)
+    deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False)
+
+
+def _load(spec: EngineSpec) -> HFModel:
+    """``HFModel`` loaded in CPU memory: ``deepspeed.initialize`` places (or partitions) it."""
+    hf = HFModel(dataclasses.replace(spec, device="cpu"))
+    hf.spec = spec
+    return hf
+
+
+def _is_zero3_param(t: torch.Tensor) -> bool:
+    return hasattr(t, "ds_id")
+
+
+def gathered_weights(module: torch.nn.Module, bucket_bytes: int, stats: dict[str, int] | None = None
+                     ) -> Iterator[tuple[str, torch.Tensor]]:
+    """``module``'s state dict in HF naming, ZeRO-3 parameters gathered a bucket at a time.
+
+    Collective under ZeRO-3: every rank must iterate it to the end, in step. Tensors are
+    cloned (on the accelerator) before their bucket is released, so a consumer may keep them.
+    ``stats`` (optional) receives ``buckets`` and ``peak_gathered_bytes``: the largest number
+    of bytes of full ZeRO-3 parameters materialised at once, read from their ZeRO status.
+    """
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+    items = list(module.state_dict(keep_vars=True).items())
+    zero3 = list({id(p): p for _, p in items if _is_zero3_param(p)}.values())  # tied weights once
+    stats = stats if stats is not None else {}
+    stats.setdefault("buckets", 0)
+    stats.setdefault("peak_gathered_bytes", 0)
+    i = 0
+    while i < len(items):
+        group: list[tuple[str, torch.Tensor]] = []
+        size = 0
+        while i < len(items):
+            name, t = items[i]
+            nbytes = (t.ds_numel if _is_zero3_param(t) else t.numel()) * t.element_size()
+            if group and size + nbytes > bucket_bytes:
+                break
+            group.append((name, t))
+            size += nbytes
+            i += 1
+        params = list({id(t): t for _, t in group if _is_zero3_param(t)}.values())
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None, enabled=bool(params)):
+            live = sum(p.ds_numel * p.element_size() for p in zero3 if p.ds_status == ZeroParamStatus.AVAILABLE)
+            stats["peak_gathered_bytes"] = max(stats["peak_gathered_bytes"], live)
+            out = [(name, t.detach().clone()) for name, t in group]
+        stats["buckets"] += 1
+        yield from out
+
+
+def _cpu_adam_or_torch(config: dict[str, Any]) -> None:
+    """With the optimizer offloaded, DeepSpeed's CPU Adam is JIT-compiled (a C++ compiler and
+    the Python headers are needed). Where it cannot be built, fall back to torch's AdamW on the
+    CPU shards (slower, same update) and say so, rather than fail the run."""
+    params = config["optimizer"]["params"]
+    if config["zero_optimization"]["offload_optimizer"]["device"] != "cpu" or params.get("torch_adam"):
+        return
+    try:
+        from deepspeed.ops.op_builder import CPUAdamBuilder
+
+        CPUAdamBuilder().load()
+    except Exception as e:  # noqa: BLE001 - any build failure means: use torch's Adam
+        logger.warning(f"DeepSpeed CPU Adam unavailable ({type(e).__name__}: {str(e)[:200]}); "
+                       "the offloaded optimizer uses torch.optim.AdamW instead")
+        params["torch_adam"] = True
+        config["zero_force_ds_cpu_optimizer"] = False
+
+
+class _DSModel:
+    """What the train and infer engines share: loading, initialising and the forward."""
+
+    def _init_engine(self, spec: EngineSpec, role: str, **init_kwargs) -> None:
+        init_distributed(spec)
+        self.ds_config = merged_config(spec.options, role)
+        if role == "train":
+            _cpu_adam_or_torch(self.ds_config)
+        self.zero_stage = int(self.ds_config["zero_optimization"]["stage"])
+        self.hf = _load(spec)
+        if role == "train" and spec.options.get("gradient_checkpointing"):
+            self.hf.model.gradient_checkpointing_enable()
+        self.engine, *_ = deepspeed.initialize(model=self.hf.model, config=self.ds_config, **init_kwargs)
+        self.hf.model = self.engine  # the engine's forward runs the ZeRO-3 gather hooks
+        self.hf.device = self.engine.device
+        self.module: torch.nn.Module = self.engine.module
+        self.gather_bucket_bytes = int(spec.options.get("gather_bucket_mb", DEFAULT_GATHER_BUCKET_MB) * (1 << 20))
+        self.gather_stats: dict[str, int] = {}
+
+    def forward(self, batch: Batch, need_entropy: bool = False) -> ForwardOutput:
+        return self.hf.forward(batch, need_entropy)
+
+    def release_gathered(self) -> None:
+        """ZeRO-3 keeps parameters gathered after a no-grad forward (they are "reused soon"
+        within ``stage3_max_reuse_distance``); give them back so inference does not end
+        holding the whole model. No-op below stage 3."""
+        if self.zero_stage == 3:
+            self.engine.empty_partition_cache()
+
+    def infer(self, batch: Batch, micro_batch_size: int | None = None) -> Batch:
+        try:
+            return InferEngine.infer(self, batch, micro_batch_size or self.spec.options.get("micro_batch_size", 16))
+        finally:
+            self.release_gathered()
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The full weights in HF naming. ZeRO 0-2: as they are; ZeRO-3: gathered bucket by
+        bucket (a collective: every rank must consume the iterator to the end)."""
+        if self.zero_stage < 3:
+            yield from self.module.state_dict().items()
+            return
+        self.release_gathered()
+        self.gather_stats = {}
+        yield from gathered_weights(self.module, self.gather_bucket_bytes, self.gather_stats)
+
+    def save_pretrained(self, path: str) -> None:
+        """HF-format directory at ``path`` from any stage; called on every rank, rank 0 writes.
+
+        Under ZeRO-3 every rank joins the bucket-by-bucket gather and rank 0 keeps a CPU copy.
+        """
+        rank = dist.get_rank()
+        if self.zero_stage < 3:
+            if rank == 0:
+                save_with_tokenizer(self.module, self.spec.model_path, path)
+            return
+        state = {}
+        for name, t in self.named_weights():
+            if rank == 0:
+                state[name] = t.cpu()
+        if rank == 0:
+            save_with_tokenizer(self.module, self.spec.model_path, path, state_dict=state)
+
+    def offload(self) -> None:
+        """Nothing: parameter and optimizer offload are static (``offload_params``,
+        ``offload_optimizer``); the co-located layout uses ZeRO-3 partitioning instead."""
+
+    def reload(self) -> None:
+        """Nothing (see ``offload``)."""
+
+
+@ENGINES.register("deepspeed.train")
+class DeepSpeedTrainEngine(_DSModel, TrainEngine):
+    """Training with DeepSpeed ZeRO stage 0-3, optional optimizer / parameter CPU offload.
+
+    Options (the YAML ``train`` block): those of ``HFTrainEngine`` plus ``zero_stage``
+    (default 2), ``offload_optimizer``, ``offload_params`` (ZeRO-3), ``deepspeed`` (extra
+    DeepSpeed config merged over ours; see ``xrlhf.config.deepspeed``) and, in
+    ``engine_options``, ``gather_bucket_mb`` (ZeRO-3 weight gathering bucket).
+    """
+
+    def __init__(self, spec: EngineSpec):
+        super().__init__(spec)
+        opts = spec.options
+        schedule = lr_lambda(opts.get("lr_warmup_steps", 0), opts.get("total_steps", 0),
+                             opts.get("lr_schedule", "constant"))
+        self._init_engine(spec, "train", lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule))
+        self.engine.train()
+        self.dp_world_size = dist.get_world_size()
+
+    def infer(self, batch: Batch, micro_batch_size: int | None = None) -> Batch:
+        self.engine.eval()
+        try:
+            return super().infer(batch, micro_batch_size)
+        finally:
+            self.engine.train()
+
+    def train_step(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
+        denom = global_units(batch, loss_fn.unit, self.hf.device)
+        acc: dict[str, float] = {}
+        total = 0.0
+        chunks = list(batch.chunks(self.spec.options.get("micro_batch_size", 16)))
+        lr = self.engine.get_lr()[0]
+        for i, mb in enumerate(chunks):
+            mb = mb.to(self.hf.device)
+            self.engine.set_gradient_accumulation_boundary(i == len(chunks) - 1)
+            out = self.forward(mb, need_entropy=loss_fn.needs_entropy)
+            loss_sum, metrics = loss_fn(out, mb)
+            # DeepSpeed averages gradients over DP ranks; the contract wants their sum.
+            self.engine.backward(loss_sum / denom * self.dp_world_size, scale_wrt_gas=False)
+            w = float(mb["response_mask"].sum() if loss_fn.unit == "token" else len(mb))
+            accumulate_metrics(acc, {"loss": loss_sum.detach() / max(w, 1.0), **metrics}, w)
+            total += w
+        norm = self._grad_norm_stage0() if self.zero_stage == 0 else None
+        self.engine.step()
+        if norm is None:
+            norm = self.engine.get_global_grad_norm()
+        norm = float(norm) if norm is not None else float("nan")
+        return {**{k: v / max(total, 1.0) for k, v in acc.items()}, "grad_norm": norm, "lr": lr,
+                "skipped": float(not self.engine.was_step_applied())}
+
+    def _grad_norm_stage0(self) -> float:
+        """ZeRO-0 keeps no norm: the all-reduced gradients' 2-norm, before clipping."""
+        grads = [p.grad.detach().float() for p in self.module.parameters() if p.grad is not None]
+        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) \
+            if grads else 0.0
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's share of a DeepSpeed checkpoint (a collective: every rank calls it).
+
+        Returns ``{"format": "deepspeed", "world_size": n, "shard_files": {relative path: bytes}}``
+        with the files ``engine.save_checkpoint`` wrote on this rank (model, optimizer shard,
+        scheduler). ``load_state_dict`` needs the union of every rank's files:
+        ``xrlhf.engines.base.merge_rank_states`` (what ``ModelHandle.state_dict`` returns).
+        """
+        tmp = Path(tempfile.mkdtemp(prefix="xrlhf-ds-ckpt-"))
+        try:
+            dist.barrier()
+            self.engine.save_checkpoint(str(tmp), tag="state", client_state={})
+            dist.barrier()
+            files = {str(f.relative_to(tmp)): f.read_bytes() for f in sorted(tmp.rglob("*")) if f.is_file()}
+            dist.barrier()
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return {"format": "deepspeed", "world_size": dist.get_world_size(), "shard_files": files}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``merge_rank_states`` of every rank's ``state_dict`` (a collective).
+
+        Raises:
+            ValueError: for a state that is not a DeepSpeed checkpoint of this DP world size.
+        """
+        if state.get("format") != "deepspeed":
+            raise ValueError("DeepSpeedTrainEngine.load_state_dict: not a DeepSpeed state (from state_dict)")
+        if state.get("world_size") != dist.get_world_size():
+            raise ValueError(f"DeepSpeedTrainEngine.load_state_dict: saved with {state.get('world_size')} ranks, "
+                             f"loading on {dist.get_world_size()}")
+        tmp = Path(tempfile.mkdtemp(prefix="xrlhf-ds-load-"))
+        try:
+            for rel, data in state["shard_files"].items():
+                f = tmp / rel
+                f.parent.mkdir(parents=True, exist_ok=True)
+                f.write_bytes(data)
+            path, _ = self.engine.load_checkpoint(str(tmp), tag="state")
+            if path is None:
+                raise ValueError("DeepSpeedTrainEngine.load_state_dict: DeepSpeed found no checkpoint in the state")
+            dist.barrier()
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+@ENGINES.register("deepspeed.infer")
+class DeepSpeedInferEngine(_DSModel, InferEngine):
+    """A frozen model (reference, reward) under DeepSpeed: replicated (``zero_stage`` 0, the
+    default) or partitioned across the handle's ranks (``zero_stage: 3``, optionally with
+    ``offload_params``), without an optimizer. Under ZeRO-3 ``infer`` is a collective: every
+    rank runs the same number of micro-batches (the handle splits batches evenly)."""
+
+    def __init__(self, spec: EngineSpec):
+        super().__init__(spec)
+        self._init_engine(spec, "infer")
+        self.engine.eval()
+        self.module.requires_grad_(False)
+
+    def infer(self, batch: Batch, micro_batch_size: int | None = None) -> Batch:
+        return super().infer(batch, micro_batch_size or self.spec.options.get("micro_batch_size", 64))
