@@ -1,5 +1,8 @@
-"""PPO end to end through Ray with the DeepSpeed engine (``configs/quickstart_deepspeed.yaml``):
-two policy ranks on ZeRO-2, the critic on ZeRO-2, a few steps, a final HF checkpoint."""
+"""PPO end to end through Ray with the DeepSpeed engine (``configs/quickstart_deepspeed.yaml``),
+overridden to the hardest case on CPU: the policy on ZeRO-3 over two ranks, its generator a
+handle of its own (split layout) fed by rank 0 while rank 1 joins every gather, checksums
+verified on receipt; the critic on ZeRO-2; a final HF checkpoint and a run checkpoint of the
+ZeRO shards."""
 
 import json
 import math
@@ -16,7 +19,7 @@ pytest.importorskip("ray")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_ppo_with_deepspeed_zero2_on_two_ranks(tmp_path):
+def test_ppo_with_deepspeed_zero3_on_two_ranks_split_layout(tmp_path):
     from xrlhf.models.tiny import build_model
 
     model = build_model(tmp_path / "model")
@@ -25,7 +28,8 @@ def test_ppo_with_deepspeed_zero2_on_two_ranks(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "xrlhf.cli", "run", "configs/quickstart_deepspeed.yaml", "--output-dir", str(out),
          f"policy.model={model}", "warmup.steps=0", "trainer.steps=2", "trainer.prompts_per_step=64",
-         "env.options.eval_size=16"],
+         "env.options.eval_size=16", "policy.train.zero_stage=3", "policy.resources.cpus_per_rank=0.5",
+         "policy.generate.resources={ranks: 1, cpus_per_rank: 0.5}", "policy.weight_sync.verify=true", "checkpoint.every=1"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
@@ -37,3 +41,5 @@ def test_ppo_with_deepspeed_zero2_on_two_ranks(tmp_path):
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(summary["final_checkpoint"])
+    policy_state = next((out / "checkpoints").glob("step-*")) / "policy.pt"
+    assert policy_state.is_file()

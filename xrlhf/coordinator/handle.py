@@ -179,6 +179,15 @@ class ModelHandle:
     def broadcast_weights(self):
         """Rank 0 broadcasts its weights (the receivers must be in ``receive_weights``)."""
 
+    def join_weight_gather(self) -> Pending | None:
+        """Ranks 1.. take part in rank 0's gathering of sharded (ZeRO-3) weights during
+        ``send_weights`` / ``broadcast_weights``; ``get()`` the result after those. ``None``
+        for one rank."""
+        ranks = list(range(1, self.world_size))
+        if not ranks:
+            return None
+        return Pending(self, [self.workers[r].join_weight_gather.remote() for r in ranks], ranks, list)
+
     @dispatch(ALL)
     def receive_weights(self, messages):
         """Every rank loads the messages (``None``: a broadcast's) -> tensors loaded per rank."""

@@ -72,12 +72,18 @@ class WeightSync:
             self.policy.sync_weights_local()
         elif self.transport == "nccl":
             receiving = self.rollout.receive_weights(None, wait=False)  # they wait for the sender's buckets
+            helpers = self.policy.join_weight_gather()  # a ZeRO-3 trainer's other ranks gather with rank 0
             sent = self.policy.broadcast_weights(wait=False)
             n_sent = sent.get()
             self._check(n_sent, receiving.get())
+            if helpers is not None:
+                helpers.get()
         else:
+            helpers = self.policy.join_weight_gather()
             messages = self.policy.send_weights(wait=False).refs[0]  # stays in the object store
             self.rollout.receive_weights(messages)  # Ray hands every worker the stored messages
+            if helpers is not None:
+                helpers.get()
         return time.time() - t0
 
     def _check(self, sent: int, received: list[int]) -> None:

@@ -112,6 +112,13 @@ class EngineWorker:
             torch.cuda.empty_cache()  # this process's cached blocks go back before vLLM's KV cache does
         self.gen.end_sync()
 
+    def join_weight_gather(self) -> int:
+        """A rank > 0 of a sharded trainer (ZeRO-3) takes part in gathering the full weights
+        while rank 0 sends them; nothing to do where ``named_weights`` is not a collective."""
+        if not getattr(self.train, "collective_weights", False):
+            return 0
+        return sum(1 for _ in self.train.named_weights())
+
     def weight_checksums(self, role: str) -> dict[str, int]:
         """Checksums by HF name: the trainer's (``"train"``, in the generator's dtype) or the generator's."""
         if role == "generate":

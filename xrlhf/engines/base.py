@@ -148,6 +148,10 @@ class InferEngine(ABC):
 class TrainEngine(InferEngine):
     """An ``InferEngine`` that also trains: micro-batch accumulation, DP sync, optimizer step."""
 
+    collective_weights: bool = False
+    """Whether ``named_weights`` is a collective (sharded weights, e.g. ZeRO-3): then every rank
+    of the group must iterate it, in step, even where only rank 0 uses the tensors."""
+
     @abstractmethod
     def train_step(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
         """One optimizer step over this rank's share of a global mini-batch.

@@ -167,6 +167,10 @@ class _DSModel:
         finally:
             self.release_gathered()
 
+    @property
+    def collective_weights(self) -> bool:
+        return self.zero_stage == 3
+
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The full weights in HF naming. ZeRO 0-2: as they are; ZeRO-3: gathered bucket by
         bucket (a collective: every rank must consume the iterator to the end)."""
