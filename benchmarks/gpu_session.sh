@@ -7,6 +7,8 @@
 #   bash benchmarks/gpu_session.sh tests   # pytest -m gpu tests/gpu           (~5-8 min)
 #   bash benchmarks/gpu_session.sh bench   # generation + weight-sync benchmarks (~5-8 min)
 #   bash benchmarks/gpu_session.sh ppo     # 20 PPO steps co-located: times, memory (~4-7 min)
+#   bash benchmarks/gpu_session.sh ds-tests  # DeepSpeed on 2 GPUs: ZeRO-3 bf16, offload, PPO (~4-6 min)
+#   bash benchmarks/gpu_session.sh ds-bench  # DeepSpeed ZeRO-2 / 3 / 3+offload step time, memory (~4-6 min)
 #   bash benchmarks/gpu_session.sh all     # all of the above (longer than one 10-minute call)
 #
 # Logs and JSON go to $OUT (default ./gpu-out): OUT/<stage>/..., the benchmark JSON to
@@ -72,12 +74,35 @@ stage_ppo() {
     | tee "$OUT/ppo/ppo_step.log" | tail -30
 }
 
+ds_setup() {  # the DeepSpeed stages need two GPUs and build their own models (no 0.5b, no vLLM)
+  mkdir -p "$OUT/$1" "$OUT/benchmarks/results"
+  { nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv; $PY -c \
+    "import torch, deepspeed, ray, transformers; print('torch', torch.__version__, 'deepspeed', deepspeed.__version__, 'ray', ray.__version__, 'transformers', transformers.__version__)"; \
+    } > "$OUT/$1/env.txt" 2>&1
+}
+
+stage_ds_tests() {
+  ds_setup ds-tests
+  log "ds-tests: ZeRO-3 bf16 and ZeRO-3 + offload across 2 GPUs, PPO with a ZeRO-3 policy (tests/gpu/test_deepspeed_gpu.py)"
+  timeout 530 $PY -m pytest -m gpu tests/gpu/test_deepspeed_gpu.py -q -rA -p no:cacheprovider \
+    --junitxml="$OUT/ds-tests/junit.xml" 2>&1 | tee "$OUT/ds-tests/pytest.log" | tail -25
+}
+
+stage_ds_bench() {
+  ds_setup ds-bench
+  log "ds-bench: 1.5B model, ZeRO-2 / ZeRO-3 / ZeRO-3 + offload on 2 GPUs"
+  timeout 530 $PY benchmarks/deepspeed_bench.py --out "$OUT/benchmarks/results/deepspeed.json" \
+    --model-dir artifacts/model-1.5b 2>&1 | tee "$OUT/ds-bench/deepspeed_bench.log" | tail -8
+}
+
 case "$STAGE" in
   hang) stage_hang ;;
   tests) stage_tests ;;
   bench) stage_bench ;;
   ppo) stage_ppo ;;
+  ds-tests) stage_ds_tests ;;
+  ds-bench) stage_ds_bench ;;
   all) stage_hang; stage_tests; stage_bench; stage_ppo ;;
-  *) echo "usage: $0 hang|tests|bench|ppo|all" >&2; exit 2 ;;
+  *) echo "usage: $0 hang|tests|bench|ppo|ds-tests|ds-bench|all" >&2; exit 2 ;;
 esac
 log "done: $STAGE -> $OUT"

@@ -90,6 +90,26 @@ def ppo(r: dict | None) -> list[str]:
     return out
 
 
+def deepspeed(r: dict | None) -> list[str]:
+    out = ["## DeepSpeed train step: ZeRO-2, ZeRO-3, ZeRO-3 + offload", ""]
+    cmd = "python benchmarks/deepspeed_bench.py --out benchmarks/results/deepspeed.json"
+    if r is None:
+        return out + [f"Not run yet (two GPUs): `{cmd}` (or `bash benchmarks/gpu_session.sh ds-bench`); "
+                      "checked on CPU only with `--device cpu --preset tiny`.", ""]
+    b = r["global_batch"]
+    out += [f"GPU: **{r['device']}** × {r['gpus']}. Model: the `{r['preset']}` preset, {r['params']:,} parameters "
+            f"(locally built Llama, {r['dtype']}); `DeepSpeedTrainEngine.train_step` with the SFT loss on a fixed batch "
+            f"of {b['rows']} rows × ({b['prompt_len']} + {b['response_len']}) tokens, micro-batches of "
+            f"{b['micro_batch_size']} per GPU, gradient checkpointing {'on' if r['gradient_checkpointing'] else 'off'}; "
+            f"DeepSpeed {r['versions']['deepspeed']}, torch {r['versions']['torch']}. Command: `{cmd}`.", "",
+            "| setting | step time (s, mean) | tokens/s | peak GPU memory, rank 0 (GiB) | after set-up (GiB) |",
+            "|---|---|---|---|---|"]
+    names = {"zero2": "ZeRO-2", "zero3": "ZeRO-3", "zero3_offload": "ZeRO-3 + offload (optimizer and parameters)"}
+    out += [f"| {names.get(x['setting'], x['setting'])} | {fmt(x['step_time_s_mean'])} | {fmt(x['tokens_per_s'])} | "
+            f"{fmt(x['peak_gpu_mem_gib'], 2)} | {fmt(x['gpu_mem_after_setup_gib'], 2)} |" for x in r["results"]]
+    return out + [""]
+
+
 def hang(r: dict | None) -> list[str]:
     out = ["## vLLM start-up with multiprocessing and CUDA graphs on", ""]
     if r is None:
@@ -124,6 +144,7 @@ def main() -> None:
     lines += weight_sync(load(res / "weight_sync.json"))
     lines += ppo(load(res / "ppo_step.json"))
     lines += hang(load(Path(args.hang) if args.hang else res / "hang_probe.json"))
+    lines += deepspeed(load(res / "deepspeed.json"))
     Path(args.out).write_text("\n".join(lines))
     print(f"wrote {args.out}")
 

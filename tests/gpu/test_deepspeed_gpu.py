@@ -1,14 +1,13 @@
 """DeepSpeed on two GPUs: ZeRO-3 bf16 policy training across both, bucketed gathering, saving,
-optimizer + parameter offload, and a PPO run with the ZeRO-3 policy (``configs/gpu_deepspeed.yaml``).
+optimizer + parameter offload, and PPO with vLLM in both layouts (``configs/gpu/ppo_deepspeed_*.yaml``).
 
-Run on a machine with two GPUs: ``pytest -m gpu tests/gpu/test_deepspeed_gpu.py``.
+Run on a machine with two GPUs: ``pytest -m gpu tests/gpu/test_deepspeed_gpu.py``
+(or ``bash benchmarks/gpu_session.sh ds-tests``).
 """
 
 import json
 import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.gpus(2),
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")]
 deepspeed = pytest.importorskip("deepspeed")
 
-ROOT = Path(__file__).resolve().parents[2]
 BUCKET_MB = 1  # the 4M-parameter model (8 MiB in bf16) gathers in about 10 buckets
 
 
@@ -99,15 +97,22 @@ def test_zero3_offload_across_two_gpus(model_dir, tmp_path):
     check(tmp_path, run_two(model_dir, tmp_path, zero_stage=3, offload_optimizer=True, offload_params=True))
 
 
-def test_ppo_zero3_policy_two_gpus(tmp_path):
-    """PPO end to end: the ZeRO-3 policy over both GPUs, critic and reference co-located."""
+def test_ppo_zero3_policy_with_colocated_vllm(model_05b, tmp_path):
+    """PPO 3 steps (configs/gpu/ppo_deepspeed_zero3.yaml): the policy on ZeRO-3 across both GPUs,
+    a vLLM per rank on its GPU, weights gathered bucket by bucket and checked by checksums."""
+    pytest.importorskip("vllm")
     pytest.importorskip("ray")
-    model = tmp_path / "model"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    subprocess.run([sys.executable, "-m", "xrlhf.cli", "make-tiny-model", str(model)], check=True, env=env, cwd=ROOT)
-    out = tmp_path / "run"
-    subprocess.run([sys.executable, "-m", "xrlhf.cli", "run", "configs/gpu_deepspeed.yaml", "--output-dir", str(out),
-                    f"policy.model={model}", "trainer.steps=3", "warmup.steps=50"], check=True, env=env, cwd=ROOT,
-                   timeout=900)
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["steps"] == 3 and Path(summary["final_checkpoint"], "config.json").is_file()
+    from tests.gpu.test_ppo_vllm import run_config
+
+    steps = run_config("ppo_deepspeed_zero3", model_05b, tmp_path)
+    assert all(r["time/sleep_s"] > 0 for r in steps)  # vLLM slept for every update
+    assert (tmp_path / "final" / "config.json").is_file()  # saved from ZeRO-3 shards
+
+
+def test_ppo_deepspeed_split_nccl(model_05b, tmp_path):
+    """PPO 3 steps (configs/gpu/ppo_deepspeed_split.yaml): DeepSpeed on GPU 0, vLLM on GPU 1, NCCL."""
+    pytest.importorskip("vllm")
+    pytest.importorskip("ray")
+    from tests.gpu.test_ppo_vllm import run_config
+
+    run_config("ppo_deepspeed_split", model_05b, tmp_path)
