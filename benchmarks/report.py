@@ -98,9 +98,10 @@ def deepspeed(r: dict | None) -> list[str]:
                       "checked on CPU only with `--device cpu --preset tiny`.", ""]
     b = r["global_batch"]
     out += [f"GPU: **{r['device']}** × {r['gpus']}. Model: the `{r['preset']}` preset, {r['params']:,} parameters "
-            f"(locally built Llama, {r['dtype']}); `DeepSpeedTrainEngine.train_step` with the SFT loss on a fixed batch "
-            f"of {b['rows']} rows × ({b['prompt_len']} + {b['response_len']}) tokens, micro-batches of "
-            f"{b['micro_batch_size']} per GPU, gradient checkpointing {'on' if r['gradient_checkpointing'] else 'off'}; "
+            f"(locally built Llama, {r['dtype']}); `DeepSpeedTrainEngine.train_step` with the SFT loss on a fixed "
+            f"batch of {b['rows']} rows × ({b['prompt_len']} + {b['response_len']}) tokens, micro-batches of "
+            f"{b['micro_batch_size']} per GPU, gradient checkpointing "
+            f"{'on' if r['gradient_checkpointing'] else 'off'}; "
             f"DeepSpeed {r['versions']['deepspeed']}, torch {r['versions']['torch']}. Command: `{cmd}`.", "",
             "| setting | step time (s, mean) | tokens/s | peak GPU memory, rank 0 (GiB) | after set-up (GiB) |",
             "|---|---|---|---|---|"]

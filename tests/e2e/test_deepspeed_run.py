@@ -29,7 +29,8 @@ def test_ppo_with_deepspeed_zero3_on_two_ranks_split_layout(tmp_path):
         [sys.executable, "-m", "xrlhf.cli", "run", "configs/quickstart_deepspeed.yaml", "--output-dir", str(out),
          f"policy.model={model}", "warmup.steps=0", "trainer.steps=2", "trainer.prompts_per_step=64",
          "env.options.eval_size=16", "policy.train.zero_stage=3", "policy.resources.cpus_per_rank=0.5",
-         "policy.generate.resources={ranks: 1, cpus_per_rank: 0.5}", "policy.weight_sync.verify=true", "checkpoint.every=1"],
+         "policy.generate.resources={ranks: 1, cpus_per_rank: 0.5}", "policy.weight_sync.verify=true",
+         "checkpoint.every=1"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
