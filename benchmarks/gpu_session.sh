@@ -7,7 +7,7 @@
 #   bash benchmarks/gpu_session.sh tests   # pytest -m gpu tests/gpu           (~5-8 min)
 #   bash benchmarks/gpu_session.sh bench   # generation + weight-sync benchmarks (~5-8 min)
 #   bash benchmarks/gpu_session.sh ppo     # 20 PPO steps co-located: times, memory (~4-7 min)
-#   bash benchmarks/gpu_session.sh ds-tests  # DeepSpeed on 2 GPUs: ZeRO-3 bf16, offload, PPO (~4-6 min)
+#   bash benchmarks/gpu_session.sh ds-tests  # DeepSpeed on 2 GPUs: ZeRO-3 bf16, offload, PPO (~5-9 min)
 #   bash benchmarks/gpu_session.sh ds-bench  # DeepSpeed ZeRO-2 / 3 / 3+offload step time, memory (~4-6 min)
 #   bash benchmarks/gpu_session.sh all     # all of the above (longer than one 10-minute call)
 #
@@ -83,9 +83,12 @@ ds_setup() {  # the DeepSpeed stages need two GPUs and build their own models (n
 
 stage_ds_tests() {
   ds_setup ds-tests
-  log "ds-tests: ZeRO-3 bf16 and ZeRO-3 + offload across 2 GPUs, PPO with a ZeRO-3 policy (tests/gpu/test_deepspeed_gpu.py)"
-  timeout 530 $PY -m pytest -m gpu tests/gpu/test_deepspeed_gpu.py -q -rA -p no:cacheprovider \
-    --junitxml="$OUT/ds-tests/junit.xml" 2>&1 | tee "$OUT/ds-tests/pytest.log" | tail -25
+  log "ds-tests 1/2: ZeRO-3 bf16 and ZeRO-3 + offload across 2 GPUs (tests/gpu/test_deepspeed_gpu.py)"
+  timeout 240 $PY -m pytest -m gpu tests/gpu/test_deepspeed_gpu.py -k "across_two_gpus" -q -rA -p no:cacheprovider \
+    --junitxml="$OUT/ds-tests/junit-engine.xml" 2>&1 | tee "$OUT/ds-tests/pytest-engine.log" | tail -25
+  log "ds-tests 2/2: PPO 3 steps with a DeepSpeed policy and vLLM, co-located ZeRO-3 and split (NCCL)"
+  timeout 290 $PY -m pytest -m gpu tests/gpu/test_deepspeed_gpu.py -k "ppo" -q -rA -p no:cacheprovider \
+    --junitxml="$OUT/ds-tests/junit-ppo.xml" 2>&1 | tee "$OUT/ds-tests/pytest-ppo.log" | tail -25
 }
 
 stage_ds_bench() {
