@@ -146,6 +146,9 @@ def main() -> None:
     lines += ppo(load(res / "ppo_step.json"))
     lines += hang(load(Path(args.hang) if args.hang else res / "hang_probe.json"))
     lines += deepspeed(load(res / "deepspeed.json"))
+    notes = res / "notes.md"  # what a person read off the logs: kept beside the JSON, appended as is
+    if notes.is_file():
+        lines += ["", notes.read_text().rstrip(), ""]
     Path(args.out).write_text("\n".join(lines))
     print(f"wrote {args.out}")
 

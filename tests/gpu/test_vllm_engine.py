@@ -102,7 +102,11 @@ def check_sync(vllm_engine, small_model, prompts, t, transport):
     after = vllm_engine.generate(prompts, GREEDY).token_ids
     hf = hf_generator(small_model)
     hf.update_weights(weights.items())
-    assert after == hf.generate(prompts, GREEDY).token_ids
+    expected = hf.generate(prompts, GREEDY).token_ids
+    # The exact checksums above prove the weights; generations are a second look. Greedy
+    # continuations of different kernels (vLLM's attention vs SDPA) may part at a near-tie
+    # after many tokens (seen: 1 of 32 prompts after 14 tokens), so compare the first 8.
+    assert [a[:8] for a in after] == [e[:8] for e in expected]
     assert after != before
 
 
