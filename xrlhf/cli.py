@@ -1,4 +1,4 @@
-"""``xrlhf`` command line: run, validate, make-tiny-model.
+"""``xrlhf`` command line: run, validate, make-tiny-model, make-dataset.
 
 User errors (config, paths, data) print one line each and exit 2, without a traceback.
 """
@@ -27,6 +27,10 @@ def _parser() -> argparse.ArgumentParser:
     from xrlhf.models import tiny
 
     tiny.add_arguments(sub.add_parser("make-tiny-model", help="build a small model and tokenizer locally"))
+    from xrlhf.envs import synthetic
+
+    synthetic.add_arguments(sub.add_parser("make-dataset", help="write a preference / KTO / Q&A dataset "
+                                                                "built from the reasoning env"))
     return p
 
 
@@ -61,6 +65,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from xrlhf.models import tiny
 
         return tiny.run(args)
+    if args.command == "make-dataset":
+        from xrlhf.envs import synthetic
+
+        return synthetic.run(args)
     from xrlhf.config import load_config
 
     cfg = load_config(args.config, args.overrides)

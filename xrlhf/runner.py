@@ -60,10 +60,12 @@ def run(cfg: XConfig, output_dir: str | Path | None = None) -> dict[str, Any]:
         model_dir, extra = cfg.policy.model, {}
         if cfg.warmup.steps:
             model_dir, before = supervised_warmup(cfg, env, tokenizer, model_dir, out, writer)
-            extra["eval_reward_before_warmup"] = before["eval/reward_mean"]
+            if "eval/reward_mean" in before:
+                extra["eval_reward_before_warmup"] = before["eval/reward_mean"]
         trainer_cls = ALGORITHMS.get(cfg.algorithm.name)
         options = algorithm_options(cfg)
-        coord = Coordinator(cfg, model_dir, trainer_cls.train_steps(cfg, options))
+        coord = Coordinator(cfg, model_dir, trainer_cls.train_steps(cfg, options),
+                            policy_head=trainer_cls.policy_head, generate=trainer_cls.uses_generation)
         try:
             coord.start()
             trainer = trainer_cls(cfg, options, coord, env, tokenizer, build_reward(cfg, env, coord), writer)
@@ -77,6 +79,7 @@ def run(cfg: XConfig, output_dir: str | Path | None = None) -> dict[str, Any]:
         summary = {"steps": result["steps"], "wall_seconds": round(time.time() - t_start, 1),
                    "eval_reward_initial": result["eval_reward_initial"],
                    "eval_reward_final": result["eval_reward_final"], "final_checkpoint": final, **extra,
+                   **result.get("summary", {}),
                    "eval_initial": result["eval_initial"], "eval_final": result["eval_final"]}
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         logger.info(f"done in {summary['wall_seconds']:.0f}s: eval reward {summary['eval_reward_initial']:.3f} -> "

@@ -32,8 +32,13 @@ class HandleSpec:
     train_options: dict[str, Any] = field(default_factory=dict)
 
 
-def handle_specs(cfg: XConfig, policy_model: str, total_train_steps: dict[str, int]) -> list[HandleSpec]:
-    """The handles a run needs, from its config (``policy_model``: the RL start point)."""
+def handle_specs(cfg: XConfig, policy_model: str, total_train_steps: dict[str, int],
+                 policy_head: str = "causal_lm", generate: bool = True) -> list[HandleSpec]:
+    """The handles a run needs, from its config (``policy_model``: the RL start point).
+
+    ``policy_head`` / ``generate``: the trained model's head, and whether the policy handle
+    gets a generate engine (a reward model being trained: ``"score"``, no generation).
+    """
 
     def spec(model: str, head: str, res: Resources, section, temperature: float = 1.0, extra=None) -> EngineSpec:
         opts = {**section.model_dump(), **section.engine_options, **(extra or {})}
@@ -42,11 +47,11 @@ def handle_specs(cfg: XConfig, policy_model: str, total_train_steps: dict[str, i
 
     p = cfg.policy
     temp = p.generate.temperature or 1.0
-    out = [HandleSpec("policy", {
-        "train": (p.train.engine, spec(policy_model, "causal_lm", p.resources, p.train, temp,
-                                       {"total_steps": total_train_steps.get("policy", 0)})),
-        "generate": (p.generate.engine, spec(policy_model, "causal_lm", p.resources, p.generate, temp)),
-    }, p.resources)]
+    policy = {"train": (p.train.engine, spec(policy_model, policy_head, p.resources, p.train, temp,
+                                             {"total_steps": total_train_steps.get("policy", 0)}))}
+    if generate:
+        policy["generate"] = (p.generate.engine, spec(policy_model, "causal_lm", p.resources, p.generate, temp))
+    out = [HandleSpec("policy", policy, p.resources)]
     if cfg.critic is not None:
         c = cfg.critic
         out.append(HandleSpec("critic", {"train": (c.train.engine, spec(
@@ -86,17 +91,24 @@ class Coordinator:
         cfg: the validated config.
         policy_model: the directory the policy (and by default critic and reference) start from.
         total_train_steps: optimizer steps per trainable handle, for LR schedules.
+        policy_head, generate: see ``handle_specs`` (the trainer class's ``policy_head`` and
+            ``uses_generation``).
     """
 
-    def __init__(self, cfg: XConfig, policy_model: str, total_train_steps: dict[str, int] | None = None):
+    def __init__(self, cfg: XConfig, policy_model: str, total_train_steps: dict[str, int] | None = None,
+                 policy_head: str = "causal_lm", generate: bool = True):
         self.cfg = cfg
-        self.specs = handle_specs(cfg, policy_model, total_train_steps or {})
+        self.specs = handle_specs(cfg, policy_model, total_train_steps or {}, policy_head, generate)
         self.handles: dict[str, ModelHandle] = {}
+        self._owns_ray = False
+        self._placement_groups: list = []
 
     def start(self) -> "Coordinator":
         t0 = time.time()
+        self._owns_ray = not ray.is_initialized()
         init_ray(self.cfg)
         slots = place({s.name: s.resources for s in self.specs})
+        self._placement_groups = list({id(s.pg): s.pg for s in slots.values()}.values())
         pending = []
         for s in self.specs:
             handle, setup = self._create(s, slots[s.name])
@@ -149,5 +161,13 @@ class Coordinator:
             except Exception:  # noqa: BLE001 - best effort on the way out
                 pass
         self.handles.clear()
-        if ray.is_initialized():
+        from ray.util.placement_group import remove_placement_group
+
+        for pg in self._placement_groups:  # a Ray that outlives this run gets its resources back
+            try:
+                remove_placement_group(pg)
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass
+        self._placement_groups = []
+        if self._owns_ray and ray.is_initialized():
             ray.shutdown()
