@@ -120,21 +120,32 @@ class KTOLoss:
 
 @dataclass
 class DPOLoss:
-    """DPO sigmoid loss (``functional.dpo_loss``) on interleaved chosen / rejected rows.
+    """DPO sigmoid loss (``functional.dpo_loss``) on interleaved chosen / rejected rows, plus
+    optionally ``nll_weight`` times the chosen response's mean token NLL (RPO, Pang et al.
+    2024, "Iterative Reasoning Preference Optimization"; TRL's ``rpo_alpha``).
 
     Reads ``ref_logps`` ``[2N]`` (reference sequence log-probs, interleaved like the rows)
     and ``response_mask``.
     """
 
     beta: float = 0.1
+    nll_weight: float = 0.0
     unit: str = "sequence"
     needs_entropy: bool = False
 
     def __call__(self, out: ForwardOutput, mb: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        pc, pr = _pairs(F.sequence_logprob(out.logprobs, mb["response_mask"]))
+        mask = mb["response_mask"]
+        pc, pr = _pairs(F.sequence_logprob(out.logprobs, mask))
         rc, rr = _pairs(mb["ref_logps"])
         loss, stats = F.dpo_loss(pc, pr, rc, rr, self.beta)
-        return 2.0 * loss, {f"dpo/{k}": v for k, v in stats.items()}
+        metrics = {f"dpo/{k}": v for k, v in stats.items()}
+        metrics["dpo/chosen_logp_change"] = (pc - rc).detach().mean()
+        metrics["dpo/rejected_logp_change"] = (pr - rr).detach().mean()
+        if self.nll_weight > 0:
+            nll = -F.masked_mean(out.logprobs[0::2], mask[0::2], dim=-1)  # [N] mean NLL per chosen response
+            loss = loss + self.nll_weight * nll.sum()
+            metrics["dpo/chosen_nll"] = nll.detach().mean()
+        return 2.0 * loss, metrics
 
 
 @dataclass

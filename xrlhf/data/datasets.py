@@ -106,6 +106,8 @@ def load_rows(path: str | Path, schema: RowSchema) -> Rows:
     if not Path(path).is_file():
         raise UserError(f"{path}: no such file")
     lines = _jsonl_lines(path, schema) if FORMATS[suffix] == "json" else []
+    if FORMATS[suffix] == "json" and not lines:
+        raise UserError(f"{path}: no rows (a {schema.kind} row looks like {_example(schema)})")
     table = _read_table(path, FORMATS[suffix], schema)
     out = Rows(path, [], lines)
     for i, raw in enumerate(table):
@@ -127,11 +129,15 @@ def _read_table(path: str, builder: str, schema: RowSchema) -> list[dict[str, An
 
 
 def _jsonl_lines(path: str, schema: RowSchema) -> list[int]:
-    """The line number of each row; a line that is not a JSON object raises ``UserError``.
+    """The line number of each row, checking every line against ``schema`` on the way.
 
     Trailing blank lines are allowed (``datasets`` skips them), blank lines between rows are
-    not. The check is done here so that a malformed line is reported by its number instead
-    of by the JSON reader's message.
+    not. The check is done here, before ``datasets`` reads the file, so that a malformed line
+    or a wrong type is reported by its line number instead of by pyarrow's message (pyarrow
+    also fails on some valid files whose columns mix types).
+
+    Raises:
+        UserError: ``path:LINE: <problem>``.
     """
     lines: list[int] = []
     blank = 0
@@ -151,6 +157,7 @@ def _jsonl_lines(path: str, schema: RowSchema) -> list[int]:
             if not isinstance(value, dict):
                 raise UserError(f"{path}:{n}: a row must be a JSON object like {_example(schema)}, "
                                 f"got {type(value).__name__}")
+            _validate_row(value, schema, lambda: f"{path}:{n}")  # noqa: B023 - called right away
             lines.append(n)
     return lines
 
