@@ -197,6 +197,6 @@ class OnlineKTOTrainer(KTOMixin, RLTrainer):
 
     def progress_line(self, step: int, m: dict[str, float]) -> str:
         extra = " | ".join(f"{short} {m[k]:.3f}" for k, short in
-                           (("policy/loss", "loss"), ("kto/kl", "z_ref"), ("kto/desirable_fraction", "desirable"))
+                           (("kto/kl", "z_ref"), ("kto/desirable_fraction", "desirable"))
                            if k in m)
         return super().progress_line(step, m).replace(" | ", f" | {extra} | ", 1)
