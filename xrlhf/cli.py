@@ -1,4 +1,4 @@
-"""``xrlhf`` command line: run, validate, make-tiny-model.
+"""``xrlhf`` command line: run, validate, make-tiny-model, make-dataset.
 
 User errors (config, paths, data) print one line each and exit 2, without a traceback.
 """
@@ -30,6 +30,10 @@ def _parser() -> argparse.ArgumentParser:
     from xrlhf.models import tiny
 
     tiny.add_arguments(sub.add_parser("make-tiny-model", help="build a small model and tokenizer locally"))
+    from xrlhf.envs import synthetic
+
+    synthetic.add_arguments(sub.add_parser("make-dataset", help="write a preference / KTO / Q&A dataset "
+                                                                "built from the reasoning env"))
     return p
 
 
@@ -69,6 +73,10 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         print(write_report(args.run_dir))
         return 0
+    if args.command == "make-dataset":
+        from xrlhf.envs import synthetic
+
+        return synthetic.run(args)
     from xrlhf.config import load_config
 
     cfg = load_config(args.config, args.overrides)

@@ -153,10 +153,12 @@ def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resu
         model_dir, extra = cfg.policy.model, {}
         if cfg.warmup.steps:
             model_dir, before = supervised_warmup(cfg, env, tokenizer, model_dir, out, tracker)
-            extra["eval_reward_before_warmup"] = before["eval/reward_mean"]
+            if "eval/reward_mean" in before:
+                extra["eval_reward_before_warmup"] = before["eval/reward_mean"]
     trainer_cls = ALGORITHMS.get(cfg.algorithm.name)
     options = algorithm_options(cfg)
-    coord = Coordinator(cfg, model_dir, trainer_cls.train_steps(cfg, options))
+    coord = Coordinator(cfg, model_dir, trainer_cls.train_steps(cfg, options),
+                        policy_head=trainer_cls.policy_head, generate=trainer_cls.uses_generation)
     try:
         coord.start()
         stop.install()
@@ -189,6 +191,7 @@ def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resu
     summary = {"steps": result["steps"], "wall_seconds": round(time.time() - t_start, 1),
                "eval_reward_initial": result["eval_reward_initial"],
                "eval_reward_final": result["eval_reward_final"], "final_checkpoint": final, **extra,
+               **result.get("summary", {}),
                "eval_initial": result["eval_initial"], "eval_final": result["eval_final"]}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     logger.info(f"done in {summary['wall_seconds']:.0f}s: eval reward {summary['eval_reward_initial']:.3f} -> "

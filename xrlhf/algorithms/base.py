@@ -20,8 +20,8 @@ from pydantic import BaseModel
 from xrlhf.config.schema import XConfig
 from xrlhf.data.batch import Batch, build_sequences
 from xrlhf.data.text import decode_responses, encode_prompt
-from xrlhf.engines.base import GenerationOutput, SamplingParams
-from xrlhf.envs import Env, Prompt
+from xrlhf.engines.base import GenerationOutput, Head, SamplingParams
+from xrlhf.envs import Env, Prompt, clean_response
 from xrlhf.utils.errors import NonFiniteError
 from xrlhf.utils.registry import Registry
 
@@ -55,17 +55,22 @@ def sampling_params(cfg: XConfig, temperature: float | None = None) -> SamplingP
 
 
 def evaluate(generate: Callable[[list[list[int]], SamplingParams], GenerationOutput], env: Env, tokenizer,
-             params: SamplingParams, limit: int | None = None, pad_to: int = 1) -> dict[str, float]:
+             params: SamplingParams, limit: int | None = None, pad_to: int = 1,
+             reward: Callable | None = None) -> dict[str, float]:
     """Mean reward (and accuracy, per task) of ``generate`` on the env's held-out prompts.
 
     ``pad_to``: the prompt count is padded to a multiple of this (data-parallel ranks); the
-    padding rows are generated but not scored.
+    padding rows are generated but not scored. ``reward``: score with this reward source
+    ``(prompts, responses, batch) -> (scores, metrics)`` instead of ``env.score`` (envs
+    whose ``reward_source`` is ``"model"``).
     """
     prompts = env.eval_prompts()[:limit]
     ids = [encode_prompt(tokenizer, p.text) for p in prompts]
     extra = (-len(ids)) % pad_to
     out = generate(ids + ids[:extra], params)
     texts = decode_responses(tokenizer, out.token_ids[:len(ids)])
+    if reward is not None:
+        return _evaluate_with(reward, prompts, ids, out.token_ids[:len(ids)], texts, tokenizer.pad_token_id)
     scores = env.score(prompts, texts)
     metrics = {"eval/reward_mean": sum(s.reward for s in scores) / len(scores)}
     if all(s.correct is not None for s in scores):
@@ -73,6 +78,16 @@ def evaluate(generate: Callable[[list[list[int]], SamplingParams], GenerationOut
     for task in sorted({p.task for p in prompts if p.task}):
         rows = [s.reward for p, s in zip(prompts, scores) if p.task == task]
         metrics[f"eval/reward_{task}"] = sum(rows) / len(rows)
+    return metrics
+
+
+def _evaluate_with(reward: Callable, prompts: list[Prompt], ids: list[list[int]], responses: list[list[int]],
+                   texts: list[str], pad_id: int) -> dict[str, float]:
+    """Eval metrics from a reward source: mean score, and exact match where prompts have answers."""
+    scores, _ = reward(prompts, texts, build_sequences(ids, responses, pad_id))
+    metrics = {"eval/reward_mean": float(scores.float().mean())}
+    if all(p.answer is not None for p in prompts):
+        metrics["eval/exact_match"] = sum(clean_response(t) == p.answer for p, t in zip(prompts, texts)) / len(prompts)
     return metrics
 
 
@@ -91,6 +106,10 @@ class RLTrainer(ABC):
 
     Config: ClassVar[type[BaseModel]]
     needs_critic: ClassVar[bool] = False
+    policy_head: ClassVar[Head] = "causal_lm"
+    """The head of the trained model (``"score"`` for a reward model), read by the coordinator."""
+    uses_generation: ClassVar[bool] = True
+    """Whether the policy handle needs a generate engine (not for a reward model)."""
 
     def __init__(self, cfg: XConfig, options: BaseModel, handles, env: Env, tokenizer,
                  reward: Callable[[list[Prompt], list[str], Batch], tuple[torch.Tensor, dict]],
@@ -115,6 +134,7 @@ class RLTrainer(ABC):
         if cls.needs_critic and cfg.critic is None:
             errors.append(f"critic: algorithm {cfg.algorithm.name!r} needs a critic section (critic: {{}} "
                           f"uses the policy's model with a new value head)")
+        errors += _check_reward_source(cfg)
         return errors
 
     @classmethod
@@ -232,11 +252,27 @@ class RLTrainer(ABC):
 
     def evaluate(self) -> dict[str, float]:
         t = self.cfg.trainer
+        reward = self.reward if self.env.reward_source == "model" else None
         return evaluate(self.gen_handle.generate, self.env, self.tok, sampling_params(self.cfg, t.eval_temperature),
-                        t.eval_size, pad_to=self.gen_handle.world_size)
+                        t.eval_size, pad_to=self.gen_handle.world_size, reward=reward)
 
     def minibatches(self, batch: Batch, size: int) -> list[Batch]:
         """A seeded shuffle of ``batch`` cut into mini-batches of ``size`` rows."""
         perm = torch.randperm(len(batch), generator=self.generator)
         shuffled = batch.index(perm)
         return list(shuffled.chunks(size))
+
+
+def _check_reward_source(cfg: XConfig) -> list[str]:
+    """An env without rule rewards (``reward_source = "model"``) needs a reward model or function."""
+    from xrlhf.envs import ENVS
+
+    try:
+        env_cls = ENVS.get(cfg.env.name)
+    except KeyError:
+        return []  # reported by the loader under env.name
+    if getattr(env_cls, "reward_source", "rule") == "model" and cfg.reward.source == "env":
+        return [f"reward.source: env {cfg.env.name!r} has no rule reward; set reward.source: model with "
+                f"reward.model: <a reward model directory> (xrlhf run configs/rm.yaml trains one), or "
+                f"reward.source: function with reward.function: pkg.mod:fn"]
+    return []

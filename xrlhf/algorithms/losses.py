@@ -78,3 +78,85 @@ class SFTLoss:
         mask = mb["response_mask"]
         nll = -F.masked_sum(out.logprobs, mask)
         return nll, {"sft/token_accuracy": F.masked_mean((out.logprobs.detach() > -0.693).float(), mask)}
+
+
+# -- sequence-level losses: one unit per row --------------------------------------------------
+#
+# DPO and the reward model train on pairs laid out interleaved, ``[chosen_0, rejected_0,
+# chosen_1, ...]``, so a micro-batch (and a data-parallel shard) of even size always holds whole
+# pairs. Each of a pair's two rows carries the pair's loss: the engine divides the sum by the
+# number of rows, which then gives the mean over pairs.
+
+
+def _pairs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[2N]`` interleaved -> (chosen ``[N]``, rejected ``[N]``)."""
+    if x.shape[0] % 2:
+        raise ValueError(f"a pair batch needs an even number of rows, got {x.shape[0]}: make "
+                         f"policy.train.micro_batch_size even")
+    return x[0::2], x[1::2]
+
+
+@dataclass
+class KTOLoss:
+    """KTO (``functional.kto_loss``) of each row against the frozen reference.
+
+    Reads ``ref_logps`` ``[B]`` (reference sequence log-probs), ``labels`` ``[B]`` (1 =
+    desirable), ``z_ref`` ``[B]`` (the batch's reference point, the same in every row: it is
+    estimated by the trainer from mismatched pairs before the step) and ``response_mask``.
+    """
+
+    beta: float = 0.1
+    desirable_weight: float = 1.0
+    undesirable_weight: float = 1.0
+    unit: str = "sequence"
+    needs_entropy: bool = False
+
+    def __call__(self, out: ForwardOutput, mb: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        logps = F.sequence_logprob(out.logprobs, mb["response_mask"])
+        loss, stats = F.kto_loss(logps, mb["ref_logps"], mb["labels"].bool(), mb["z_ref"][0], self.beta,
+                                 self.desirable_weight, self.undesirable_weight)
+        return loss, {f"kto/{k}": v for k, v in stats.items()}
+
+
+@dataclass
+class DPOLoss:
+    """DPO sigmoid loss (``functional.dpo_loss``) on interleaved chosen / rejected rows, plus
+    optionally ``nll_weight`` times the chosen response's mean token NLL (RPO, Pang et al.
+    2024, "Iterative Reasoning Preference Optimization"; TRL's ``rpo_alpha``).
+
+    Reads ``ref_logps`` ``[2N]`` (reference sequence log-probs, interleaved like the rows)
+    and ``response_mask``.
+    """
+
+    beta: float = 0.1
+    nll_weight: float = 0.0
+    unit: str = "sequence"
+    needs_entropy: bool = False
+
+    def __call__(self, out: ForwardOutput, mb: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        mask = mb["response_mask"]
+        pc, pr = _pairs(F.sequence_logprob(out.logprobs, mask))
+        rc, rr = _pairs(mb["ref_logps"])
+        loss, stats = F.dpo_loss(pc, pr, rc, rr, self.beta)
+        metrics = {f"dpo/{k}": v for k, v in stats.items()}
+        metrics["dpo/chosen_logp_change"] = (pc - rc).detach().mean()
+        metrics["dpo/rejected_logp_change"] = (pr - rr).detach().mean()
+        if self.nll_weight > 0:
+            nll = -F.masked_mean(out.logprobs[0::2], mask[0::2], dim=-1)  # [N] mean NLL per chosen response
+            loss = loss + self.nll_weight * nll.sum()
+            metrics["dpo/chosen_nll"] = nll.detach().mean()
+        return 2.0 * loss, metrics
+
+
+@dataclass
+class PairwiseRewardLoss:
+    """Bradley-Terry loss (``functional.bradley_terry_loss``) of a score-head model on
+    interleaved chosen / rejected rows; reads nothing but the model's ``scores`` ``[2N]``."""
+
+    unit: str = "sequence"
+    needs_entropy: bool = False
+
+    def __call__(self, out: ForwardOutput, mb: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        chosen, rejected = _pairs(out.scores)
+        loss, stats = F.bradley_terry_loss(chosen, rejected)
+        return 2.0 * loss, {f"rm/{k}": v for k, v in stats.items()}

@@ -78,8 +78,11 @@ class ModelReward:
         self.handle = handle
 
     def __call__(self, prompts: list[Prompt], responses: list[str], batch: Batch):
-        out = self.handle.infer(batch.select("input_ids", "attention_mask", "response_mask"))
-        return out["scores"], {}
+        batch = batch.select("input_ids", "attention_mask", "response_mask")
+        n, ranks = len(batch), self.handle.world_size
+        if n % ranks:  # the reward model's data-parallel ranks need equal shares: pad, then drop
+            batch = Batch.cat([batch, batch.index(torch.arange(ranks - n % ranks) % n)])
+        return self.handle.infer(batch)["scores"][:n], {}
 
 
 class FunctionReward:

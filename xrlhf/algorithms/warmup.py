@@ -28,17 +28,21 @@ def supervised_warmup(cfg: XConfig, env: Env, tokenizer, model_dir: str, out_dir
     """Train ``model_dir`` on ``cfg.warmup.steps`` batches of ``env.sft_examples``.
 
     Returns:
-        the directory of the warmed-up model and eval metrics before it (``eval/...``).
+        the directory of the warmed-up model and eval metrics before it (``eval/...``; empty
+        for an env scored by a reward model, which is not running yet).
     """
     w = cfg.warmup
     spec = EngineSpec(model_path=model_dir, options={"lr": w.lr, "micro_batch_size": w.batch_size,
                                                      "grad_clip": 1.0, "lr_warmup_steps": min(20, w.steps // 10),
                                                      "lr_schedule": "cosine", "total_steps": w.steps},
                       seed=cfg.seed)
-    gen = HFGenerateEngine(spec)
-    params = sampling_params(cfg, cfg.trainer.eval_temperature)
-    before = evaluate(gen.generate, env, tokenizer, params, cfg.trainer.eval_size)
-    logger.info(f"warm-up: eval reward before {before['eval/reward_mean']:.3f}; {w.steps} SFT steps")
+    before: dict[str, float] = {}
+    if env.reward_source != "model":  # a reward-model env is scored once the reward handle runs
+        gen = HFGenerateEngine(spec)
+        params = sampling_params(cfg, cfg.trainer.eval_temperature)
+        before = evaluate(gen.generate, env, tokenizer, params, cfg.trainer.eval_size)
+        logger.info(f"warm-up: eval reward before {before['eval/reward_mean']:.3f}")
+    logger.info(f"warm-up: {w.steps} SFT steps")
     engine = HFTrainEngine(spec)
     t0 = time.time()
     for step in range(w.steps):

@@ -33,8 +33,13 @@ class HandleSpec:
     train_options: dict[str, Any] = field(default_factory=dict)
 
 
-def handle_specs(cfg: XConfig, policy_model: str, total_train_steps: dict[str, int]) -> list[HandleSpec]:
-    """The handles a run needs, from its config (``policy_model``: the RL start point)."""
+def handle_specs(cfg: XConfig, policy_model: str, total_train_steps: dict[str, int],
+                 policy_head: str = "causal_lm", generate: bool = True) -> list[HandleSpec]:
+    """The handles a run needs, from its config (``policy_model``: the RL start point).
+
+    ``policy_head`` / ``generate``: the trained model's head, and whether the policy handle
+    gets a generate engine (a reward model being trained: ``"score"``, no generation).
+    """
 
     def spec(model: str, head: str, res: Resources, section, temperature: float = 1.0, extra=None) -> EngineSpec:
         opts = {**section.model_dump(), **section.engine_options, **(extra or {})}
@@ -43,15 +48,16 @@ def handle_specs(cfg: XConfig, policy_model: str, total_train_steps: dict[str, i
 
     p = cfg.policy
     temp = p.generate.temperature or 1.0
-    gen_res = p.generate.resources or p.resources  # split layout: the generators' own handle, 'rollout'
-    generate = (p.generate.engine, spec(policy_model, "causal_lm", gen_res, p.generate, temp))
-    out = [HandleSpec("policy", {
-        "train": (p.train.engine, spec(policy_model, "causal_lm", p.resources, p.train, temp,
-                                       {"total_steps": total_train_steps.get("policy", 0)})),
-        **({"generate": generate} if p.generate.resources is None else {}),
-    }, p.resources)]
-    if p.generate.resources is not None:
-        out.append(HandleSpec("rollout", {"generate": generate}, p.generate.resources))
+    policy = {"train": (p.train.engine, spec(policy_model, policy_head, p.resources, p.train, temp,
+                                             {"total_steps": total_train_steps.get("policy", 0)}))}
+    out = [HandleSpec("policy", policy, p.resources)]
+    if generate:
+        gen_res = p.generate.resources or p.resources  # split layout: the generators' own handle, 'rollout'
+        gen = (p.generate.engine, spec(policy_model, "causal_lm", gen_res, p.generate, temp))
+        if p.generate.resources is None:
+            policy["generate"] = gen
+        else:
+            out.append(HandleSpec("rollout", {"generate": gen}, p.generate.resources))
     if cfg.critic is not None:
         c = cfg.critic
         out.append(HandleSpec("critic", {"train": (c.train.engine, spec(
@@ -96,11 +102,14 @@ class Coordinator:
         cfg: the validated config.
         policy_model: the directory the policy (and by default critic and reference) start from.
         total_train_steps: optimizer steps per trainable handle, for LR schedules.
+        policy_head, generate: see ``handle_specs`` (the trainer class's ``policy_head`` and
+            ``uses_generation``).
     """
 
-    def __init__(self, cfg: XConfig, policy_model: str, total_train_steps: dict[str, int] | None = None):
+    def __init__(self, cfg: XConfig, policy_model: str, total_train_steps: dict[str, int] | None = None,
+                 policy_head: str = "causal_lm", generate: bool = True):
         self.cfg = cfg
-        self.specs = handle_specs(cfg, policy_model, total_train_steps or {})
+        self.specs = handle_specs(cfg, policy_model, total_train_steps or {}, policy_head, generate)
         self.handles: dict[str, ModelHandle] = {}
         self.placement_groups: list = []
         self._owns_ray = False

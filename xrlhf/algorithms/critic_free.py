@@ -1,0 +1,118 @@
+"""Critic-free policy gradient: GRPO, Dr. GRPO, RLOO, REINFORCE++ (and -baseline), or yours.
+
+These differ from PPO only in where the advantage comes from: instead of a learned critic and
+GAE, an estimator turns the scores of ``n`` samples per prompt into per-token advantages
+(``xrlhf.algorithms.estimators``). Everything else, the clipped policy loss, the KL to the
+reference, mini-batch epochs, is PPO's machinery (``PolicyGradientTrainer``). One update::
+
+    old logprobs, reference logprobs  <- policy, reference (in parallel)
+    advantages = estimator(scores, response_mask, group_ids [, token rewards with the KL])
+    for epoch in ppo_epochs: for mini-batch: clipped policy step (+ k3 KL loss term)
+
+The estimator is ``algorithm.advantage_estimator``: a registered name or an import path
+``pkg.mod:fn``. The algorithm names ``grpo``, ``dr_grpo``, ``rloo``, ``reinforce_pp`` and
+``reinforce_pp_baseline`` all run this trainer and default the estimator to their own name;
+``critic_free`` runs it with the estimator given explicitly. Register your own with
+``@ADVANTAGE_ESTIMATORS.register("name")`` (signature in the estimators module).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Literal
+
+import torch
+from pydantic import Field
+
+from xrlhf.algorithms import functional as F
+from xrlhf.algorithms.base import Rollout, register_algorithm
+from xrlhf.algorithms.estimators import ADVANTAGE_ESTIMATORS
+from xrlhf.algorithms.ppo import PolicyGradientConfig, PolicyGradientTrainer
+from xrlhf.config.schema import XConfig
+
+GROUP_ESTIMATORS = {"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"}
+"""Built-in estimators that compare the samples of one prompt: they need n >= 2 per prompt."""
+
+OUTCOME_ONLY = {"grpo", "dr_grpo", "rloo"}
+"""Built-in estimators that ignore per-token rewards: a KL penalty must go in the loss."""
+
+
+class CriticFreeConfig(PolicyGradientConfig):
+    """``algorithm:`` section of the critic-free trainers (PPO's options plus the estimator)."""
+
+    name: str = "grpo"
+    advantage_estimator: str | None = Field(None, description="registered name or 'pkg.mod:fn'; "
+                                                              "default: the algorithm's name")
+    gamma: float = Field(1.0, ge=0, le=1, description="discount of the REINFORCE++ returns")
+    kl_coef: float = Field(0.0, ge=0, description="KL to the reference (0: no reference needed)")
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_in_reward: bool = Field(False, description="KL as a per-token reward (REINFORCE++) or a loss term (GRPO)")
+    whiten_advantages: bool = Field(False, description="whiten the estimator's advantages over the batch")
+
+
+def estimator_name(o: CriticFreeConfig, algorithm: str) -> str:
+    """The estimator chosen: ``advantage_estimator``, else the algorithm's own name (``algorithm.name``)."""
+    return o.advantage_estimator or algorithm
+
+
+@register_algorithm("critic_free")
+@register_algorithm("grpo")
+@register_algorithm("dr_grpo")
+@register_algorithm("rloo")
+@register_algorithm("reinforce_pp")
+@register_algorithm("reinforce_pp_baseline")
+class CriticFreeTrainer(PolicyGradientTrainer):
+    """Policy gradient with advantages from a registered estimator; no critic."""
+
+    Config = CriticFreeConfig
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.estimator_name = estimator_name(self.opt, self.cfg.algorithm.name)
+        self.estimator: Callable = ADVANTAGE_ESTIMATORS.get(self.estimator_name)
+
+    @classmethod
+    def check_config(cls, cfg: XConfig, o: CriticFreeConfig) -> list[str]:
+        errors = super().check_config(cfg, o)
+        name = estimator_name(o, cfg.algorithm.name)
+        try:
+            fn = ADVANTAGE_ESTIMATORS.get(name)
+        except KeyError as e:
+            hint = " (algorithm critic_free needs one)" if o.advantage_estimator is None else ""
+            return errors + [f"algorithm.advantage_estimator: {e.args[0]}{hint}"]
+        if not callable(fn):
+            errors.append(f"algorithm.advantage_estimator: {name!r} is a {type(fn).__name__}, not a function")
+        if name in GROUP_ESTIMATORS and cfg.trainer.samples_per_prompt < 2:
+            errors.append(f"trainer.samples_per_prompt: estimator {name!r} compares the samples of a prompt "
+                          f"and needs at least 2, got {cfg.trainer.samples_per_prompt}")
+        if name in OUTCOME_ONLY and o.kl_in_reward and o.kl_coef > 0:
+            errors.append(f"algorithm.kl_in_reward: estimator {name!r} uses outcome scores only, so a KL "
+                          f"reward would be ignored; set algorithm.kl_in_reward: false (KL as a loss term)")
+        return errors
+
+    def advantages(self, rollout: Rollout) -> torch.Tensor:
+        """``[B, R]`` advantages of the rollout (``old_logprobs`` / ``kl`` already in its batch)."""
+        batch, o = rollout.batch, self.opt
+        mask = batch["response_mask"]
+        token_rewards = None
+        if o.kl_in_reward and self.kl_ctl.value > 0:
+            token_rewards = F.kl_penalized_rewards(batch["scores"], batch["kl"], mask, self.kl_ctl.value)
+        adv = self.estimator(batch["scores"], mask, batch["group_ids"], gamma=o.gamma, token_rewards=token_rewards)
+        if tuple(adv.shape) != tuple(mask.shape):
+            raise ValueError(f"advantage estimator {self.estimator_name!r} returned shape {tuple(adv.shape)}, "
+                             f"expected [B, R] = {tuple(mask.shape)}")
+        adv = adv.float() * mask
+        return F.masked_whiten(adv, mask) if o.whiten_advantages else adv
+
+    def update(self, rollout: Rollout, timings: dict[str, float]) -> dict[str, float]:
+        batch = rollout.batch
+        metrics = self.score_logprobs(batch, timings, with_values=False)
+        batch["advantages"] = self.advantages(rollout)
+        mask = batch["response_mask"]
+        metrics["advantages/mean"] = float(F.masked_mean(batch["advantages"], mask))
+        metrics["advantages/abs_mean"] = float(F.masked_mean(batch["advantages"].abs(), mask))
+        t0 = time.time()
+        metrics.update(self.train_epochs(batch, with_critic=False))
+        timings["time/train_s"] = time.time() - t0
+        self.kl_ctl.update(metrics.get("kl/mean", 0.0), len(batch))
+        return metrics

@@ -1,0 +1,202 @@
+"""KTO (Ethayarajh et al. 2024, "KTO: Model Alignment as Prospect Theoretic Optimization"),
+offline from a labelled dataset and online from the policy's own samples.
+
+KTO needs only a desirable / undesirable label per completion, not pairs. Against a frozen
+reference ``pi_ref``, with ``r(x, y) = log pi(y|x) - log pi_ref(y|x)``::
+
+    z_ref = max(0, mean_i [log pi(y_j(i) | x_i) - log pi_ref(y_j(i) | x_i)])   (no gradient)
+    loss(x, y) = w_d * (1 - sigmoid(beta * (r - z_ref)))   if y is desirable
+                 w_u * (1 - sigmoid(beta * (z_ref - r)))   if y is undesirable
+
+``z_ref`` estimates KL(pi || pi_ref) on MISMATCHED pairs: completion ``y_j(i)`` of another
+prompt, scored under prompt ``x_i``, as in the paper and TRL. Here ``j(i)`` is the cyclic
+shift of the batch by the smallest number of rows that gives every row a completion of a
+different prompt (``mismatch_index``): by one row for an offline batch of distinct prompts,
+by ``n`` rows for an online batch of ``n`` samples per prompt. ``z_ref`` is recomputed with
+the current policy before every optimizer step, over the whole (global) mini-batch.
+
+* ``kto`` (offline): ``{prompt, completion, label}`` rows from ``algorithm.dataset``.
+* ``kto_online``: each step the policy samples ``trainer.samples_per_prompt`` completions per
+  prompt, the reward source (env rule, reward model or function) scores them, a completion is
+  desirable iff its reward >= ``algorithm.threshold``, then ``epochs`` passes of KTO steps.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from typing import Any
+
+import torch
+from pydantic import Field
+
+from xrlhf.algorithms import functional as F
+from xrlhf.algorithms.base import RLTrainer, Rollout, register_algorithm
+from xrlhf.algorithms.losses import KTOLoss
+from xrlhf.algorithms.offline import OfflineConfig, OfflineTrainer, prefixed, sequence_logps
+from xrlhf.config.schema import Strict, XConfig
+from xrlhf.data.batch import Batch, build_sequences, response_width
+from xrlhf.data.datasets import KTO
+
+TRAIN_KEYS = ("input_ids", "attention_mask", "response_mask", "ref_logps", "labels", "z_ref")
+
+
+class KTOOptions(Strict):
+    """The loss options shared by offline and online KTO."""
+
+    beta: float = Field(0.1, gt=0, description="temperature of the implied reward")
+    desirable_weight: float = Field(1.0, gt=0, description="w_d; the paper keeps w_d n_d / (w_u n_u) in [1, 4/3]")
+    undesirable_weight: float = Field(1.0, gt=0, description="w_u")
+
+
+class KTOConfig(OfflineConfig, KTOOptions):
+    """``algorithm:`` section of offline KTO."""
+
+    name: str = "kto"
+
+
+class KTOOnlineConfig(KTOOptions):
+    """``algorithm:`` section of online KTO."""
+
+    name: str = "kto_online"
+    threshold: float = Field(0.5, description="a sample is desirable iff its reward >= threshold")
+    epochs: int = Field(1, ge=1, description="passes over each rollout")
+    mini_batch_size: int = Field(64, ge=1, description="samples per optimizer step (global)")
+
+
+def mismatch_index(group_ids: torch.Tensor) -> torch.Tensor:
+    """For each row ``i`` a row ``j(i)`` answering another prompt: a cyclic shift of the batch.
+
+    The shift is the smallest ``k >= 1`` for which every row's partner ``(i + k) mod B`` has a
+    different group id; if no shift does (a single prompt), ``k = 1``.
+
+    Args:
+        group_ids: ``[B]`` the prompt of each row.
+    Returns:
+        ``[B]`` long indices.
+    """
+    b = group_ids.shape[0]
+    rows = torch.arange(b)
+    for k in range(1, b):
+        j = (rows + k) % b
+        if bool((group_ids[j] != group_ids).all()):
+            return j
+    return (rows + 1) % max(b, 1)
+
+
+def unpack_sequences(batch: Batch) -> tuple[list[list[int]], list[list[int]]]:
+    """Inverse of ``build_sequences``: the prompt and response token ids of every row."""
+    ids, attn, rmask = batch["input_ids"], batch["attention_mask"].bool(), batch["response_mask"].bool()
+    p = ids.shape[1] - response_width(batch)
+    prompts = [ids[i, :p][attn[i, :p]].tolist() for i in range(len(batch))]
+    responses = [ids[i, p:][rmask[i]].tolist() for i in range(len(batch))]
+    return prompts, responses
+
+
+class KTOMixin:
+    """The KTO update shared by the offline and online trainers (needs ``policy``, ``reference``)."""
+
+    def kto_batches(self, prompts: list[list[int]], completions: list[list[int]], labels: torch.Tensor,
+                    group_ids: torch.Tensor) -> tuple[Batch, Batch]:
+        """The training rows ``(x_i, y_i)`` and the mismatched rows ``(x_i, y_j(i))``, each with
+        its reference sequence log-probs ``ref_logps`` ``[B]`` (one reference call for both)."""
+        b = len(prompts)
+        j = mismatch_index(group_ids).tolist()
+        full = build_sequences(prompts + prompts, completions + [completions[k] for k in j], self.tok.pad_token_id)
+        ref = sequence_logps(self.reference, full)
+        train, kl = full.index(slice(0, b)), full.index(slice(b, 2 * b))
+        train["ref_logps"], kl["ref_logps"] = ref[:b], ref[b:]
+        train["labels"] = labels.float()
+        return train, kl
+
+    def kto_step(self, train: Batch, kl: Batch) -> dict[str, float]:
+        """One optimizer step on ``train``, with ``z_ref`` from the current policy on ``kl``."""
+        z = F.kto_reference_point(sequence_logps(self.policy, kl), kl["ref_logps"])
+        train["z_ref"] = z.expand(len(train)).clone()
+        loss = KTOLoss(self.opt.beta, self.opt.desirable_weight, self.opt.undesirable_weight)
+        metrics = prefixed(self.policy.train_step(train.select(*TRAIN_KEYS), loss))
+        metrics["kto/desirable_fraction"] = float(train["labels"].mean())
+        return metrics
+
+
+@register_algorithm("kto")
+class KTOTrainer(KTOMixin, OfflineTrainer):
+    """Offline KTO on ``{prompt, completion, label}`` rows."""
+
+    Config = KTOConfig
+    schema = KTO
+    progress_keys = [("policy/loss", "loss"), ("kto/kl", "z_ref"), ("kto/rewards_chosen", "r_des"),
+                     ("kto/rewards_rejected", "r_undes")]
+
+    def encode_row(self, row: dict[str, Any]) -> tuple[list[int], list[int], bool, int]:
+        # the prompt's hash is its group id: two rows of one prompt are never each other's mismatch
+        return (self.encode_prompt(row["prompt"]), self.encode_response(row["completion"]), row["label"],
+                zlib.crc32(row["prompt"].encode()))
+
+    def response_ids(self, item: Any) -> list[list[int]]:
+        return [item[1]]
+
+    def train_on(self, items: list[tuple[list[int], list[int], bool, int]]) -> dict[str, float]:
+        prompts, completions, labels, groups = zip(*items)
+        train, kl = self.kto_batches(list(prompts), list(completions), torch.tensor(labels),
+                                     torch.tensor(groups, dtype=torch.long))
+        return self.kto_step(train, kl)
+
+
+@register_algorithm("kto_online")
+class OnlineKTOTrainer(KTOMixin, RLTrainer):
+    """Online KTO: the policy's samples, labelled by reward >= threshold, trained with KTO."""
+
+    Config = KTOOnlineConfig
+
+    @classmethod
+    def check_config(cls, cfg: XConfig, o: KTOOnlineConfig) -> list[str]:
+        errors = super().check_config(cfg, o)
+        batch = cfg.trainer.prompts_per_step * cfg.trainer.samples_per_prompt
+        if batch % o.mini_batch_size:
+            errors.append(f"algorithm.mini_batch_size: {o.mini_batch_size} must divide the rollout batch "
+                          f"(trainer.prompts_per_step * trainer.samples_per_prompt = {batch})")
+        for h in ("policy", "reference"):
+            sec = getattr(cfg, h)
+            if sec is not None and o.mini_batch_size % sec.resources.ranks:
+                errors.append(f"algorithm.mini_batch_size: {o.mini_batch_size} must divide by {h}.resources.ranks "
+                              f"= {sec.resources.ranks}")
+        if cfg.reference is None:
+            errors.append("reference: kto_online needs a frozen reference model (reference: {} uses the "
+                          "policy's initial model)")
+        if cfg.trainer.prompts_per_step < 2:
+            errors.append("trainer.prompts_per_step: KTO's reference point needs completions of at least 2 "
+                          "prompts per step")
+        return errors
+
+    @classmethod
+    def train_steps(cls, cfg: XConfig, o: KTOOnlineConfig) -> dict[str, int]:
+        batch = cfg.trainer.prompts_per_step * cfg.trainer.samples_per_prompt
+        return {"policy": cfg.trainer.steps * o.epochs * (batch // o.mini_batch_size)}
+
+    def update(self, rollout: Rollout, timings: dict[str, float]) -> dict[str, float]:
+        t0 = time.time()
+        batch = rollout.batch
+        prompts, completions = unpack_sequences(batch)
+        labels = batch["scores"] >= self.opt.threshold
+        train, kl = self.kto_batches(prompts, completions, labels, batch["group_ids"])
+        timings["time/infer_s"] = time.time() - t0
+        t0 = time.time()
+        sums: dict[str, float] = {}
+        n = 0
+        for _ in range(self.opt.epochs):
+            perm = torch.randperm(len(train), generator=self.generator)
+            for idx in perm.split(self.opt.mini_batch_size):
+                for k, v in self.kto_step(train.index(idx), kl.index(idx)).items():
+                    sums[k] = sums.get(k, 0.0) + v
+                n += 1
+        timings["time/train_s"] = time.time() - t0
+        metrics = {k: v / n for k, v in sums.items()}
+        metrics["kto/desirable_fraction"] = float(labels.float().mean())
+        return metrics
+
+    def progress_line(self, step: int, m: dict[str, float]) -> str:
+        extra = " | ".join(f"{short} {m[k]:.3f}" for k, short in
+                           (("kto/kl", "z_ref"), ("kto/desirable_fraction", "desirable"))
+                           if k in m)
+        return super().progress_line(step, m).replace(" | ", f" | {extra} | ", 1)

@@ -1,0 +1,171 @@
+"""The offline trainer: the RL loop with a dataset where the rollout would be.
+
+DPO, offline KTO and reward-model training learn from a fixed table of rows instead of
+sampled responses. They reuse ``RLTrainer.fit`` unchanged (evaluate, ``steps`` x ``step()``,
+evaluate) and override only ``step``: take the next ``batch_size`` rows of a seeded shuffle of
+the dataset, and run the algorithm's ``train_on(rows)``. The position in the shuffled stream is
+``self.data_pos``, one integer, as for the online trainers, so a resumed run continues where
+it stopped.
+
+Sequence layout helpers used by all three live here too: pairs are interleaved
+``[chosen_0, rejected_0, chosen_1, ...]`` so that any even-sized micro-batch or data-parallel
+shard holds whole pairs (see ``xrlhf.algorithms.losses``).
+"""
+
+from __future__ import annotations
+
+import time
+from abc import abstractmethod
+from typing import Any, ClassVar, Sequence
+
+import torch
+from pydantic import Field
+
+from xrlhf.algorithms import functional as F
+from xrlhf.algorithms.base import RLTrainer, Rollout
+from xrlhf.config.schema import Strict, XConfig
+from xrlhf.data.batch import Batch, build_sequences
+from xrlhf.data.datasets import DatasetPath, RowSchema, Rows, load_rows
+from xrlhf.data.text import encode_prompt, encode_target
+from xrlhf.utils.errors import UserError
+
+
+class OfflineConfig(Strict):
+    """Options shared by the dataset-driven trainers (``algorithm:`` section)."""
+
+    name: str
+    dataset: DatasetPath = Field(description="a JSONL / parquet file (xrlhf make-dataset writes one)")
+    batch_size: int = Field(32, ge=1, description="rows (pairs, for pair datasets) per optimizer step")
+
+
+def sequence_logps(handle, batch: Batch) -> torch.Tensor:
+    """Sequence log-probs ``[B]`` of ``batch``'s responses under a causal-LM handle (no grad)."""
+    out = handle.infer(batch.select("input_ids", "attention_mask", "response_mask"))
+    return F.sequence_logprob(out["logprobs"], batch["response_mask"])
+
+
+def pair_batch(prompts: Sequence[list[int]], chosen: Sequence[list[int]], rejected: Sequence[list[int]],
+               pad_id: int) -> Batch:
+    """``N`` pairs as ``2N`` interleaved rows ``[c_0, r_0, c_1, r_1, ...]`` (layout of ``data.batch``)."""
+    doubled = [p for p in prompts for _ in range(2)]
+    responses = [x for c, r in zip(chosen, rejected) for x in (c, r)]
+    return build_sequences(doubled, responses, pad_id)
+
+
+class OfflineTrainer(RLTrainer):
+    """``RLTrainer`` whose step trains on dataset rows instead of a rollout.
+
+    Subclasses set ``schema`` (the row format), implement ``encode_row`` (text -> token ids,
+    once, at start) and ``train_on(items)`` (one optimizer step on encoded rows).
+    """
+
+    schema: ClassVar[RowSchema]
+    rows_per_item: ClassVar[int] = 1
+    """Sequences per dataset row in a training batch (2 for preference pairs)."""
+    needs_reference: ClassVar[bool] = True
+    """Whether the algorithm scores rows with the frozen reference model."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rows: Rows = load_rows(self.opt.dataset, self.schema)
+        self.items = [self._encode_checked(i) for i in range(len(self.rows))]
+        self._perms: dict[int, list[int]] = {}
+        self._stale = False
+
+    @classmethod
+    def check_config(cls, cfg: XConfig, o) -> list[str]:
+        errors = super().check_config(cfg, o)
+        for h in ("policy", "reference"):
+            sec = getattr(cfg, h, None)
+            if sec is not None and (h == "policy" or cls.needs_reference) and o.batch_size % sec.resources.ranks:
+                errors.append(f"algorithm.batch_size: {o.batch_size} must divide by {h}.resources.ranks = "
+                              f"{sec.resources.ranks}")
+        if cls.rows_per_item == 2 and cfg.policy.train.micro_batch_size % 2:
+            errors.append(f"policy.train.micro_batch_size: {cfg.policy.train.micro_batch_size} must be even: "
+                          f"a micro-batch holds whole (chosen, rejected) pairs")
+        if cls.needs_reference and cfg.reference is None:
+            errors.append(f"reference: algorithm {cfg.algorithm.name!r} needs a frozen reference model "
+                          f"(reference: {{}} uses the policy's initial model)")
+        return errors
+
+    @classmethod
+    def train_steps(cls, cfg: XConfig, o) -> dict[str, int]:
+        return {"policy": cfg.trainer.steps}
+
+    # -- data -------------------------------------------------------------------------------
+    @abstractmethod
+    def encode_row(self, row: dict[str, Any]) -> Any:
+        """Token ids of one dataset row, in whatever form ``train_on`` wants."""
+
+    def _encode_checked(self, i: int) -> Any:
+        item = self.encode_row(self.rows[i])
+        longest = max(len(self.prompt_ids(item)) + len(r) for r in self.response_ids(item))
+        limit = getattr(self.tok, "model_max_length", None) or 0
+        if 0 < limit < 10**6 and longest > limit:
+            raise UserError(f"{self.rows.where(i)}: prompt + response are {longest} tokens, more than the "
+                            f"model's {limit}; shorten the row or drop it")
+        return item
+
+    def prompt_ids(self, item: Any) -> list[int]:
+        return item[0]
+
+    def response_ids(self, item: Any) -> list[list[int]]:
+        return list(item[1:])
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return encode_prompt(self.tok, text)
+
+    def encode_response(self, text: str) -> list[int]:
+        return encode_target(self.tok, text)
+
+    def next_indices(self, n: int) -> list[int]:
+        """The next ``n`` row indices of the epoch-wise seeded shuffle; advances ``data_pos``."""
+        out: list[int] = []
+        total = len(self.items)
+        while len(out) < n:
+            epoch, pos = divmod(self.data_pos, total)
+            perm = self._perm(epoch)
+            take = min(n - len(out), total - pos)
+            out += perm[pos:pos + take]
+            self.data_pos += take
+        return out
+
+    def _perm(self, epoch: int) -> list[int]:
+        if epoch not in self._perms:
+            g = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + epoch)
+            self._perms = {epoch: torch.randperm(len(self.items), generator=g).tolist()}
+        return self._perms[epoch]
+
+    # -- the loop ---------------------------------------------------------------------------
+    def step(self) -> dict[str, float]:
+        """One optimizer step on the next ``batch_size`` rows."""
+        t0 = time.time()
+        items = [self.items[i] for i in self.next_indices(self.opt.batch_size)]
+        metrics = self.train_on(items)
+        self._stale = True
+        return {**metrics, "time/update_s": time.time() - t0}
+
+    @abstractmethod
+    def train_on(self, items: list[Any]) -> dict[str, float]:
+        """One optimizer step of the algorithm on encoded rows; returns its metrics."""
+
+    def update(self, rollout: Rollout, timings: dict[str, float]) -> dict[str, float]:
+        raise TypeError(f"{type(self).__name__} trains from a dataset (train_on); it takes no rollouts")
+
+    def evaluate(self) -> dict[str, float]:
+        """The generate engine gets the new weights only when they are needed: before an eval."""
+        if self._stale and self.uses_generation:
+            self.handles.sync_weights()
+            self._stale = False
+        return super().evaluate()
+
+    progress_keys: ClassVar[list[tuple[str, str]]] = [("policy/loss", "loss")]
+
+    def progress_line(self, step: int, m: dict[str, float]) -> str:
+        parts = [f"{short} {m[k]:.3f}" for k, short in self.progress_keys + [("eval/reward_mean", "eval")] if k in m]
+        return f"step {step}/{self.cfg.trainer.steps} | " + " | ".join(parts) + f" | {m['time/step_s']:.2f}s"
+
+
+def prefixed(metrics: dict[str, float], prefix: str = "policy/") -> dict[str, float]:
+    """Engine metrics (``loss``, ``grad_norm``, ...) under ``prefix``; keys with a '/' kept."""
+    return {(k if "/" in k else prefix + k): v for k, v in metrics.items()}
