@@ -175,3 +175,13 @@ def test_dpo_and_reward_model_steps_lower_their_loss(model_dir, tmp_path):
         rm.step()
     after = rm.evaluate()
     assert after["eval/accuracy"] == 1.0 and after["eval/margin"] > before["eval/margin"]
+
+
+def test_online_kto_keeps_all_rows_or_only_mixed_groups(model_dir):
+    labels = torch.tensor([True, False, True, True, False, False, True, False])
+    groups = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    plain = make_trainer(model_dir, {"name": "kto_online", "mini_batch_size": 8})
+    assert plain.kept_rows(labels, groups).tolist() == list(range(8))
+    mixed = make_trainer(model_dir, {"name": "kto_online", "mini_batch_size": 8, "filter_uniform_groups": True})
+    assert mixed.kept_rows(labels, groups).tolist() == [0, 1, 6, 7]  # prompts 0 and 3 got both labels
+    assert mixed.kept_rows(torch.tensor([True, False, True, True]), torch.tensor([0, 0, 1, 1])).tolist() == []

@@ -19,10 +19,14 @@ the current policy before every optimizer step, over the whole (global) mini-bat
 * ``kto_online``: each step the policy samples ``trainer.samples_per_prompt`` completions per
   prompt, the reward source (env rule, reward model or function) scores them, a completion is
   desirable iff its reward >= ``algorithm.threshold``, then ``epochs`` passes of KTO steps.
+  With ``filter_uniform_groups`` only the prompts whose samples got both labels are kept, as
+  DAPO's dynamic sampling keeps only groups with mixed outcomes (Yu et al. 2025): a prompt the
+  policy always fails then pushes its likely (and often nearly right) answers down no more.
 """
 
 from __future__ import annotations
 
+import math
 import time
 import zlib
 from typing import Any
@@ -60,6 +64,8 @@ class KTOOnlineConfig(KTOOptions):
 
     name: str = "kto_online"
     threshold: float = Field(0.5, description="a sample is desirable iff its reward >= threshold")
+    filter_uniform_groups: bool = Field(False, description="train only on prompts whose samples got both labels "
+                                                           "(DAPO's dynamic sampling)")
     epochs: int = Field(1, ge=1, description="passes over each rollout")
     mini_batch_size: int = Field(64, ge=1, description="samples per optimizer step (global)")
 
@@ -177,9 +183,15 @@ class OnlineKTOTrainer(KTOMixin, RLTrainer):
     def update(self, rollout: Rollout, timings: dict[str, float]) -> dict[str, float]:
         t0 = time.time()
         batch = rollout.batch
-        prompts, completions = unpack_sequences(batch)
         labels = batch["scores"] >= self.opt.threshold
-        train, kl = self.kto_batches(prompts, completions, labels, batch["group_ids"])
+        keep = self.kept_rows(labels, batch["group_ids"])
+        metrics = {"kto/desirable_fraction": float(labels.float().mean()),
+                   "kto/kept_fraction": len(keep) / len(batch)}
+        if len(keep) == 0:
+            return metrics
+        batch = batch.index(keep)
+        prompts, completions = unpack_sequences(batch)
+        train, kl = self.kto_batches(prompts, completions, labels[keep], batch["group_ids"])
         timings["time/infer_s"] = time.time() - t0
         t0 = time.time()
         sums: dict[str, float] = {}
@@ -187,13 +199,31 @@ class OnlineKTOTrainer(KTOMixin, RLTrainer):
         for _ in range(self.opt.epochs):
             perm = torch.randperm(len(train), generator=self.generator)
             for idx in perm.split(self.opt.mini_batch_size):
+                idx = idx[:len(idx) - len(idx) % self._row_multiple()]
+                if len(idx) == 0:
+                    continue
                 for k, v in self.kto_step(train.index(idx), kl.index(idx)).items():
                     sums[k] = sums.get(k, 0.0) + v
                 n += 1
         timings["time/train_s"] = time.time() - t0
-        metrics = {k: v / n for k, v in sums.items()}
-        metrics["kto/desirable_fraction"] = float(labels.float().mean())
-        return metrics
+        return {**{k: v / max(n, 1) for k, v in sums.items()}, **metrics}
+
+    def _row_multiple(self) -> int:
+        """Batches given to the handles must split evenly over the ranks of both."""
+        return math.lcm(self.policy.world_size, self.reference.world_size)
+
+    def kept_rows(self, labels: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+        """Indices of the rows to train on: all of them, or with ``filter_uniform_groups`` only
+        the prompts whose samples got both labels (at least two such prompts, for the
+        mismatched pairs); the count is trimmed to a multiple of the handles' ranks."""
+        rows = torch.arange(len(labels))
+        if self.opt.filter_uniform_groups:
+            mixed = torch.tensor([bool(labels[group_ids == g].any() and not labels[group_ids == g].all())
+                                  for g in group_ids.tolist()])
+            rows = rows[mixed]
+            if len(group_ids[rows].unique()) < 2:
+                return rows[:0]
+        return rows[:len(rows) - len(rows) % self._row_multiple()]
 
     def progress_line(self, step: int, m: dict[str, float]) -> str:
         extra = " | ".join(f"{short} {m[k]:.3f}" for k, short in
