@@ -149,6 +149,10 @@ class Coordinator:
         return handle, refs
 
     def _wire_weight_sync(self) -> None:
+        self.weight_sync = None
+        if not any("generate" in s.engines for s in self.specs):  # e.g. a reward model being trained
+            self.transport = None
+            return
         self.weight_sync = WeightSync(self.cfg, self.handles["policy"], self.handles.get("rollout"))
         self.transport = self.weight_sync.setup()
         logger.info(f"weight sync: {self.transport} ({'split' if 'rollout' in self.handles else 'co-located'} "
@@ -161,11 +165,12 @@ class Coordinator:
 
     def end_rollout(self) -> None:
         """Generation is over until the next sync: co-located generators free their memory."""
-        self.weight_sync.end_rollout()
+        if self.weight_sync is not None:
+            self.weight_sync.end_rollout()
 
     def sync_weights(self) -> float:
         """Push the policy's new weights to the generate engines; returns seconds taken."""
-        return self.weight_sync.sync()
+        return self.weight_sync.sync() if self.weight_sync is not None else 0.0
 
     def __getitem__(self, name: str) -> ModelHandle:
         return self.handles[name]
