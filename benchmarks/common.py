@@ -90,8 +90,12 @@ class DeviceMemorySampler:
     """The GPU's used memory sampled by ``nvidia-smi`` every ``period_ms`` (no CUDA context in
     this process, so it perturbs nothing); ``peak()`` since the last ``reset()``, in GiB."""
 
-    def __init__(self, gpu: int = 0, period_ms: int = 50):
+    def __init__(self, gpu: int | None = None, period_ms: int = 50):
+        """``gpu``: nvidia-smi's index; default the first of ``CUDA_VISIBLE_DEVICES`` (else 0)."""
         import threading
+
+        if gpu is None:
+            gpu = int((os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0])
 
         self.proc = subprocess.Popen(
             ["nvidia-smi", f"--id={gpu}", "--query-gpu=memory.used", "--format=csv,noheader,nounits",

@@ -9,6 +9,9 @@
 #   bash benchmarks/gpu_session.sh ppo     # 20 PPO steps co-located: times, memory (~4-7 min)
 #   bash benchmarks/gpu_session.sh ds-tests  # DeepSpeed on 2 GPUs: ZeRO-3 bf16, offload, PPO (~5-9 min)
 #   bash benchmarks/gpu_session.sh ds-bench  # DeepSpeed ZeRO-2 / 3 / 3+offload step time, memory (~4-6 min)
+#   bash benchmarks/gpu_session.sh diag    # 2 GPUs: 20 PPO steps co-located, vLLM's engine process vs in-process,
+#                                          # side by side, stacks of every process on a stall; then the clean
+#                                          # start-up probe of vLLM's defaults          (~8-9 min)
 #   bash benchmarks/gpu_session.sh all     # all of the above (longer than one 10-minute call)
 #
 # Logs and JSON go to $OUT (default ./gpu-out): OUT/<stage>/..., the benchmark JSON to
@@ -74,6 +77,84 @@ stage_ppo() {
     | tee "$OUT/ppo/ppo_step.log" | tail -30
 }
 
+# A command under watch: its own TMPDIR (so its Ray and vLLM sockets are its own), stacks of all
+# its Python processes on SIGUSR2 (benchmarks/gpu_site), dumped and killed at the limit; Ray's
+# logs kept. Usage: watch NAME LIMIT_S CMD...   (logs in $OUT/NAME)
+watch() {
+  local name=$1 limit=$2; shift 2
+  local d="$OUT/$name" tmp="/tmp/x-$name"
+  rm -rf "$tmp"; mkdir -p "$d/stacks" "$tmp"
+  log "$name: $* (limit ${limit}s)"
+  TMPDIR="$tmp" RAY_TMPDIR="$tmp" VLLM_CACHE_ROOT="$tmp/vllm-cache" XRLHF_STACKS_DIR="$d/stacks" \
+    PYTHONPATH="$PWD/benchmarks/gpu_site:$PYTHONPATH" PYTHONUNBUFFERED=1 "$@" > "$d/log.txt" 2>&1 &
+  local pid=$! t=0
+  while kill -0 "$pid" 2>/dev/null && [ "$t" -lt "$limit" ]; do sleep 2; t=$((t + 2)); done
+  if kill -0 "$pid" 2>/dev/null; then
+    log "$name: still running at ${limit}s: dumping the stacks of its processes"
+    ps -eo pid,ppid,pgid,etimes,stat,wchan:28,args --forest > "$d/ps.txt" 2>&1
+    nvidia-smi > "$d/nvidia-smi.txt" 2>&1
+    for e in /proc/[0-9]*/environ; do  # this run's processes only
+      if tr '\0' '\n' 2>/dev/null < "$e" | grep -qx "XRLHF_STACKS_DIR=$d/stacks"; then
+        p=${e#/proc/}; kill -USR2 "${p%/environ}" 2>/dev/null
+      fi
+    done
+    sleep 4
+    for e in /proc/[0-9]*/environ; do
+      if tr '\0' '\n' 2>/dev/null < "$e" | grep -qx "XRLHF_STACKS_DIR=$d/stacks"; then
+        p=${e#/proc/}; kill -9 "${p%/environ}" 2>/dev/null
+      fi
+    done
+    echo "KILLED at ${limit}s" >> "$d/log.txt"
+  fi
+  wait "$pid"; local rc=$?
+  log "$name: rc=$rc after ${t}s"
+  echo "rc=$rc seconds=$t" > "$d/rc.txt"
+  mkdir -p "$d/ray-logs"
+  find "$tmp/ray" -path '*/logs/*' -type f -size -4M \( -name '*.out' -o -name '*.err' -o -name '*.log' \) \
+    -exec cp {} "$d/ray-logs/" \; 2>/dev/null
+  return $rc
+}
+
+stage_diag() {
+  setup diag
+  local inproc='{"engine_options": {"env": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}}'
+  CUDA_VISIBLE_DEVICES=0 watch diag-mp "${DIAG_LIMIT:-360}" $PY -m benchmarks.ppo_step_bench \
+    --out "$OUT/diag-mp" ray.log_to_driver=true &
+  local a=$!
+  CUDA_VISIBLE_DEVICES=1 XRLHF_VLLM="$inproc" watch diag-inproc "${DIAG_LIMIT:-360}" $PY -m benchmarks.ppo_step_bench \
+    --out "$OUT/diag-inproc" ray.log_to_driver=true &
+  local b=$!
+  wait $a; wait $b
+  for v in diag-mp diag-inproc; do log "$v:"; tail -28 "$OUT/$v/log.txt" | cut -c1-240; done
+  log "clean start-up probe of vLLM's defaults (engine process forked)"
+  CUDA_VISIBLE_DEVICES=0 timeout 170 $PY -m benchmarks.vllm_hang_probe --out "$OUT/hang" --budget 150 \
+    --timeout 140 --only default 2>&1 | tail -6
+}
+
+stage_layouts() {  # 2 GPUs, ~9 min: issue 3's PPO and transport tests, the 20-step figures
+  setup layouts
+  mkdir -p "$OUT/benchmarks/results"
+  CUDA_VISIBLE_DEVICES=1 watch ppo-bench "${LIMIT_A:-290}" $PY -m benchmarks.ppo_step_bench --verify \
+    --out "$OUT/benchmarks/results" &
+  local a=$!
+  CUDA_VISIBLE_DEVICES=0 watch engine-tests "${LIMIT_A:-290}" $PY -m pytest -m gpu tests/gpu/test_vllm_engine.py \
+    -k "not nccl" -q -rA -p no:cacheprovider --junitxml="$OUT/engine-tests/junit.xml" &
+  local b=$!
+  wait $a; wait $b
+  watch split-tests "${LIMIT_B:-230}" $PY -m pytest -m gpu tests/gpu/test_vllm_engine.py tests/gpu/test_ppo_vllm.py \
+    -k "nccl or split" -q -rA -p no:cacheprovider --junitxml="$OUT/split-tests/junit.xml"
+  for v in ppo-bench engine-tests split-tests; do log "$v:"; grep -v "^\s*$" "$OUT/$v/log.txt" | tail -14 | cut -c1-220; done
+}
+
+stage_ds_ppo() {  # 2 GPUs, ~8 min: issue 5's PPO with DeepSpeed + vLLM, and issue 3's co-located PPO test
+  setup ds-ppo
+  watch ds-ppo "${LIMIT_A:-300}" $PY -m pytest -m gpu tests/gpu/test_deepspeed_gpu.py -k ppo -q -rA \
+    -p no:cacheprovider --junitxml="$OUT/ds-ppo/junit.xml"
+  watch colocated-test "${LIMIT_B:-170}" $PY -m pytest -m gpu tests/gpu/test_ppo_vllm.py -k colocated -q -rA \
+    -p no:cacheprovider --junitxml="$OUT/colocated-test/junit.xml"
+  for v in ds-ppo colocated-test; do log "$v:"; grep -v "^\s*$" "$OUT/$v/log.txt" | tail -14 | cut -c1-220; done
+}
+
 ds_setup() {  # the DeepSpeed stages need two GPUs and build their own models (no 0.5b, no vLLM)
   mkdir -p "$OUT/$1" "$OUT/benchmarks/results"
   { nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv; $PY -c \
@@ -105,7 +186,10 @@ case "$STAGE" in
   ppo) stage_ppo ;;
   ds-tests) stage_ds_tests ;;
   ds-bench) stage_ds_bench ;;
+  diag) stage_diag ;;
+  layouts) stage_layouts ;;
+  ds-ppo) stage_ds_ppo ;;
   all) stage_hang; stage_tests; stage_bench; stage_ppo ;;
-  *) echo "usage: $0 hang|tests|bench|ppo|ds-tests|ds-bench|all" >&2; exit 2 ;;
+  *) echo "usage: $0 hang|tests|bench|ppo|diag|layouts|ds-ppo|ds-tests|ds-bench|all" >&2; exit 2 ;;
 esac
 log "done: $STAGE -> $OUT"

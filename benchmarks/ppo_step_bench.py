@@ -74,7 +74,7 @@ def main() -> None:
     cfg = load_config(ROOT / args.config, overrides)
     import benchmarks.ppo_step_bench as this  # the module the config names (this file runs as __main__)
 
-    this.SAMPLER = sampler = DeviceMemorySampler(0)
+    this.SAMPLER = sampler = DeviceMemorySampler()
     run_dir = Path(tempfile.mkdtemp(prefix="ppo_step_bench-"))
     try:
         run(cfg, run_dir)

@@ -4,8 +4,8 @@ Seen once on the GPU machine (docs/vllm.md): ``LLM(...)`` with vLLM's defaults
 (``VLLM_ENABLE_V1_MULTIPROCESSING=1``, CUDA graphs and torch.compile on) did not return in 6
 minutes, while multiprocessing off + ``enforce_eager`` started. Each probe below starts vLLM
 once in a fresh process under a time limit, with one knob changed; every process of the probe
-(vLLM's engine process included, spawned or forked) dumps the stacks of all its threads a
-little before the limit, so a hang shows where it waits. The driver picks the next probe from
+(vLLM's engine process included, spawned or forked) dumps the stacks of all its threads when
+the limit is reached (SIGUSR2, ``benchmarks/gpu_site``), so a hang shows where it waits. The driver picks the next probe from
 the results so far and stops when its time budget is spent.
 
     python -m benchmarks.vllm_hang_probe --out OUT/hang [--budget 500] [--timeout 170] [--only a,b]
@@ -77,16 +77,10 @@ FIXES = {  # probe that starts -> the XRLHF_VLLM setting that keeps the rest of 
 }
 """In order of preference: the first that starts is recommended (CUDA graphs kept if possible)."""
 
-SITECUSTOMIZE = '''\
-import faulthandler, os, time
-def _xrlhf_arm():
-    d, at = os.environ.get("XRLHF_STACKS_DIR"), float(os.environ.get("XRLHF_STACKS_AT") or 0)
-    if d and at > time.time():
-        f = open(os.path.join(d, "stacks_%d.txt" % os.getpid()), "w")
-        faulthandler.dump_traceback_later(at - time.time(), repeat=False, file=f)
-_xrlhf_arm()
-os.register_at_fork(after_in_child=_xrlhf_arm)
-'''
+SITE = Path(__file__).resolve().parent / "gpu_site"
+"""``sitecustomize.py`` there: every process of a probe dumps its stacks on SIGUSR2 (no timer
+thread: re-arming ``faulthandler.dump_traceback_later`` after ``fork()`` deadlocks the child,
+which is what made the first session's probes hang, see benchmarks/results/notes.md)."""
 
 
 # -- one probe, in its own process ----------------------------------------------------------------
@@ -150,15 +144,13 @@ def probe_engine(model: str, t0: float, in_ray: bool, options: dict) -> None:
 # -- the driver ---------------------------------------------------------------------------------------
 def run_probe(name: str, model: str, out: Path, timeout: float) -> dict:
     d = out / name
-    (d / "site").mkdir(parents=True, exist_ok=True)
-    (d / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    d.mkdir(parents=True, exist_ok=True)
     spec = PROBES[name]
-    env = {**os.environ, **HYGIENE, "VLLM_LOGGING_LEVEL": "DEBUG", "XRLHF_STACKS_DIR": str(d),
-           "XRLHF_STACKS_AT": str(time.time() + timeout - 15)}
+    env = {**os.environ, **HYGIENE, "VLLM_LOGGING_LEVEL": "DEBUG", "XRLHF_STACKS_DIR": str(d)}
     for k in spec.get("unset", []):
         env.pop(k, None)
     env.update(spec.get("env", {}))
-    env["PYTHONPATH"] = os.pathsep.join([str(d / "site"), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(SITE), env.get("PYTHONPATH", "")])
     print(f"[probe {name}] {spec['about']} (limit {timeout:.0f} s)", flush=True)
     t0 = time.time()
     with open(d / "log.txt", "w") as log:
@@ -169,6 +161,7 @@ def run_probe(name: str, model: str, out: Path, timeout: float) -> dict:
             status = "ok" if rc == 0 else "error"
         except subprocess.TimeoutExpired:
             rc, status = None, "hang"
+            dump_stacks(proc.pid)
         finally:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)  # the probe's whole process group: vLLM's engine too
@@ -188,6 +181,15 @@ def run_probe(name: str, model: str, out: Path, timeout: float) -> dict:
     print(f"[probe {name}] {status} in {seconds:.0f} s" + (f", started in {result['startup_s']:.0f} s"
                                                             if "startup_s" in result else ""), flush=True)
     return result
+
+
+def dump_stacks(pgid: int) -> None:
+    """Every process of the probe's group writes its stacks (SIGUSR2, see ``SITE``)."""
+    try:
+        os.killpg(pgid, signal.SIGUSR2)
+    except ProcessLookupError:
+        return
+    time.sleep(3)
 
 
 def stack_excerpts(d: Path, lines: int = 60) -> dict[str, list[str]]:

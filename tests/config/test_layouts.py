@@ -89,3 +89,20 @@ def test_gpu_configs_validate(name, tiny_model):
     g = cfg.policy.generate
     assert g.engine == "vllm" and cfg.policy.train.dtype == "bfloat16" and cfg.policy.weight_sync.verify
     assert (g.resources is None) == (name == "ppo_vllm_colocate")
+
+
+def test_colocated_handles_run_on_their_anchors_gpu(base_config):
+    """A handle co-located with the policy gets a share of the policy's GPU, so its engines are
+    built on CUDA even though its own ``gpus_per_rank`` is 0 (the first GPU session trained the
+    critic of ``configs/gpu/ppo_vllm_colocate.yaml`` on the CPU: 130 s a step)."""
+    from xrlhf.coordinator.coordinator import handle_specs
+
+    cfg = XConfig.model_validate(with_(base_config, policy__resources={"ranks": 1, "gpus_per_rank": 1},
+                                       critic={}, reference={}))
+    devices = {s.name: {role: e[1].device for role, e in s.engines.items()}
+               for s in handle_specs(cfg, "model", {})}
+    assert devices == {"policy": {"train": "cuda", "generate": "cuda"}, "critic": {"train": "cuda"},
+                       "reference": {"infer": "cuda"}}
+    cfg = XConfig.model_validate(with_(base_config, critic={"resources": {"ranks": 1}}, reference={}))
+    devices = {s.name: [e[1].device for e in s.engines.values()] for s in handle_specs(cfg, "model", {})}
+    assert devices == {"policy": ["cpu", "cpu"], "critic": ["cpu"], "reference": ["cpu"]}

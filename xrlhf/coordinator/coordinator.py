@@ -17,7 +17,7 @@ from loguru import logger
 
 from xrlhf.config.schema import Resources, XConfig
 from xrlhf.coordinator.handle import ModelHandle
-from xrlhf.coordinator.resources import Slot, place
+from xrlhf.coordinator.resources import Slot, anchor_of, place
 from xrlhf.coordinator.weight_sync import WeightSync
 from xrlhf.coordinator.worker import EngineWorker
 from xrlhf.engines.base import DistInfo, EngineSpec
@@ -41,9 +41,17 @@ def handle_specs(cfg: XConfig, policy_model: str, total_train_steps: dict[str, i
     gets a generate engine (a reward model being trained: ``"score"``, no generation).
     """
 
+    placed = {"policy": cfg.policy.resources, "rollout": cfg.policy.generate.resources}
+    placed.update({h: getattr(cfg, h).resources for h in ("critic", "reference", "reward")
+                   if getattr(cfg, h) is not None})
+    placed = {h: r for h, r in placed.items() if r is not None}
+
     def spec(model: str, head: str, res: Resources, section, temperature: float = 1.0, extra=None) -> EngineSpec:
+        # A co-located handle runs where its anchor's bundle is: on a GPU if the anchor has one
+        # (it gets a share of it), whatever its own gpus_per_rank says.
+        anchor = res if res.colocate_with is None else placed[anchor_of(res.colocate_with, placed)]
         opts = {**section.model_dump(), **section.engine_options, **(extra or {})}
-        return EngineSpec(model_path=model, head=head, device="cuda" if res.gpus_per_rank > 0 else "cpu",
+        return EngineSpec(model_path=model, head=head, device="cuda" if anchor.gpus_per_rank > 0 else "cpu",
                           dtype=section.dtype, options=opts, seed=cfg.seed, temperature=temperature)
 
     p = cfg.policy

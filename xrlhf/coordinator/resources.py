@@ -36,7 +36,7 @@ class Slot:
                     self.pg, placement_group_bundle_index=rank % self.bundles)}
 
 
-def _anchor(name: str, specs: dict[str, Resources]) -> str:
+def anchor_of(name: str, specs: dict[str, Resources]) -> str:
     seen = [name]
     while specs[name].colocate_with is not None:
         name = specs[name].colocate_with
@@ -59,7 +59,7 @@ def place(specs: dict[str, Resources], ready_timeout: float = 120.0) -> dict[str
     Raises:
         UserError: when the cluster cannot hold the groups, naming the handle and the need.
     """
-    anchors = {h: _anchor(h, specs) for h in specs}
+    anchors = {h: anchor_of(h, specs) for h in specs}
     members: dict[str, list[str]] = {}
     for h, a in anchors.items():
         members.setdefault(a, []).append(h)
