@@ -44,6 +44,19 @@ def timed(engine, prompts: list[list[int]], new_tokens: int) -> tuple[float, int
     return seconds, tokens
 
 
+def raw_vllm(engine, prompts: list[list[int]], new_tokens: int, logprobs: int | None) -> float:
+    """Tokens/s of ``vllm.LLM.generate`` called directly (no xrlhf code around it), with or without
+    the sampled tokens' logprobs: where the engine's time goes."""
+    from vllm import SamplingParams as VSamplingParams
+    from vllm import TokensPrompt
+
+    sp = VSamplingParams(temperature=1.0, max_tokens=new_tokens, ignore_eos=True, logprobs=logprobs, detokenize=False)
+    t0 = time.perf_counter()
+    outs = engine.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
+    seconds = time.perf_counter() - t0
+    return sum(len(o.outputs[0].token_ids) for o in outs) / seconds
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None, help="model directory (default: artifacts/model-0.5b, built if missing)")
@@ -53,6 +66,8 @@ def main() -> None:
                    help="the HF engine generates this many prompts at once (its logits of every step are kept)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     p.add_argument("--engines", default="vllm,hf")
+    p.add_argument("--breakdown", action="store_true",
+                   help="also time vllm.LLM.generate directly, with and without logprobs")
     p.add_argument("--out", default="benchmarks/results")
     args = p.parse_args()
 
@@ -73,6 +88,9 @@ def main() -> None:
         seconds, tokens = timed(engine, prompts, args.new_tokens)
         result.update(vllm_seconds=seconds, vllm_tokens_per_s=tokens / seconds,
                       vllm_options={k: options[k] for k in ("enforce_eager", "max_num_seqs", "engine_options")})
+        if args.breakdown:
+            result["vllm_raw_logprobs_tokens_per_s"] = raw_vllm(engine, prompts, args.new_tokens, 0)
+            result["vllm_raw_no_logprobs_tokens_per_s"] = raw_vllm(engine, prompts, args.new_tokens, None)
         engine.shutdown()
         del engine
     if "hf" in args.engines:

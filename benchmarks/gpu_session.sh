@@ -155,6 +155,16 @@ stage_ds_ppo() {  # 2 GPUs, ~8 min: issue 5's PPO with DeepSpeed + vLLM, and iss
   for v in ds-ppo colocated-test; do log "$v:"; grep -v "^\s*$" "$OUT/$v/log.txt" | tail -14 | cut -c1-220; done
 }
 
+stage_recheck() {  # 2 GPUs, ~4 min: the transport read-back tests; where vLLM's generation time goes
+  setup recheck
+  watch transport-tests "${LIMIT_A:-150}" $PY -m pytest -m gpu tests/gpu/test_vllm_engine.py -k "transports or nccl or packed" \
+    -q -rA -p no:cacheprovider --junitxml="$OUT/transport-tests/junit.xml"
+  CUDA_VISIBLE_DEVICES=0 watch gen-breakdown "${LIMIT_B:-130}" $PY -m benchmarks.generation_bench --engines vllm \
+    --breakdown --out "$OUT/gen-breakdown"
+  for v in transport-tests gen-breakdown; do log "$v:"; grep -v "^\s*$" "$OUT/$v/log.txt" | tail -12 | cut -c1-220; done
+  cat "$OUT/gen-breakdown/generation.json" 2>/dev/null | head -24
+}
+
 ds_setup() {  # the DeepSpeed stages need two GPUs and build their own models (no 0.5b, no vLLM)
   mkdir -p "$OUT/$1" "$OUT/benchmarks/results"
   { nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv; $PY -c \
@@ -189,7 +199,8 @@ case "$STAGE" in
   diag) stage_diag ;;
   layouts) stage_layouts ;;
   ds-ppo) stage_ds_ppo ;;
+  recheck) stage_recheck ;;
   all) stage_hang; stage_tests; stage_bench; stage_ppo ;;
-  *) echo "usage: $0 hang|tests|bench|ppo|diag|layouts|ds-ppo|ds-tests|ds-bench|all" >&2; exit 2 ;;
+  *) echo "usage: $0 hang|tests|bench|ppo|diag|layouts|ds-ppo|recheck|ds-tests|ds-bench|all" >&2; exit 2 ;;
 esac
 log "done: $STAGE -> $OUT"

@@ -91,7 +91,8 @@ def perturbed(t, seed: int):
 
 
 def check_sync(vllm_engine, small_model, prompts, t, transport):
-    """Sync ``t``'s weights into the sleeping vLLM engine; then read-back and generations match."""
+    """Sync ``t``'s weights into the sleeping vLLM engine; then the read-back matches bit for bit
+    and vLLM's logprobs of what it now generates are the trainer's."""
     before = vllm_engine.generate(prompts, GREEDY).token_ids
     vllm_engine.sleep()  # level 2: its weights are gone, the sync must bring every one back
     n = push_weights(transport, t.named_weights(), vllm_engine.receive_weights)
@@ -99,15 +100,15 @@ def check_sync(vllm_engine, small_model, prompts, t, transport):
     weights = dict(t.named_weights())
     assert n == len(weights)
     compare_checksums({k: checksum(v) for k, v in weights.items()}, vllm_engine.weight_checksums(), "vLLM")
-    after = vllm_engine.generate(prompts, GREEDY).token_ids
-    hf = hf_generator(small_model)
-    hf.update_weights(weights.items())
-    expected = hf.generate(prompts, GREEDY).token_ids
-    # The exact checksums above prove the weights; generations are a second look. Greedy
-    # continuations of different kernels (vLLM's attention vs SDPA) may part at a near-tie
-    # after many tokens (seen: 1 of 32 prompts after 14 tokens), so compare the first 8.
-    assert [a[:8] for a in after] == [e[:8] for e in expected]
-    assert after != before
+    after = vllm_engine.generate(prompts, GREEDY)
+    assert after.token_ids != before
+    # The second look is teacher-forced: the trainer scores vLLM's tokens. Free-running greedy
+    # continuations of two different kernels part at near-ties of these noise-perturbed models
+    # (seen on the GPU: 1 of 48 prompts at its first token), which says nothing about the sync.
+    batch = build_sequences(prompts, after.token_ids, load_tokenizer(small_model).pad_token_id, after.logprobs)
+    mask = batch["response_mask"].bool()
+    diff = (batch["rollout_logprobs"] - t.infer(batch)["logprobs"].cpu())[mask]
+    assert diff.abs().max() < 2e-3, float(diff.abs().max())
 
 
 @pytest.mark.parametrize("name", ["cpu", "cuda_ipc"])
