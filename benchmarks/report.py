@@ -44,6 +44,19 @@ def generation(r: dict | None) -> list[str]:
     return out
 
 
+def generation_breakdown(r: dict | None) -> list[str]:
+    """Where vLLM's time goes: ``generation_bench --engines vllm --breakdown``."""
+    if r is None:
+        return []
+    return ["### Where vLLM's generation time goes", "",
+            f"GPU: **{r['gpu']}**, same model and workload, one engine, three runs after each other. "
+            f"Command: `{r.get('command', '')}`.", "",
+            "| run | tokens/s |", "|---|---|",
+            f"| `VLLMGenerateEngine.generate` (token ids + logprobs, what RL uses) | {fmt(r.get('vllm_tokens_per_s'))} |",
+            f"| `vllm.LLM.generate` directly, `logprobs=0` | {fmt(r.get('vllm_raw_logprobs_tokens_per_s'))} |",
+            f"| `vllm.LLM.generate` directly, no logprobs | {fmt(r.get('vllm_raw_no_logprobs_tokens_per_s'))} |", ""]
+
+
 def weight_sync(r: dict | None) -> list[str]:
     out = ["## Weight sync", ""]
     if r is None:
@@ -117,7 +130,7 @@ def hang(r: dict | None) -> list[str]:
         return out + ["Not run yet: `python -m benchmarks.vllm_hang_probe --out OUT/hang` "
                       "(copy its summary.json to benchmarks/results/hang_probe.json).", ""]
     out += [f"GPU: **{r['gpu']}**. Command: `{r.get('command', '')}`. Each probe: a fresh process group, "
-            "time-limited, stacks of every process dumped before the limit (docs/vllm.md).", "",
+            "time-limited, stacks of every process dumped at the limit (SIGUSR2, benchmarks/gpu_site).", "",
             "| probe | result | seconds | start-up s | what changed |", "|---|---|---|---|---|"]
     for name, p in r["results"].items():
         out.append(f"| {name} | {p['status']} | {fmt(p['seconds'], 0)} | {fmt(p.get('startup_s'), 0)} | {p['about']} |")
@@ -135,13 +148,15 @@ def main() -> None:
     args = p.parse_args()
     res = Path(args.results)
     lines = ["# Benchmarks", "",
-             "Measured on the GPU machine by `benchmarks/gpu_session.sh` (stages `hang`, `bench`, `ppo`; the JSON is "
+             "Measured on the GPU machine by `benchmarks/gpu_session.sh` (stages `bench`, `layouts`, `recheck`, `diag`, "
+             "`ds-bench`; the JSON is "
              "in benchmarks/results/). This page is written by `python -m benchmarks.report`.", "",
              "Reproduce: build the model "
              "(`xrlhf make-tiny-model artifacts/model-0.5b --preset 0.5b --dtype bfloat16`), "
              "then `bash benchmarks/gpu_session.sh bench` and `bash benchmarks/gpu_session.sh ppo` "
              "(or the commands in each section).", ""]
     lines += generation(load(res / "generation.json"))
+    lines += generation_breakdown(load(res / "generation_breakdown.json"))
     lines += weight_sync(load(res / "weight_sync.json"))
     lines += ppo(load(res / "ppo_step.json"))
     lines += hang(load(Path(args.hang) if args.hang else res / "hang_probe.json"))

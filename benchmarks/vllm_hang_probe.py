@@ -253,6 +253,11 @@ def conclude(results: dict[str, dict]) -> tuple[str, dict | None]:
         still = [n for n in FIXES if st.get(n) in bad]
         parts.append(f"vLLM's defaults {st['default']}; these start: {', '.join(fixes) or '-'}; these do not: "
                      f"{', '.join(still) or '-'}")
+    if st.get("default") == "ok" and not ours:
+        r = results["default"]
+        parts.append(f"vLLM's defaults (engine process forked, torch.compile and CUDA graphs on) start, in "
+                     f"{r.get('startup_s', r['seconds']):.0f} s: keep them")
+        return "; ".join(parts) + ".", None
     if ours_ok:
         parts.append("xrlhf's engine (spawned engine process, no-network environment, CUDA graphs on) starts, "
                      "alone and in a Ray actor: keep the defaults")

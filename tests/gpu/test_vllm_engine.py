@@ -48,6 +48,13 @@ def hf_generator(model: str, device: str = "cuda"):
     return HFGenerateEngine(EngineSpec(model, device=device, dtype="float32"))
 
 
+def base_infer(model: str, device: str = "cuda"):
+    """The model as saved, not perturbed: a scorer with other weights than the synced ones."""
+    from xrlhf.engines.hf import HFInferEngine
+
+    return HFInferEngine(EngineSpec(model, device=device, dtype="float32"))
+
+
 def trainer(model: str, device: str):
     from xrlhf.engines.hf import HFTrainEngine
 
@@ -105,10 +112,15 @@ def check_sync(vllm_engine, small_model, prompts, t, transport):
     # The second look is teacher-forced: the trainer scores vLLM's tokens. Free-running greedy
     # continuations of two different kernels part at near-ties of these noise-perturbed models
     # (seen on the GPU: 1 of 48 prompts at its first token), which says nothing about the sync.
+    # In float32 the trainer's logprobs of vLLM's tokens were within 3.4e-3 of vLLM's on the GPU
+    # (these noise-perturbed models have larger logits than the plain one, whose greedy test
+    # holds 2e-3); the unperturbed weights, which vLLM held before some syncs, miss by far more.
     batch = build_sequences(prompts, after.token_ids, load_tokenizer(small_model).pad_token_id, after.logprobs)
     mask = batch["response_mask"].bool()
-    diff = (batch["rollout_logprobs"] - t.infer(batch)["logprobs"].cpu())[mask]
-    assert diff.abs().max() < 2e-3, float(diff.abs().max())
+    diff = (batch["rollout_logprobs"] - t.infer(batch)["logprobs"].cpu())[mask].abs()
+    other = (batch["rollout_logprobs"] - base_infer(small_model).infer(batch)["logprobs"].cpu())[mask].abs()
+    assert diff.max() < 1e-2 and diff.mean() < 2e-3, (float(diff.max()), float(diff.mean()))
+    assert other.mean() > 10 * diff.mean(), (float(other.mean()), float(diff.mean()))
 
 
 @pytest.mark.parametrize("name", ["cpu", "cuda_ipc"])

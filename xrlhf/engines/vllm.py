@@ -46,8 +46,10 @@ ENV_DEFAULTS = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     "VLLM_HOST_IP": "127.0.0.1",  # skips the 8.8.8.8 probe of get_ip(); one node only
-    # vLLM's engine process: spawned, as vLLM itself does inside a Ray actor, rather than forked
-    # from a process whose threads (tokenizers, OpenMP, CUDA) may hold locks the child inherits.
+    # vLLM's engine process: spawned rather than forked from a process whose threads (tokenizers,
+    # OpenMP, CUDA) may hold locks the child inherits. vLLM forks by default and that does start
+    # (76 s on an H200, docs/vllm.md), but in a worker that already trains, CUDA is initialised
+    # and vLLM spawns anyway; spawning always makes the two cases one.
     "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
     "TOKENIZERS_PARALLELISM": "false",
 }
