@@ -35,7 +35,7 @@ import torch
 from pydantic import Field
 
 from xrlhf.algorithms import functional as F
-from xrlhf.algorithms.base import RLTrainer, Rollout, register_algorithm
+from xrlhf.algorithms.base import RLTrainer, Rollout, check_mini_batch, register_algorithm
 from xrlhf.algorithms.losses import KTOLoss
 from xrlhf.algorithms.offline import OfflineConfig, OfflineTrainer, prefixed, sequence_logps
 from xrlhf.config.schema import Strict, XConfig
@@ -158,15 +158,7 @@ class OnlineKTOTrainer(KTOMixin, RLTrainer):
     @classmethod
     def check_config(cls, cfg: XConfig, o: KTOOnlineConfig) -> list[str]:
         errors = super().check_config(cfg, o)
-        batch = cfg.trainer.prompts_per_step * cfg.trainer.samples_per_prompt
-        if batch % o.mini_batch_size:
-            errors.append(f"algorithm.mini_batch_size: {o.mini_batch_size} must divide the rollout batch "
-                          f"(trainer.prompts_per_step * trainer.samples_per_prompt = {batch})")
-        for h in ("policy", "reference"):
-            sec = getattr(cfg, h)
-            if sec is not None and o.mini_batch_size % sec.resources.ranks:
-                errors.append(f"algorithm.mini_batch_size: {o.mini_batch_size} must divide by {h}.resources.ranks "
-                              f"= {sec.resources.ranks}")
+        errors += check_mini_batch(cfg, o.mini_batch_size, ("policy", "reference"))
         if cfg.reference is None:
             errors.append("reference: kto_online needs a frozen reference model (reference: {} uses the "
                           "policy's initial model)")
