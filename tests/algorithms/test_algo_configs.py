@@ -83,3 +83,10 @@ def test_kto_options(model, pairs):
     assert any(x.startswith("algorithm.mini_batch_size: 3 must divide the rollout batch") for x in lines), lines
     assert any(x.startswith("reference: kto_online needs a frozen reference model") for x in lines), lines
     assert any(x.startswith("trainer.prompts_per_step: KTO's reference point needs") for x in lines), lines
+    lines = errors(base(model, {"name": "kto_online", "desirable_weight": 1.33, "balance_ratio": 1.0,
+                                "mini_batch_size": 32},
+                        reference={}))
+    assert lines == ["algorithm.desirable_weight: not used with algorithm.balance_ratio = 1.0 (w_d then follows "
+                     "each step's class counts); remove one of them"], lines
+    lines = errors(base(model, {"name": "kto", "dataset": pairs, "balance_per_prompt": True}, reference={}))
+    assert lines == ["algorithm.balance_per_prompt: needs algorithm.balance_ratio (e.g. 1.0)"], lines

@@ -37,6 +37,16 @@ def test_kto_loss_callable_sums_rows_and_uses_z_ref():
     close(logprobs.grad, [[-0.098305, -0.098305, 0.0], [0.1875, 0.1875, 0.0]])
 
 
+def test_kto_loss_callable_reads_per_row_desirable_weights():
+    # the rows above with a desirable_weight column: row 0 weighs 3 (not the scalar 1); row 1 is
+    # undesirable and keeps w_u = 1.5: 3 * 0.268941 + 0.75 = 1.556823
+    logprobs = T([[-1.5, -2.25, -9.0], [-3.0, -5.0, -99.0]])
+    mb = Batch({"response_mask": T([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]]), "ref_logps": T([-6.0, -8.25]),
+                "labels": T([1.0, 0.0]), "z_ref": T([0.25, 0.25]), "desirable_weight": T([3.0, 3.0])})
+    loss, _ = KTOLoss(beta=0.5, desirable_weight=1.0, undesirable_weight=1.5)(ForwardOutput(logprobs=logprobs), mb)
+    close(loss, 1.556823)
+
+
 def test_dpo_loss_callable_on_interleaved_pairs_is_twice_the_pair_sum():
     # rows [c0, r0, c1, r1], one token each: policy logps [-10, -15, -5, -5], reference [-12, -13, -5, -5]
     # pair 0: beta * ((-10 + 12) - (-15 + 13)) = 0.1 * 4 = 0.4 -> -logsigmoid(0.4) = 0.513015

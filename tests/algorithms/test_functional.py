@@ -19,6 +19,7 @@ from xrlhf.algorithms.functional import (
     gae,
     kl_estimate,
     kl_penalized_rewards,
+    kto_balanced_desirable_weights,
     kto_loss,
     kto_reference_point,
     masked_entropy_mean,
@@ -309,6 +310,34 @@ def test_kto_loss_absent_class_gives_zero_stat():
     # rejected rows absent -> 0.0, not nan; chosen = 0.1 * 0.5 = 0.05
     close(stats["rewards_rejected"], 0.0)
     close(stats["rewards_chosen"], 0.05)
+
+
+def test_kto_loss_with_per_row_desirable_weights():
+    # the rows of test_kto_loss_one_desirable_one_undesirable plus a second desirable row with
+    # r = -1.75 - (-2) = 0.25: beta*(r - z) = 0 -> 1 - sigmoid(0) = 0.5
+    policy = T([-3.75, -8.0, -1.75], requires_grad=True)
+    loss, _ = kto_loss(policy, T([-6.0, -8.25, -2.0]), T([True, False, True]), z_ref=T(0.25), beta=0.5,
+                       desirable_weight=T([2.0, 7.0, 3.0]), undesirable_weight=1.5)
+    # 2 * 0.268941 + 1.5 * 0.5 (row 1 is undesirable: its w_d of 7 is unused) + 3 * 0.5
+    # = 0.537882 + 0.75 + 1.5 = 2.787882
+    close(loss, 2.787882)
+    loss.backward()
+    # desirable rows: -w_d * s(1-s) * beta: -2 * 0.196612 * 0.5 = -0.196612; -3 * 0.25 * 0.5 = -0.375
+    close(policy.grad, [-0.196612, 0.1875, -0.375])
+
+
+def test_kto_balanced_desirable_weights_per_batch_and_per_group():
+    labels = T([True, False, False, False, True, True, False, True])
+    # one group: n_d = 4, n_u = 4 -> w_d = ratio * w_u * n_u / n_d = 1.25 * 2 * 4 / 4 = 2.5
+    close(kto_balanced_desirable_weights(labels, torch.zeros(8, dtype=torch.long), 1.25, 2.0), [2.5] * 8)
+    # groups 5: rows 0-3 (1 desirable, 3 undesirable) -> 1.25 * 2 * 3 / 1 = 7.5
+    #        9: rows 4-6 (2 desirable, 1 undesirable) -> 1.25 * 2 * 1 / 2 = 1.25
+    #        2: row 7 (desirable only, no ratio to keep) -> ratio * w_u = 2.5
+    groups = T([5, 5, 5, 5, 9, 9, 9, 2])
+    w = kto_balanced_desirable_weights(labels, groups, 1.25, 2.0)
+    close(w, [7.5, 7.5, 7.5, 7.5, 1.25, 1.25, 1.25, 2.5])
+    # the paper's ratio holds within each mixed group: 7.5 * 1 / (2 * 3) = 1.25; 1.25 * 2 / (2 * 1) = 1.25
+    assert not w.requires_grad
 
 
 def test_dpo_loss():

@@ -97,6 +97,27 @@ def test_online_kto_reference_point_is_policy_kl_on_mismatched_pairs(model_dir):
     assert metrics["kto/desirable_fraction"] == 0.5
 
 
+def test_kto_balanced_weights_are_set_from_all_the_rows_of_an_update(model_dir):
+    prompts = [[1, 20, 21]] * 4 + [[1, 30]] * 4
+    completions = [[40, 2], [41, 2], [42, 2], [43, 2]] * 2
+    labels = torch.tensor([True, False, False, False, True, True, True, False])
+    groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    fixed = make_trainer(model_dir, {"name": "kto_online", "mini_batch_size": 8, "desirable_weight": 1.5})
+    assert fixed.kto_batches(prompts, completions, labels, groups)[0]["desirable_weight"].tolist() == [1.5] * 8
+    # one ratio over the 8 rows: n_d = n_u = 4 -> w_d = 4/3 * 1 * 4 / 4
+    batch = make_trainer(model_dir, {"name": "kto_online", "mini_batch_size": 8, "balance_ratio": 4 / 3})
+    assert batch.kto_batches(prompts, completions, labels, groups)[0]["desirable_weight"].tolist() == \
+        pytest.approx([4 / 3] * 8)
+    # per prompt: prompt 0 has 1 desirable, 3 not -> 4/3 * 3 = 4; prompt 1 has 3 and 1 -> 4/3 / 3 = 4/9
+    per = make_trainer(model_dir, {"name": "kto_online", "mini_batch_size": 8, "balance_ratio": 4 / 3,
+                                   "balance_per_prompt": True})
+    train, kl = per.kto_batches(prompts, completions, labels, groups)
+    assert train["desirable_weight"].tolist() == pytest.approx([4.0] * 4 + [4 / 9] * 4)
+    # a mini-batch keeps its rows' weights (no recount on part of a prompt's samples)
+    metrics = per.kto_step(train.index(torch.tensor([0, 1, 4, 7])), kl.index(torch.tensor([0, 1, 4, 7])))
+    assert metrics["kto/desirable_weight"] == pytest.approx((4.0 + 4 / 9) / 2)
+
+
 def rollout_for(trainer, scores, group_ids, lengths):
     mask = torch.zeros(len(scores), max(lengths))
     for i, n in enumerate(lengths):

@@ -263,6 +263,23 @@ class RLTrainer(ABC):
         return list(shuffled.chunks(size))
 
 
+def check_mini_batch(cfg: XConfig, mini_batch_size: int, handles: tuple[str, ...]) -> list[str]:
+    """Checks of an ``algorithm.mini_batch_size`` that cuts each rollout into optimizer steps:
+    it must divide the rollout batch (``trainer.prompts_per_step * trainer.samples_per_prompt``)
+    and split evenly over the ranks of each of ``handles`` that the config has."""
+    errors = []
+    batch = cfg.trainer.prompts_per_step * cfg.trainer.samples_per_prompt
+    if batch % mini_batch_size:
+        errors.append(f"algorithm.mini_batch_size: {mini_batch_size} must divide the rollout batch "
+                      f"(trainer.prompts_per_step * trainer.samples_per_prompt = {batch})")
+    for h in handles:
+        sec = getattr(cfg, h, None)
+        if sec is not None and mini_batch_size % sec.resources.ranks:
+            errors.append(f"algorithm.mini_batch_size: {mini_batch_size} must divide by {h}.resources.ranks "
+                          f"= {sec.resources.ranks}")
+    return errors
+
+
 def _check_reward_source(cfg: XConfig) -> list[str]:
     """An env without rule rewards (``reward_source = "model"``) needs a reward model or function."""
     from xrlhf.envs import ENVS

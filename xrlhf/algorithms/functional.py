@@ -46,6 +46,7 @@ __all__ = [
     "AdaptiveKLController",
     "kto_reference_point",
     "kto_loss",
+    "kto_balanced_desirable_weights",
     "dpo_loss",
     "bradley_terry_loss",
     "sequence_logprob",
@@ -435,8 +436,8 @@ def _mean_or_zero(x: torch.Tensor) -> torch.Tensor:
 
 
 def kto_loss(policy_logps: torch.Tensor, ref_logps: torch.Tensor, labels: torch.Tensor,
-             z_ref: torch.Tensor | float, beta: float, desirable_weight: float,
-             undesirable_weight: float) -> tuple[torch.Tensor, dict]:
+             z_ref: torch.Tensor | float, beta: float, desirable_weight: float | torch.Tensor,
+             undesirable_weight: float | torch.Tensor) -> tuple[torch.Tensor, dict]:
     """KTO loss (Ethayarajh et al. 2024, "KTO: Model Alignment as Prospect Theoretic
     Optimization"), summed over rows.
 
@@ -449,7 +450,8 @@ def kto_loss(policy_logps: torch.Tensor, ref_logps: torch.Tensor, labels: torch.
         ref_logps: ``[B]`` the same under the reference model.
         labels: ``[B]`` bool, True = desirable.
         z_ref: scalar reference point (``kto_reference_point``).
-        beta: temperature; desirable_weight / undesirable_weight: ``w_d`` / ``w_u``.
+        beta: temperature; desirable_weight / undesirable_weight: ``w_d`` / ``w_u``, scalars or
+            ``[B]`` per-row weights (``kto_balanced_desirable_weights``).
     Returns:
         ``(loss_sum, stats)``; stats: ``rewards_chosen`` / ``rewards_rejected`` (mean implicit
         reward ``beta * r`` of desirable / undesirable rows, 0.0 when there are none), ``kl``
@@ -469,6 +471,37 @@ def kto_loss(policy_logps: torch.Tensor, ref_logps: torch.Tensor, labels: torch.
         "kl": z,
     }
     return loss_sum, stats
+
+
+def kto_balanced_desirable_weights(labels: torch.Tensor, group_ids: torch.Tensor, ratio: float,
+                                   undesirable_weight: float) -> torch.Tensor:
+    """Desirable weights ``w_d`` that make ``w_d * n_d / (w_u * n_u) = ratio`` within each group.
+
+    KTO (Ethayarajh et al. 2024, section 4.2) recommends ``w_d n_d / (w_u n_u)`` in ``[1, 4/3]``,
+    ``n_d`` / ``n_u`` the counts of desirable / undesirable examples. Online, the counts change
+    from batch to batch and from prompt to prompt (a hard prompt gets 1 right answer in 8, an
+    easy one 7), so fixed weights drift out of that range; this computes ``w_d`` from the
+    actual counts of each group. One group for the whole batch (``group_ids`` all equal) is the
+    paper's batch-level rule; one group per prompt keeps the rule within every prompt's samples,
+    and hence also over the batch. A group without one of the classes has no ratio to keep:
+    ``w_d = ratio * w_u`` there.
+
+    Args:
+        labels: ``[B]`` bool, True = desirable.
+        group_ids: ``[B]`` the group (e.g. prompt) of each row.
+        ratio: the wanted ``w_d n_d / (w_u n_u)``.
+        undesirable_weight: ``w_u``.
+    Returns:
+        ``[B]`` float: the ``w_d`` of each row's group (used by the desirable rows only).
+    """
+    _check_same_shape(labels=labels, group_ids=group_ids)
+    labels = labels.bool()
+    groups, inverse = torch.unique(group_ids, return_inverse=True)
+    n_d = torch.zeros(len(groups)).index_add(0, inverse, labels.float())
+    n_u = torch.bincount(inverse, minlength=len(groups)).float() - n_d
+    w = torch.where((n_d > 0) & (n_u > 0), ratio * undesirable_weight * n_u / n_d.clamp(min=1),
+                    torch.full_like(n_d, ratio * undesirable_weight))
+    return w[inverse]
 
 
 def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor,

@@ -22,6 +22,15 @@ the current policy before every optimizer step, over the whole (global) mini-bat
   With ``filter_uniform_groups`` only the prompts whose samples got both labels are kept, as
   DAPO's dynamic sampling keeps only groups with mixed outcomes (Yu et al. 2025): a prompt the
   policy always fails then pushes its likely (and often nearly right) answers down no more.
+
+The paper recommends weights with ``w_d n_d / (w_u n_u)`` in ``[1, 4/3]`` (``n_d``, ``n_u``:
+the counts of desirable and undesirable examples). Fixed weights cannot keep that online,
+where the counts move with the policy; ``balance_ratio`` computes ``w_d`` from the counts of
+the rows of each update (``functional.kto_balanced_desirable_weights``), over all of them or,
+with ``balance_per_prompt``, within each prompt's samples. The latter matters online: with one
+ratio for the batch, a hard prompt's 7 wrong answers in 8 still push the tokens they share with
+the right one (the format, the right first digits) down, while an easy prompt's right answers
+push up other tokens.
 """
 
 from __future__ import annotations
@@ -35,14 +44,14 @@ import torch
 from pydantic import Field
 
 from xrlhf.algorithms import functional as F
-from xrlhf.algorithms.base import RLTrainer, Rollout, register_algorithm
+from xrlhf.algorithms.base import RLTrainer, Rollout, check_mini_batch, register_algorithm
 from xrlhf.algorithms.losses import KTOLoss
 from xrlhf.algorithms.offline import OfflineConfig, OfflineTrainer, prefixed, sequence_logps
 from xrlhf.config.schema import Strict, XConfig
 from xrlhf.data.batch import Batch, build_sequences, response_width
 from xrlhf.data.datasets import KTO
 
-TRAIN_KEYS = ("input_ids", "attention_mask", "response_mask", "ref_logps", "labels", "z_ref")
+TRAIN_KEYS = ("input_ids", "attention_mask", "response_mask", "ref_logps", "labels", "desirable_weight", "z_ref")
 
 
 class KTOOptions(Strict):
@@ -51,6 +60,29 @@ class KTOOptions(Strict):
     beta: float = Field(0.1, gt=0, description="temperature of the implied reward")
     desirable_weight: float = Field(1.0, gt=0, description="w_d; the paper keeps w_d n_d / (w_u n_u) in [1, 4/3]")
     undesirable_weight: float = Field(1.0, gt=0, description="w_u")
+    balance_ratio: float | None = Field(None, gt=0, description="set w_d from the class counts of the rows of "
+                                        "each update (a rollout online, a batch offline) so that w_d n_d / (w_u n_u) "
+                                        "= balance_ratio (the paper recommends [1, 4/3]); desirable_weight unused")
+    balance_per_prompt: bool = Field(False, description="with balance_ratio: keep the ratio within each prompt's "
+                                                        "rows (and so over all rows), not only over all rows")
+
+    def kto_errors(self) -> list[str]:
+        """Cross-option checks shared by offline and online KTO."""
+        errors = []
+        if self.balance_ratio is not None and "desirable_weight" in self.model_fields_set:
+            errors.append(f"algorithm.desirable_weight: not used with algorithm.balance_ratio = "
+                          f"{self.balance_ratio} (w_d then follows each step's class counts); remove one of them")
+        if self.balance_per_prompt and self.balance_ratio is None:
+            errors.append("algorithm.balance_per_prompt: needs algorithm.balance_ratio (e.g. 1.0)")
+        return errors
+
+    def desirable_weights(self, labels: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor | float:
+        """``w_d`` for a step's rows (labels and prompts ``[B]``): the scalar option, or ``[B]``
+        balanced weights."""
+        if self.balance_ratio is None:
+            return self.desirable_weight
+        groups = group_ids if self.balance_per_prompt else torch.zeros_like(group_ids)
+        return F.kto_balanced_desirable_weights(labels, groups, self.balance_ratio, self.undesirable_weight)
 
 
 class KTOConfig(OfflineConfig, KTOOptions):
@@ -113,6 +145,10 @@ class KTOMixin:
         train, kl = full.index(slice(0, b)), full.index(slice(b, 2 * b))
         train["ref_logps"], kl["ref_logps"] = ref[:b], ref[b:]
         train["labels"] = labels.float()
+        # w_d from the class counts of all the rows (the whole rollout online), not of each
+        # mini-batch: a mini-batch holds a random part of a prompt's samples
+        train["desirable_weight"] = torch.as_tensor(self.opt.desirable_weights(labels.bool(), group_ids),
+                                                    dtype=torch.float32).expand(b).clone()
         return train, kl
 
     def kto_step(self, train: Batch, kl: Batch) -> dict[str, float]:
@@ -121,7 +157,10 @@ class KTOMixin:
         train["z_ref"] = z.expand(len(train)).clone()
         loss = KTOLoss(self.opt.beta, self.opt.desirable_weight, self.opt.undesirable_weight)
         metrics = prefixed(self.policy.train_step(train.select(*TRAIN_KEYS), loss))
-        metrics["kto/desirable_fraction"] = float(train["labels"].mean())
+        labels = train["labels"].bool()
+        metrics["kto/desirable_fraction"] = float(labels.float().mean())
+        if labels.any():
+            metrics["kto/desirable_weight"] = float(train["desirable_weight"][labels].mean())
         return metrics
 
 
@@ -133,6 +172,10 @@ class KTOTrainer(KTOMixin, OfflineTrainer):
     schema = KTO
     progress_keys = [("policy/loss", "loss"), ("kto/kl", "z_ref"), ("kto/rewards_chosen", "r_des"),
                      ("kto/rewards_rejected", "r_undes")]
+
+    @classmethod
+    def check_config(cls, cfg: XConfig, o: KTOConfig) -> list[str]:
+        return super().check_config(cfg, o) + o.kto_errors()
 
     def encode_row(self, row: dict[str, Any]) -> tuple[list[int], list[int], bool, int]:
         # the prompt's hash is its group id: two rows of one prompt are never each other's mismatch
@@ -158,22 +201,14 @@ class OnlineKTOTrainer(KTOMixin, RLTrainer):
     @classmethod
     def check_config(cls, cfg: XConfig, o: KTOOnlineConfig) -> list[str]:
         errors = super().check_config(cfg, o)
-        batch = cfg.trainer.prompts_per_step * cfg.trainer.samples_per_prompt
-        if batch % o.mini_batch_size:
-            errors.append(f"algorithm.mini_batch_size: {o.mini_batch_size} must divide the rollout batch "
-                          f"(trainer.prompts_per_step * trainer.samples_per_prompt = {batch})")
-        for h in ("policy", "reference"):
-            sec = getattr(cfg, h)
-            if sec is not None and o.mini_batch_size % sec.resources.ranks:
-                errors.append(f"algorithm.mini_batch_size: {o.mini_batch_size} must divide by {h}.resources.ranks "
-                              f"= {sec.resources.ranks}")
+        errors += check_mini_batch(cfg, o.mini_batch_size, ("policy", "reference"))
         if cfg.reference is None:
             errors.append("reference: kto_online needs a frozen reference model (reference: {} uses the "
                           "policy's initial model)")
         if cfg.trainer.prompts_per_step < 2:
             errors.append("trainer.prompts_per_step: KTO's reference point needs completions of at least 2 "
                           "prompts per step")
-        return errors
+        return errors + o.kto_errors()
 
     @classmethod
     def train_steps(cls, cfg: XConfig, o: KTOOnlineConfig) -> dict[str, int]:

@@ -102,7 +102,9 @@ class KTOLoss:
 
     Reads ``ref_logps`` ``[B]`` (reference sequence log-probs), ``labels`` ``[B]`` (1 =
     desirable), ``z_ref`` ``[B]`` (the batch's reference point, the same in every row: it is
-    estimated by the trainer from mismatched pairs before the step) and ``response_mask``.
+    estimated by the trainer from mismatched pairs before the step), ``response_mask`` and,
+    when present, ``desirable_weight`` ``[B]`` (per-row ``w_d`` of balanced weights, which then
+    replaces the scalar ``desirable_weight``).
     """
 
     beta: float = 0.1
@@ -113,8 +115,9 @@ class KTOLoss:
 
     def __call__(self, out: ForwardOutput, mb: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         logps = F.sequence_logprob(out.logprobs, mb["response_mask"])
+        w_d = mb["desirable_weight"] if "desirable_weight" in mb else self.desirable_weight
         loss, stats = F.kto_loss(logps, mb["ref_logps"], mb["labels"].bool(), mb["z_ref"][0], self.beta,
-                                 self.desirable_weight, self.undesirable_weight)
+                                 w_d, self.undesirable_weight)
         return loss, {f"kto/{k}": v for k, v in stats.items()}
 
 

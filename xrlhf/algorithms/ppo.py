@@ -17,7 +17,7 @@ import torch
 from pydantic import Field
 
 from xrlhf.algorithms import functional as F
-from xrlhf.algorithms.base import RLTrainer, Rollout, register_algorithm
+from xrlhf.algorithms.base import RLTrainer, Rollout, check_mini_batch, register_algorithm
 from xrlhf.algorithms.losses import PolicyLoss, ValueLoss
 from xrlhf.config.schema import Strict, XConfig
 from xrlhf.data.batch import Batch
@@ -68,15 +68,7 @@ class PolicyGradientTrainer(RLTrainer):
     @classmethod
     def check_config(cls, cfg: XConfig, o) -> list[str]:
         errors = super().check_config(cfg, o)
-        batch = cfg.trainer.prompts_per_step * cfg.trainer.samples_per_prompt
-        if batch % o.mini_batch_size:
-            errors.append(f"algorithm.mini_batch_size: {o.mini_batch_size} must divide the rollout batch "
-                          f"(trainer.prompts_per_step * trainer.samples_per_prompt = {batch})")
-        for h in ("policy", "critic"):
-            sec = getattr(cfg, h, None)
-            if sec is not None and (h == "policy" or cls.needs_critic) and o.mini_batch_size % sec.resources.ranks:
-                errors.append(f"algorithm.mini_batch_size: {o.mini_batch_size} must divide by "
-                              f"{h}.resources.ranks = {sec.resources.ranks}")
+        errors += check_mini_batch(cfg, o.mini_batch_size, ("policy", "critic") if cls.needs_critic else ("policy",))
         if o.kl_coef > 0 and cfg.reference is None:
             errors.append("reference: algorithm.kl_coef > 0 needs a reference section (reference: {} uses the "
                           "policy's initial model); or set algorithm.kl_coef: 0")
