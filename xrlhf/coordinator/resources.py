@@ -37,6 +37,11 @@ class Slot:
 
 
 def anchor_of(name: str, specs: dict[str, Resources]) -> str:
+    """The handle whose placement group ``name`` lands in: ``colocate_with`` followed to its end.
+
+    Raises:
+        UserError: for a handle the run does not use, or a cycle.
+    """
     seen = [name]
     while specs[name].colocate_with is not None:
         name = specs[name].colocate_with
