@@ -12,6 +12,7 @@
 #   bash benchmarks/gpu_session.sh diag    # 2 GPUs: 20 PPO steps co-located, vLLM's engine process vs in-process,
 #                                          # side by side, stacks of every process on a stall; then the clean
 #                                          # start-up probe of vLLM's defaults          (~8-9 min)
+#   bash benchmarks/gpu_session.sh overhead  # 1 GPU: where vLLM's time goes, engines sharing a GPU (~7 min)
 #   bash benchmarks/gpu_session.sh all     # all of the above (longer than one 10-minute call)
 #
 # Logs and JSON go to $OUT (default ./gpu-out): OUT/<stage>/..., the benchmark JSON to
@@ -155,14 +156,22 @@ stage_ds_ppo() {  # 2 GPUs, ~8 min: issue 5's PPO with DeepSpeed + vLLM, and iss
   for v in ds-ppo colocated-test; do log "$v:"; grep -v "^\s*$" "$OUT/$v/log.txt" | tail -14 | cut -c1-220; done
 }
 
-stage_recheck() {  # 2 GPUs, ~4 min: the transport read-back tests; where vLLM's generation time goes
+stage_recheck() {  # 2 GPUs, ~6 min: the vLLM engine tests (transports included); where generation time goes
   setup recheck
-  watch transport-tests "${LIMIT_A:-150}" $PY -m pytest -m gpu tests/gpu/test_vllm_engine.py -k "transports or nccl or packed" \
+  watch transport-tests "${LIMIT_A:-240}" $PY -m pytest -m gpu tests/gpu/test_vllm_engine.py \
     -q -rA -p no:cacheprovider --junitxml="$OUT/transport-tests/junit.xml"
   CUDA_VISIBLE_DEVICES=0 watch gen-breakdown "${LIMIT_B:-130}" $PY -m benchmarks.generation_bench --engines vllm \
     --breakdown --out "$OUT/gen-breakdown"
   for v in transport-tests gen-breakdown; do log "$v:"; grep -v "^\s*$" "$OUT/$v/log.txt" | tail -12 | cut -c1-220; done
   cat "$OUT/gen-breakdown/generation.json" 2>/dev/null | head -24
+}
+
+stage_overhead() {  # 1 GPU, ~7 min: vLLM's per-step host work, logprob formats, engines sharing a GPU
+  setup overhead
+  mkdir -p "$OUT/benchmarks/results"
+  CUDA_VISIBLE_DEVICES=0 watch vllm-overhead "${LIMIT_A:-500}" $PY -m benchmarks.vllm_overhead \
+    --engines-per-gpu ${ENGINES_PER_GPU:-2 4} --out "$OUT/benchmarks/results"
+  grep -v "^\s*$" "$OUT/vllm-overhead/log.txt" | grep -v "INFO\|WARNING" | tail -30 | cut -c1-240
 }
 
 ds_setup() {  # the DeepSpeed stages need two GPUs and build their own models (no 0.5b, no vLLM)
@@ -200,7 +209,8 @@ case "$STAGE" in
   layouts) stage_layouts ;;
   ds-ppo) stage_ds_ppo ;;
   recheck) stage_recheck ;;
+  overhead) stage_overhead ;;
   all) stage_hang; stage_tests; stage_bench; stage_ppo ;;
-  *) echo "usage: $0 hang|tests|bench|ppo|diag|layouts|ds-ppo|recheck|ds-tests|ds-bench|all" >&2; exit 2 ;;
+  *) echo "usage: $0 hang|tests|bench|ppo|diag|layouts|ds-ppo|recheck|overhead|ds-tests|ds-bench|all" >&2; exit 2 ;;
 esac
 log "done: $STAGE -> $OUT"

@@ -105,6 +105,7 @@ class FakeSamplingParams:
     stop_token_ids: list = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None
+    flat_logprobs: bool = False
     detokenize: bool = True
     seed: int | None = None
 
@@ -150,7 +151,9 @@ class FakeLLM:
         out = []
         for p in prompts:
             ids = [(p["prompt_token_ids"][-1] + k) % 100 for k in range(1, 4)]
-            lps = [{t: SimpleNamespace(logprob=-0.5 * (k + 1))} for k, t in enumerate(ids)]
+            assert (sp[0] if isinstance(sp, list) else sp).flat_logprobs
+            lps = SimpleNamespace(start_indices=[0, 1, 2], end_indices=[1, 2, 3], token_ids=ids,  # FlatLogprobs
+                                  logprobs=[-0.5 * (k + 1) for k in range(3)])
             out.append(SimpleNamespace(outputs=[SimpleNamespace(token_ids=ids, logprobs=lps)]))
         return out
 
@@ -204,14 +207,18 @@ def test_sampling_parameters_and_outputs(vllm_module, tiny_model):
     engine = vllm_module.VLLMGenerateEngine(engine_spec(tiny_model))
     assert engine.eos_ids == [2] and not engine.shares_trainer_process
     sp = engine.sampling_params(SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=5), 2)
-    assert (sp.temperature, sp.top_p, sp.top_k, sp.max_tokens, sp.stop_token_ids, sp.logprobs, sp.detokenize) == \
-        (0.7, 0.9, 0, 5, [2], 0, False)
+    assert (sp.temperature, sp.top_p, sp.top_k, sp.max_tokens, sp.stop_token_ids, sp.logprobs, sp.detokenize,
+            sp.flat_logprobs) == (0.7, 0.9, 0, 5, [2], 0, False, True)
     sp = engine.sampling_params(SamplingParams(ignore_eos=True, stop_token_ids=[7]), 2)
     assert sp.ignore_eos and sp.stop_token_ids == []  # as the HF engine: nothing stops it
     seeded = engine.sampling_params(SamplingParams(seed=10, stop_token_ids=[7]), 3)
     assert [s.seed for s in seeded] == [10, 11, 12] and seeded[0].stop_token_ids == [7]
     out = engine.generate([[1, 5], [1, 6]], SamplingParams())
     assert out.token_ids == [[6, 7, 8], [7, 8, 9]] and out.logprobs[0] == [-0.5, -1.0, -1.5]
+    flat = SimpleNamespace(start_indices=[0, 1], token_ids=[6, 9], logprobs=[-0.5, -1.0])
+    assert vllm_module.sampled_logprobs(flat, [6, 9]) == [-0.5, -1.0]
+    with pytest.raises(RuntimeError, match="do not match"):
+        vllm_module.sampled_logprobs(flat, [6, 8])
 
 
 def trained_weights(tiny_model) -> list[tuple[str, torch.Tensor]]:

@@ -92,6 +92,18 @@ def llm_kwargs(spec: EngineSpec) -> tuple[dict[str, Any], dict[str, str]]:
     return kwargs, env
 
 
+def sampled_logprobs(flat, ids: list[int]) -> list[float]:
+    """The logprob of each sampled token from vLLM's ``FlatLogprobs`` (asked with ``logprobs=0``:
+    one entry per position, the sampled token's). ``flat_logprobs`` keeps three flat lists per
+    request instead of a dict and a ``Logprob`` per token, which vLLM's output processing and
+    Python's garbage collector pay for at every step (docs/vllm.md, benchmarks/vllm_overhead.py)."""
+    starts = flat.start_indices
+    if len(starts) != len(ids) or any(flat.token_ids[s] != t for s, t in zip(starts, ids)):
+        raise RuntimeError(f"vLLM returned logprobs for {len(starts)} positions that do not match the "
+                           f"{len(ids)} sampled tokens")
+    return [float(flat.logprobs[s]) for s in starts]
+
+
 @ENGINES.register("vllm.generate")
 class VLLMGenerateEngine(GenerateEngine):
     """Generation with ``vllm.LLM``; weights in through the worker extension.
@@ -132,13 +144,9 @@ class VLLMGenerateEngine(GenerateEngine):
         sp = self.sampling_params(params, len(prompts))
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts], sp,
                                  use_tqdm=False)
-        token_ids, logprobs = [], []
-        for out in outs:
-            c = out.outputs[0]
-            ids = list(c.token_ids)
-            token_ids.append(ids)
-            logprobs.append([float(c.logprobs[i][t].logprob) for i, t in enumerate(ids)])
-        return GenerationOutput(token_ids, logprobs)
+        token_ids = [list(out.outputs[0].token_ids) for out in outs]
+        return GenerationOutput(token_ids, [sampled_logprobs(out.outputs[0].logprobs, ids)
+                                            for out, ids in zip(outs, token_ids)])
 
     def sampling_params(self, params: SamplingParams, n: int):
         """``vllm.SamplingParams`` for our ``params`` (a list, one per prompt, when seeded)."""
@@ -147,7 +155,7 @@ class VLLMGenerateEngine(GenerateEngine):
         stop = [] if params.ignore_eos else list(params.stop_token_ids or self.eos_ids)
         base = dict(n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or 0,
                     max_tokens=params.max_new_tokens, stop_token_ids=stop, ignore_eos=params.ignore_eos,
-                    logprobs=0, detokenize=False)
+                    logprobs=0, flat_logprobs=True, detokenize=False)
         if params.seed is None:
             return VSamplingParams(**base)
         return [VSamplingParams(**base, seed=params.seed + i) for i in range(n)]
