@@ -87,8 +87,11 @@ def table(rows: Iterable[Iterable[Any]], header: Iterable[str]) -> str:
 
 
 class DeviceMemorySampler:
-    """The GPU's used memory sampled by ``nvidia-smi`` every ``period_ms`` (no CUDA context in
-    this process, so it perturbs nothing); ``peak()`` since the last ``reset()``, in GiB."""
+    """The GPU's used memory and utilisation sampled by ``nvidia-smi`` every ``period_ms`` (no CUDA
+    context in this process, so it perturbs nothing): ``peak()`` memory in GiB and mean
+    ``utilization()`` in % (the share of time a kernel ran, as the driver reports it), both since
+    the last ``reset()``. A utilisation well under 100% while generating means the host, not the
+    GPU, sets the pace."""
 
     def __init__(self, gpu: int | None = None, period_ms: int = 50):
         """``gpu``: nvidia-smi's index; default the first of ``CUDA_VISIBLE_DEVICES`` (else 0)."""
@@ -98,28 +101,35 @@ class DeviceMemorySampler:
             gpu = int((os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0])
 
         self.proc = subprocess.Popen(
-            ["nvidia-smi", f"--id={gpu}", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+            ["nvidia-smi", f"--id={gpu}", "--query-gpu=memory.used,utilization.gpu", "--format=csv,noheader,nounits",
              f"-lms={period_ms}"], stdout=subprocess.PIPE, text=True)
         self._peak = 0.0
+        self._util: list[float] = []
         self._lock = threading.Lock()
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
         for line in self.proc.stdout:
             try:
-                mib = float(line.strip())
+                mib, util = (float(x) for x in line.split(","))
             except ValueError:
                 continue
             with self._lock:
                 self._peak = max(self._peak, mib / 1024)
+                self._util.append(util)
 
     def reset(self) -> None:
         with self._lock:
             self._peak = 0.0
+            self._util = []
 
     def peak(self) -> float:
         with self._lock:
             return self._peak
+
+    def utilization(self) -> float | None:
+        with self._lock:
+            return round(sum(self._util) / len(self._util), 1) if self._util else None
 
     def close(self) -> None:
         self.proc.terminate()

@@ -16,7 +16,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from benchmarks.common import MODEL_05B, ensure_model, gpu_name, model_params, table, vllm_options, write_json
+from benchmarks.common import (ROOT, DeviceMemorySampler, ensure_model, gpu_name, model_params, table,
+                               vllm_options, write_json)
 
 
 def prompts_for(model: str, n: int) -> list[list[int]]:
@@ -28,7 +29,7 @@ def prompts_for(model: str, n: int) -> list[list[int]]:
     return [encode_prompt(tok, p.text) for p in env.train_prompts(0, n)]
 
 
-def timed(engine, prompts: list[list[int]], new_tokens: int) -> tuple[float, int]:
+def timed(engine, prompts: list[list[int]], new_tokens: int, sampler=None) -> tuple[float, int]:
     """Seconds for one ``generate`` of every prompt, and the tokens generated."""
     import torch
 
@@ -36,6 +37,8 @@ def timed(engine, prompts: list[list[int]], new_tokens: int) -> tuple[float, int
 
     engine.generate(prompts[:8], SamplingParams(temperature=1.0, max_new_tokens=16, ignore_eos=True))  # warm-up
     torch.cuda.synchronize()
+    if sampler:
+        sampler.reset()
     t0 = time.perf_counter()
     out = engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=new_tokens, ignore_eos=True))
     seconds = time.perf_counter() - t0
@@ -44,26 +47,32 @@ def timed(engine, prompts: list[list[int]], new_tokens: int) -> tuple[float, int
     return seconds, tokens
 
 
-def raw_vllm(engine, prompts: list[list[int]], new_tokens: int, logprobs: int | None) -> float:
-    """Tokens/s of ``vllm.LLM.generate`` called directly (no xrlhf code around it), with or without
-    the sampled tokens' logprobs: where the engine's time goes."""
+def raw_vllm(engine, prompts: list[list[int]], new_tokens: int, logprobs: int | None, sampler) -> dict:
+    """Tokens/s (and mean GPU utilisation) of ``vllm.LLM.generate`` called directly (no xrlhf code
+    around it), with or without the sampled tokens' logprobs: where the engine's time goes."""
     from vllm import SamplingParams as VSamplingParams
     from vllm import TokensPrompt
 
-    sp = VSamplingParams(temperature=1.0, max_tokens=new_tokens, ignore_eos=True, logprobs=logprobs, detokenize=False)
+    sp = VSamplingParams(temperature=1.0, max_tokens=new_tokens, ignore_eos=True, logprobs=logprobs, detokenize=False,
+                         flat_logprobs=True)
+    sampler.reset()
     t0 = time.perf_counter()
     outs = engine.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
     seconds = time.perf_counter() - t0
-    return sum(len(o.outputs[0].token_ids) for o in outs) / seconds
+    return {"tokens_per_s": round(sum(len(o.outputs[0].token_ids) for o in outs) / seconds),
+            "gpu_utilization": sampler.utilization()}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default=None, help="model directory (default: artifacts/model-0.5b, built if missing)")
+    p.add_argument("--preset", default="0.5b", help="model preset (xrlhf.models.tiny.PRESETS): '0.5b' (the "
+                   "reported figure) or '0.5b-gqa' (Qwen2.5-0.5B's grouped-query attention)")
+    p.add_argument("--model", default=None, help="model directory (default: artifacts/model-<preset>, built if missing)")
     p.add_argument("--prompts", type=int, default=256)
     p.add_argument("--new-tokens", type=int, default=512)
-    p.add_argument("--hf-micro-batch", type=int, default=128,
-                   help="the HF engine generates this many prompts at once (its logits of every step are kept)")
+    p.add_argument("--hf-micro-batch", default="128",
+                   help="the HF engine generates this many prompts at once (its logits of every step are kept); "
+                        "a comma-separated list tries each and reports the fastest")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     p.add_argument("--engines", default="vllm,hf")
     p.add_argument("--breakdown", action="store_true",
@@ -73,10 +82,17 @@ def main() -> None:
 
     from xrlhf.engines.base import EngineSpec
 
-    model = ensure_model(args.model or MODEL_05B)
+    from transformers import AutoConfig
+
+    model = ensure_model(args.model or ROOT / "artifacts" / f"model-{args.preset}", preset=args.preset)
     prompts = prompts_for(model, args.prompts)
+    c = AutoConfig.from_pretrained(model)
     result = {"gpu": gpu_name(), "model_params": model_params(model), "prompts": args.prompts,
-              "new_tokens": args.new_tokens, "dtype": "bfloat16", "vllm_tokens_per_s": None, "hf_tokens_per_s": None}
+              "new_tokens": args.new_tokens, "dtype": "bfloat16", "vllm_tokens_per_s": None, "hf_tokens_per_s": None,
+              "model_preset": args.preset, "model_shape": {k: getattr(c, k) for k in (
+                  "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+                  "intermediate_size", "vocab_size")}}
+    sampler = DeviceMemorySampler()
     if "vllm" in args.engines:
         from xrlhf.engines.vllm import VLLMGenerateEngine
 
@@ -85,24 +101,39 @@ def main() -> None:
         t0 = time.perf_counter()
         engine = VLLMGenerateEngine(EngineSpec(model, device="cuda", dtype="bfloat16", options=options))
         result["vllm_startup_s"] = round(time.perf_counter() - t0, 1)
-        seconds, tokens = timed(engine, prompts, args.new_tokens)
-        result.update(vllm_seconds=seconds, vllm_tokens_per_s=tokens / seconds,
+        seconds, tokens = timed(engine, prompts, args.new_tokens, sampler)
+        result.update(vllm_seconds=seconds, vllm_tokens_per_s=tokens / seconds, vllm_gpu_utilization=sampler.utilization(),
                       vllm_options={k: options[k] for k in ("enforce_eager", "max_num_seqs", "engine_options")})
         if args.breakdown:
-            result["vllm_raw_logprobs_tokens_per_s"] = raw_vllm(engine, prompts, args.new_tokens, 0)
-            result["vllm_raw_no_logprobs_tokens_per_s"] = raw_vllm(engine, prompts, args.new_tokens, None)
+            for name, logprobs in (("logprobs", 0), ("no_logprobs", None)):
+                raw = raw_vllm(engine, prompts, args.new_tokens, logprobs, sampler)
+                result[f"vllm_raw_{name}_tokens_per_s"] = raw["tokens_per_s"]
+                result[f"vllm_raw_{name}_gpu_utilization"] = raw["gpu_utilization"]
         engine.shutdown()
         del engine
     if "hf" in args.engines:
+        import gc
+
+        import torch
+
         from xrlhf.engines.hf import HFGenerateEngine
 
-        engine = HFGenerateEngine(EngineSpec(model, device="cuda", dtype="bfloat16",
-                                             options={"micro_batch_size": args.hf_micro_batch}))
-        seconds, tokens = timed(engine, prompts, args.new_tokens)
-        result.update(hf_seconds=seconds, hf_tokens_per_s=tokens / seconds, hf_micro_batch_size=args.hf_micro_batch)
+        tried = {}
+        for mb in map(int, str(args.hf_micro_batch).split(",")):
+            engine = HFGenerateEngine(EngineSpec(model, device="cuda", dtype="bfloat16", options={"micro_batch_size": mb}))
+            seconds, tokens = timed(engine, prompts, args.new_tokens, sampler)
+            tried[mb] = dict(hf_seconds=seconds, hf_tokens_per_s=tokens / seconds, hf_micro_batch_size=mb,
+                             hf_gpu_utilization=sampler.utilization())
+            print(f"hf micro-batch {mb}: {tokens / seconds:.0f} tokens/s", flush=True)
+            del engine
+            gc.collect()
+            torch.cuda.empty_cache()
+        result.update(max(tried.values(), key=lambda r: r["hf_tokens_per_s"]))
+        result["hf_tokens_per_s_by_micro_batch"] = {mb: round(r["hf_tokens_per_s"]) for mb, r in tried.items()}
+    sampler.close()
     if result["vllm_tokens_per_s"] and result["hf_tokens_per_s"]:
         result["speedup"] = result["vllm_tokens_per_s"] / result["hf_tokens_per_s"]
-    write_json(args.out, "generation.json", result)
+    write_json(args.out, "generation.json" if args.preset == "0.5b" else f"generation-{args.preset}.json", result)
     rows = [(e, result.get(f"{e}_seconds"), result.get(f"{e}_tokens_per_s")) for e in ("vllm", "hf")]
     print(table(rows, ["engine", "seconds", "tokens/s"]))
     print(f"{result['gpu']}, {result['model_params']:,} params, {args.prompts} prompts x {args.new_tokens} tokens; "

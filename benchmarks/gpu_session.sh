@@ -13,6 +13,7 @@
 #                                          # side by side, stacks of every process on a stall; then the clean
 #                                          # start-up probe of vLLM's defaults          (~8-9 min)
 #   bash benchmarks/gpu_session.sh overhead  # 1 GPU: where vLLM's time goes, engines sharing a GPU (~7 min)
+#   bash benchmarks/gpu_session.sh gen     # 1 GPU: generation.json, and with grouped-query attention (~6 min)
 #   bash benchmarks/gpu_session.sh all     # all of the above (longer than one 10-minute call)
 #
 # Logs and JSON go to $OUT (default ./gpu-out): OUT/<stage>/..., the benchmark JSON to
@@ -174,6 +175,16 @@ stage_overhead() {  # 1 GPU, ~7 min: vLLM's per-step host work, logprob formats,
   grep -v "^\s*$" "$OUT/vllm-overhead/log.txt" | grep -v "INFO\|WARNING" | tail -30 | cut -c1-240
 }
 
+stage_gen() {  # 1 GPU, ~6 min: generation.json (vLLM vs HF), and the same for Qwen2.5-0.5B's attention shape
+  setup gen
+  mkdir -p "$OUT/benchmarks/results"
+  for preset in 0.5b 0.5b-gqa; do
+    CUDA_VISIBLE_DEVICES=0 watch "gen-$preset" "${LIMIT_A:-270}" $PY -m benchmarks.generation_bench --preset $preset \
+      --breakdown --hf-micro-batch 128,256 --out "$OUT/benchmarks/results"
+    grep -v "^\s*$" "$OUT/gen-$preset/log.txt" | grep -v "INFO\|WARNING\|it/s" | tail -8 | cut -c1-240
+  done
+}
+
 ds_setup() {  # the DeepSpeed stages need two GPUs and build their own models (no 0.5b, no vLLM)
   mkdir -p "$OUT/$1" "$OUT/benchmarks/results"
   { nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv; $PY -c \
@@ -210,7 +221,8 @@ case "$STAGE" in
   ds-ppo) stage_ds_ppo ;;
   recheck) stage_recheck ;;
   overhead) stage_overhead ;;
+  gen) stage_gen ;;
   all) stage_hang; stage_tests; stage_bench; stage_ppo ;;
-  *) echo "usage: $0 hang|tests|bench|ppo|diag|layouts|ds-ppo|recheck|overhead|ds-tests|ds-bench|all" >&2; exit 2 ;;
+  *) echo "usage: $0 hang|tests|bench|ppo|diag|layouts|ds-ppo|recheck|overhead|gen|ds-tests|ds-bench|all" >&2; exit 2 ;;
 esac
 log "done: $STAGE -> $OUT"

@@ -52,6 +52,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     # only 341M, so the MLP is widened to Qwen's 4864 rather than the model made deeper.
     "0.5b": dict(layers=24, hidden=1024, heads=16, kv_heads=16, intermediate=4864,
                  tokenizer="bpe", vocab_size=32000, max_positions=2048),
+    # The attention of Qwen2.5-0.5B (grouped-query: 2 key/value heads, so an 8x smaller KV cache
+    # than "0.5b"); 24 x (2*1024^2 + 2*1024*128 + 3*1024*5440 + 2*1024) + 32000*1024 + 1024 =
+    # 490,521,600 params, the MLP widened to 5440 to keep the size.
+    "0.5b-gqa": dict(layers=24, hidden=1024, heads=16, kv_heads=2, intermediate=5440,
+                     tokenizer="bpe", vocab_size=32000, max_positions=2048),
     # 28 x (4*1536^2 + 3*1536*8960 + 2*1536) + 32000*1536 + 1536 = 1,469,535,744 params, the
     # shape of Qwen2.5-1.5B (28 layers, 1536 wide, MLP 8960) without its grouped KV heads.
     "1.5b": dict(layers=28, hidden=1536, heads=12, kv_heads=12, intermediate=8960,
