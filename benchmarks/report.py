@@ -32,29 +32,81 @@ def generation(r: dict | None) -> list[str]:
     out = ["## Generation throughput", ""]
     if r is None:
         return out + ["Not run yet: `python -m benchmarks.generation_bench --out benchmarks/results`.", ""]
-    out += [f"GPU: **{r['gpu']}**. Model: {r['model_params']:,} parameters (locally built Llama, bf16), "
-            f"{r['prompts']} prompts × {r['new_tokens']} new tokens (ignore EOS), temperature 1, both engines "
-            f"returning per-token logprobs. Command: `{r.get('command', '')}`.", "",
-            "| engine | seconds | tokens/s |", "|---|---|---|",
-            f"| vLLM (`VLLMGenerateEngine`) | {fmt(r.get('vllm_seconds'))} | {fmt(r.get('vllm_tokens_per_s'))} |",
+    shape = r.get("model_shape") or {}
+    hf_by = r.get("hf_tokens_per_s_by_micro_batch") or {}
+    out += [f"GPU: **{r['gpu']}**. Model: {r['model_params']:,} parameters (locally built Llama, bf16"
+            + (f"; {shape['num_hidden_layers']} layers, width {shape['hidden_size']}, {shape['num_attention_heads']} "
+               f"heads, {shape['num_key_value_heads']} key/value heads, vocabulary {shape['vocab_size']:,}" if shape else "")
+            + f"), {r['prompts']} prompts × {r['new_tokens']} new tokens (ignore EOS), temperature 1, both engines "
+            f"returning per-token logprobs. Command: `{r.get('command', '')}`. GPU busy: the mean of nvidia-smi's "
+            "utilisation sampled every 50 ms during the run.", "",
+            "| engine | seconds | tokens/s | GPU busy (%) |", "|---|---|---|---|",
+            f"| vLLM (`VLLMGenerateEngine`) | {fmt(r.get('vllm_seconds'))} | {fmt(r.get('vllm_tokens_per_s'))} | "
+            f"{fmt(r.get('vllm_gpu_utilization'), 0)} |",
             f"| Transformers (`HFGenerateEngine`, micro-batch {r.get('hf_micro_batch_size')}) | "
-            f"{fmt(r.get('hf_seconds'))} | {fmt(r.get('hf_tokens_per_s'))} |", "",
-            f"Speed-up: **{fmt(r.get('speedup'), 1)}×** (target ≥ 10×). "
-            f"vLLM start-up: {fmt(r.get('vllm_startup_s'), 1)} s; settings: `{json.dumps(r.get('vllm_options'))}`.", ""]
+            f"{fmt(r.get('hf_seconds'))} | {fmt(r.get('hf_tokens_per_s'))} | {fmt(r.get('hf_gpu_utilization'), 0)} |"]
+    if "vllm_raw_logprobs_tokens_per_s" in r:
+        out += [f"| `vllm.LLM.generate` directly, `logprobs=0` | — | {fmt(r['vllm_raw_logprobs_tokens_per_s'])} | "
+                f"{fmt(r.get('vllm_raw_logprobs_gpu_utilization'), 0)} |",
+                f"| `vllm.LLM.generate` directly, no logprobs | — | {fmt(r['vllm_raw_no_logprobs_tokens_per_s'])} | "
+                f"{fmt(r.get('vllm_raw_no_logprobs_gpu_utilization'), 0)} |"]
+    out += ["", f"Speed-up: **{fmt(r.get('speedup'), 1)}×** (target ≥ 10×). "
+            + (f"Transformers engine by micro-batch: {', '.join(f'{k}: {fmt(v)} tokens/s' for k, v in hf_by.items())} "
+               "(the fastest is compared). " if hf_by else "")
+            + f"vLLM start-up: {fmt(r.get('vllm_startup_s'), 1)} s; settings: `{json.dumps(r.get('vllm_options'))}`.", ""]
     return out
 
 
-def generation_breakdown(r: dict | None) -> list[str]:
-    """Where vLLM's time goes: ``generation_bench --engines vllm --breakdown``."""
+def generation_gqa(r: dict | None) -> list[str]:
+    """The same benchmark on Qwen2.5-0.5B's attention shape (``--preset 0.5b-gqa``)."""
     if r is None:
         return []
-    return ["### Where vLLM's generation time goes", "",
-            f"GPU: **{r['gpu']}**, same model and workload, one engine, three runs after each other. "
-            f"Command: `{r.get('command', '')}`.", "",
-            "| run | tokens/s |", "|---|---|",
-            f"| `VLLMGenerateEngine.generate` (token ids + logprobs, what RL uses) | {fmt(r.get('vllm_tokens_per_s'))} |",
-            f"| `vllm.LLM.generate` directly, `logprobs=0` | {fmt(r.get('vllm_raw_logprobs_tokens_per_s'))} |",
-            f"| `vllm.LLM.generate` directly, no logprobs | {fmt(r.get('vllm_raw_no_logprobs_tokens_per_s'))} |", ""]
+    return ["### The same with grouped-query attention", "",
+            "`--preset 0.5b-gqa`: 2 key/value heads instead of 16 (Qwen2.5-0.5B's attention; the KV cache and "
+            "its reads 8× smaller), same size. If vLLM were bound by the GPU's memory traffic this would speed it "
+            "up; it does not, and the GPU idles most of the time: vLLM is bound by its host work per step.", "",
+            "| engine | tokens/s | GPU busy (%) |", "|---|---|---|",
+            f"| vLLM (`VLLMGenerateEngine`) | {fmt(r.get('vllm_tokens_per_s'))} | {fmt(r.get('vllm_gpu_utilization'), 0)} |",
+            f"| `vllm.LLM.generate`, `logprobs=0` | {fmt(r.get('vllm_raw_logprobs_tokens_per_s'))} | "
+            f"{fmt(r.get('vllm_raw_logprobs_gpu_utilization'), 0)} |",
+            f"| `vllm.LLM.generate`, no logprobs | {fmt(r.get('vllm_raw_no_logprobs_tokens_per_s'))} | "
+            f"{fmt(r.get('vllm_raw_no_logprobs_gpu_utilization'), 0)} |",
+            f"| Transformers (micro-batch {r.get('hf_micro_batch_size')}) | {fmt(r.get('hf_tokens_per_s'))} | "
+            f"{fmt(r.get('hf_gpu_utilization'), 0)} |", "",
+            f"Speed-up {fmt(r.get('speedup'), 1)}×. Command: `{r.get('command', '')}`.", ""]
+
+
+def vllm_overhead(r: dict | None) -> list[str]:
+    """``benchmarks/vllm_overhead.py``: logprob formats, the garbage collector, batch size, engines per GPU."""
+    if r is None or "one_engine" not in r:
+        return []
+    one = r["one_engine"]
+    names = {"xrlhf_engine": "`VLLMGenerateEngine.generate` (flat logprobs)",
+             "logprobs_dict": "`logprobs=0`, vLLM's default `list[dict[int, Logprob]]`",
+             "logprobs_flat": "`logprobs=0, flat_logprobs=True`", "no_logprobs": "no logprobs"}
+    out = ["### Where vLLM's generation time goes", "",
+           f"GPU: **{r['gpu']}**, the 0.5B model, one engine, the runs one after another "
+           f"(`python -m benchmarks.vllm_overhead`). Run-to-run spread between separate start-ups of the same "
+           "engine is about ±10%.", "",
+           "| run | tokens/s | ms per step | with the caller's GC frozen (tokens/s) |", "|---|---|---|---|"]
+    runs = one["runs"]
+    for k, label in names.items():
+        if k in runs:
+            frozen = runs.get(f"{k}_gc_frozen", {})
+            out.append(f"| {label} | {fmt(runs[k]['tokens_per_s'])} | {fmt(runs[k].get('ms_per_step'), 2)} | "
+                       f"{fmt(frozen.get('tokens_per_s'))} |")
+    out += ["", "Milliseconds per decoding step by the number of sequences decoded together "
+            "(512 steps each):", "", "| sequences | with logprobs | no logprobs |", "|---|---|---|"]
+    out += [f"| {n} | {fmt(v['logprobs'], 2)} | {fmt(v['no_logprobs'], 2)} |" for n, v in one["ms_per_step_by_batch"].items()]
+    shared = [r[k] for k in sorted(r) if k.startswith("engines_per_gpu_")]
+    if shared:
+        out += ["", "Several engines on the one GPU, each in its own process with its share of the 256 prompts, "
+                "generating at the same time:", "", "| engines | xrlhf engine (tokens/s) | no logprobs (tokens/s) |",
+                "|---|---|---|", f"| 1 | {fmt(runs['xrlhf_engine']['tokens_per_s'])} | "
+                f"{fmt(runs['no_logprobs']['tokens_per_s'])} |"]
+        out += [f"| {e['engines']} | {fmt(e['xrlhf_engine']['tokens_per_s'])} | {fmt(e['no_logprobs']['tokens_per_s'])} |"
+                for e in shared]
+    return out + [""]
 
 
 def weight_sync(r: dict | None) -> list[str]:
@@ -148,15 +200,16 @@ def main() -> None:
     args = p.parse_args()
     res = Path(args.results)
     lines = ["# Benchmarks", "",
-             "Measured on the GPU machine by `benchmarks/gpu_session.sh` (stages `bench`, `layouts`, `recheck`, `diag`, "
-             "`ds-bench`; the JSON is "
+             "Measured on the GPU machine by `benchmarks/gpu_session.sh` (stages `gen`, `overhead`, `bench`, "
+             "`layouts`, `recheck`, `diag`, `ds-bench`; the JSON is "
              "in benchmarks/results/). This page is written by `python -m benchmarks.report`.", "",
              "Reproduce: build the model "
              "(`xrlhf make-tiny-model artifacts/model-0.5b --preset 0.5b --dtype bfloat16`), "
              "then `bash benchmarks/gpu_session.sh bench` and `bash benchmarks/gpu_session.sh ppo` "
              "(or the commands in each section).", ""]
     lines += generation(load(res / "generation.json"))
-    lines += generation_breakdown(load(res / "generation_breakdown.json"))
+    lines += generation_gqa(load(res / "generation-0.5b-gqa.json"))
+    lines += vllm_overhead(load(res / "vllm_overhead.json"))
     lines += weight_sync(load(res / "weight_sync.json"))
     lines += ppo(load(res / "ppo_step.json"))
     lines += hang(load(Path(args.hang) if args.hang else res / "hang_probe.json"))
