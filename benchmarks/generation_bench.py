@@ -3,12 +3,16 @@
 Both are xrlhf's own ``GenerateEngine``s (so the numbers include what RL pays: per-token
 logprobs), on the locally built 0.5B model in bfloat16, ``--prompts`` prompts of the reasoning
 env each continued by exactly ``--new-tokens`` tokens (``ignore_eos``), temperature 1. Each
-engine gets a short warm-up first; vLLM is shut down before the Transformers engine runs.
+engine gets a short warm-up first; vLLM is shut down before the Transformers engine runs, which
+is timed at each ``--hf-micro-batch`` (the fastest is compared). nvidia-smi samples how busy
+the GPU is during each run.
 
-    python benchmarks/generation_bench.py --out benchmarks/results
+    python -m benchmarks.generation_bench --breakdown --out benchmarks/results
 
-writes ``generation.json``: gpu, model_params, prompts, new_tokens, vllm_tokens_per_s,
-hf_tokens_per_s (and the seconds, the speed-up, the settings).
+writes ``generation.json`` (``generation-<preset>.json`` for another ``--preset``): gpu,
+model_params, prompts, new_tokens, vllm_tokens_per_s, hf_tokens_per_s (and the seconds, the
+speed-up, GPU utilisation, the settings; with ``--breakdown`` also ``vllm.LLM.generate`` called
+directly with and without logprobs).
 """
 
 from __future__ import annotations
@@ -70,7 +74,7 @@ def main() -> None:
     p.add_argument("--model", default=None, help="model directory (default: artifacts/model-<preset>, built if missing)")
     p.add_argument("--prompts", type=int, default=256)
     p.add_argument("--new-tokens", type=int, default=512)
-    p.add_argument("--hf-micro-batch", default="128",
+    p.add_argument("--hf-micro-batch", default="128,256",
                    help="the HF engine generates this many prompts at once (its logits of every step are kept); "
                         "a comma-separated list tries each and reports the fastest")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
