@@ -64,6 +64,7 @@ def test_bpe_tokenizer_and_bf16(tmp_path):
 def test_param_counts_match_comments():
     assert tiny.preset_params("tiny") == 139_584
     assert tiny.preset_params("0.5b") == 492_094_464
+    assert tiny.preset_params("0.5b-gqa") == 490_521_600  # the comment in PRESETS
     assert tiny.preset_params("1.5b") == 1_469_535_744
 
 
