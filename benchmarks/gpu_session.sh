@@ -185,6 +185,16 @@ stage_gen() {  # 1 GPU, ~6 min: generation.json (vLLM vs HF), and the same for Q
   done
 }
 
+stage_runner() {  # 1 GPU, ~4 min: vLLM's V1 model runner against the default V2, vLLM engine only
+  setup runner
+  for r in 1 0; do  # VLLM_USE_V2_MODEL_RUNNER
+    CUDA_VISIBLE_DEVICES=0 XRLHF_VLLM="{\"engine_options\": {\"env\": {\"VLLM_USE_V2_MODEL_RUNNER\": \"$r\"}}}" \
+      watch "runner-v2-$r" "${LIMIT_A:-150}" $PY -m benchmarks.generation_bench --engines vllm --breakdown \
+      --out "$OUT/runner-v2-$r"
+    grep -v "^\s*$" "$OUT/runner-v2-$r/log.txt" | grep -v "INFO\|WARNING\|it/s" | tail -5 | cut -c1-240
+  done
+}
+
 ds_setup() {  # the DeepSpeed stages need two GPUs and build their own models (no 0.5b, no vLLM)
   mkdir -p "$OUT/$1" "$OUT/benchmarks/results"
   { nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv; $PY -c \
@@ -222,7 +232,8 @@ case "$STAGE" in
   recheck) stage_recheck ;;
   overhead) stage_overhead ;;
   gen) stage_gen ;;
+  runner) stage_runner ;;
   all) stage_hang; stage_tests; stage_bench; stage_ppo ;;
-  *) echo "usage: $0 hang|tests|bench|ppo|diag|layouts|ds-ppo|recheck|overhead|gen|ds-tests|ds-bench|all" >&2; exit 2 ;;
+  *) echo "usage: $0 hang|tests|bench|ppo|diag|layouts|ds-ppo|recheck|overhead|gen|runner|ds-tests|ds-bench|all" >&2; exit 2 ;;
 esac
 log "done: $STAGE -> $OUT"
