@@ -15,7 +15,7 @@
 #   bash benchmarks/gpu_session.sh overhead  # 1 GPU: where vLLM's time goes, engines sharing a GPU (~7 min)
 #   bash benchmarks/gpu_session.sh gen     # 1 GPU: generation.json, and with grouped-query attention (~6 min)
 #   bash benchmarks/gpu_session.sh runner  # 1 GPU: vLLM V2 (default) vs V1 model runner, vLLM only (~4 min)
-#   bash benchmarks/gpu_session.sh all     # all of the above (longer than one 10-minute call)
+#   bash benchmarks/gpu_session.sh all     # hang, tests, bench, ppo in turn (longer than one 10-minute call)
 #
 # Logs and JSON go to $OUT (default ./gpu-out): OUT/<stage>/..., the benchmark JSON to
 # OUT/benchmarks/results/ (copy it to benchmarks/results/ and commit). If the hang stage
