@@ -33,14 +33,16 @@ def prompts_for(model: str, n: int) -> list[list[int]]:
     return [encode_prompt(tok, p.text) for p in env.train_prompts(0, n)]
 
 
-def timed(engine, prompts: list[list[int]], new_tokens: int, sampler=None) -> tuple[float, int]:
-    """Seconds for one ``generate`` of every prompt, and the tokens generated."""
+def timed(engine, prompts: list[list[int]], new_tokens: int, sampler=None, warm_up: bool = True) -> tuple[float, int]:
+    """Seconds for one ``generate`` of every prompt (after a short untimed warm-up), and the tokens
+    generated."""
     import torch
 
     from xrlhf.engines.base import SamplingParams
 
-    engine.generate(prompts[:8], SamplingParams(temperature=1.0, max_new_tokens=16, ignore_eos=True))  # warm-up
-    torch.cuda.synchronize()
+    if warm_up:
+        engine.generate(prompts[:8], SamplingParams(temperature=1.0, max_new_tokens=16, ignore_eos=True))
+        torch.cuda.synchronize()
     if sampler:
         sampler.reset()
     t0 = time.perf_counter()
@@ -51,20 +53,39 @@ def timed(engine, prompts: list[list[int]], new_tokens: int, sampler=None) -> tu
     return seconds, tokens
 
 
-def raw_vllm(engine, prompts: list[list[int]], new_tokens: int, logprobs: int | None, sampler) -> dict:
-    """Tokens/s (and mean GPU utilisation) of ``vllm.LLM.generate`` called directly (no xrlhf code
-    around it), with or without the sampled tokens' logprobs: where the engine's time goes."""
+def raw_vllm(llm, prompts: list[list[int]], new_tokens: int, logprobs: int | None, sampler=None,
+             flat: bool = True) -> dict:
+    """``vllm.LLM.generate`` called directly (no xrlhf code around it), with or without the sampled
+    tokens' logprobs (``flat``: as ``FlatLogprobs``): seconds, tokens/s, ms per decoding step and,
+    with a ``sampler``, the GPU's mean utilisation. Where the engine's time goes."""
     from vllm import SamplingParams as VSamplingParams
     from vllm import TokensPrompt
 
     sp = VSamplingParams(temperature=1.0, max_tokens=new_tokens, ignore_eos=True, logprobs=logprobs, detokenize=False,
-                         flat_logprobs=True)
-    sampler.reset()
+                         flat_logprobs=flat)
+    if sampler:
+        sampler.reset()
     t0 = time.perf_counter()
-    outs = engine.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
     seconds = time.perf_counter() - t0
-    return {"tokens_per_s": round(sum(len(o.outputs[0].token_ids) for o in outs) / seconds),
-            "gpu_utilization": sampler.utilization()}
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    assert tokens == len(prompts) * new_tokens, tokens
+    if logprobs is not None:  # the logprobs are really there
+        assert len(outs[0].outputs[0].logprobs) == new_tokens
+    return {"seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds),
+            "ms_per_step": round(1000 * seconds / new_tokens, 2),
+            "gpu_utilization": sampler.utilization() if sampler else None}
+
+
+def vllm_engine(model: str, prompts: int, memory: float, **engine_options):
+    """The xrlhf vLLM engine of this benchmark (no sleep, ``max_num_seqs`` = the prompts) and its
+    options; ``engine_options`` go to ``vllm.LLM`` as they are."""
+    from xrlhf.engines.base import EngineSpec
+    from xrlhf.engines.vllm import VLLMGenerateEngine
+
+    options = vllm_options(gpu_memory_utilization=memory, sleep_level=0, max_num_seqs=prompts, max_model_len=1024,
+                           engine_options=engine_options)
+    return VLLMGenerateEngine(EngineSpec(model, device="cuda", dtype="bfloat16", options=options)), options
 
 
 def main() -> None:
@@ -98,19 +119,15 @@ def main() -> None:
                   "intermediate_size", "vocab_size")}}
     sampler = DeviceMemorySampler()
     if "vllm" in args.engines:
-        from xrlhf.engines.vllm import VLLMGenerateEngine
-
-        options = vllm_options(gpu_memory_utilization=args.gpu_memory_utilization, sleep_level=0,
-                               max_num_seqs=args.prompts, max_model_len=1024)
         t0 = time.perf_counter()
-        engine = VLLMGenerateEngine(EngineSpec(model, device="cuda", dtype="bfloat16", options=options))
+        engine, options = vllm_engine(model, args.prompts, args.gpu_memory_utilization)
         result["vllm_startup_s"] = round(time.perf_counter() - t0, 1)
         seconds, tokens = timed(engine, prompts, args.new_tokens, sampler)
         result.update(vllm_seconds=seconds, vllm_tokens_per_s=tokens / seconds, vllm_gpu_utilization=sampler.utilization(),
                       vllm_options={k: options[k] for k in ("enforce_eager", "max_num_seqs", "engine_options")})
         if args.breakdown:
             for name, logprobs in (("logprobs", 0), ("no_logprobs", None)):
-                raw = raw_vllm(engine, prompts, args.new_tokens, logprobs, sampler)
+                raw = raw_vllm(engine.llm, prompts, args.new_tokens, logprobs, sampler)
                 result[f"vllm_raw_{name}_tokens_per_s"] = raw["tokens_per_s"]
                 result[f"vllm_raw_{name}_gpu_utilization"] = raw["gpu_utilization"]
         engine.shutdown()

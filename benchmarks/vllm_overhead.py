@@ -25,8 +25,23 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from benchmarks.common import MODEL_05B, ensure_model, gpu_name, model_params, vllm_options, write_json
-from benchmarks.generation_bench import prompts_for
+from benchmarks.common import MODEL_05B, ensure_model, gpu_name, model_params, write_json
+from benchmarks.generation_bench import prompts_for, raw_vllm, timed, vllm_engine
+
+
+def raw(llm, prompts: list[list[int]], new_tokens: int, logprobs: int | None, flat: bool = False) -> dict:
+    """``raw_vllm`` without the utilisation: seconds, tokens/s, ms per decoding step."""
+    out = raw_vllm(llm, prompts, new_tokens, logprobs, flat=flat)
+    out.pop("gpu_utilization")
+    return out
+
+
+def xrlhf_generate(eng, prompts: list[list[int]], new_tokens: int) -> dict:
+    """One timed ``VLLMGenerateEngine.generate`` (the engine is already warm)."""
+    seconds, tokens = timed(eng, prompts, new_tokens, warm_up=False)
+    return {"seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds)}
+
+
 
 
 @contextmanager
@@ -45,47 +60,9 @@ def frozen_gc(on: bool):
         gc.unfreeze()
 
 
-def raw(llm, prompts: list[list[int]], new_tokens: int, logprobs: int | None, flat: bool = False) -> dict:
-    """One ``llm.generate`` of ``prompts``: seconds, tokens/s, ms per decoding step."""
-    from vllm import SamplingParams, TokensPrompt
-
-    sp = SamplingParams(temperature=1.0, max_tokens=new_tokens, ignore_eos=True, logprobs=logprobs,
-                        detokenize=False, flat_logprobs=flat)
-    t0 = time.perf_counter()
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
-    seconds = time.perf_counter() - t0
-    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    assert tokens == len(prompts) * new_tokens, tokens
-    if logprobs is not None:  # the logprobs are really there
-        assert len(outs[0].outputs[0].logprobs) == new_tokens
-    return {"seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds), "ms_per_step":
-            round(1000 * seconds / new_tokens, 2)}
-
-
-def engine(model: str, prompts: int, memory: float, kv_bytes: int | None = None):
-    """The xrlhf vLLM engine of ``generation_bench.py``; ``kv_bytes`` fixes its KV cache (engines that
-    start side by side on one GPU would otherwise see each other in vLLM's memory profile)."""
-    from xrlhf.engines.base import EngineSpec
-    from xrlhf.engines.vllm import VLLMGenerateEngine
-
-    options = vllm_options(gpu_memory_utilization=memory, sleep_level=0, max_num_seqs=prompts, max_model_len=1024,
-                           engine_options={"kv_cache_memory_bytes": kv_bytes} if kv_bytes else {})
-    return VLLMGenerateEngine(EngineSpec(model, device="cuda", dtype="bfloat16", options=options))
-
-
-def xrlhf_generate(eng, prompts: list[list[int]], new_tokens: int) -> dict:
-    from xrlhf.engines.base import SamplingParams
-
-    t0 = time.perf_counter()
-    out = eng.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=new_tokens, ignore_eos=True))
-    seconds = time.perf_counter() - t0
-    assert sum(map(len, out.token_ids)) == len(prompts) * new_tokens
-    return {"seconds": round(seconds, 3), "tokens_per_s": round(len(prompts) * new_tokens / seconds)}
-
-
 def sweep(model: str, prompts: list[list[int]], new_tokens: int, memory: float) -> dict:
     t0 = time.perf_counter()
-    eng = engine(model, len(prompts), memory)
+    eng, _ = vllm_engine(model, len(prompts), memory)
     startup = round(time.perf_counter() - t0, 1)
     llm = eng.llm
     raw(llm, prompts[:8], 16, 0)  # warm-up
@@ -93,9 +70,10 @@ def sweep(model: str, prompts: list[list[int]], new_tokens: int, memory: float) 
     for name, kw in [("logprobs_dict", dict(logprobs=0)), ("logprobs_flat", dict(logprobs=0, flat=True)),
                      ("no_logprobs", dict(logprobs=None))]:
         for frozen in (False, True):
+            key = name + ("_gc_frozen" if frozen else "")
             with frozen_gc(frozen):
-                runs[name + ("_gc_frozen" if frozen else "")] = raw(llm, prompts, new_tokens, **kw)
-            print(name, frozen, runs[name + ("_gc_frozen" if frozen else "")], flush=True)
+                runs[key] = raw(llm, prompts, new_tokens, **kw)
+            print(key, runs[key], flush=True)
     with frozen_gc(True):
         runs["xrlhf_engine_gc_frozen"] = xrlhf_generate(eng, prompts, new_tokens)
     scaling = {}
@@ -109,13 +87,15 @@ def sweep(model: str, prompts: list[list[int]], new_tokens: int, memory: float) 
 
 def worker(args) -> None:
     """One of ``--engines-per-gpu`` engines: its slice of the prompts, timed after a shared start."""
-    model = ensure_model(args.model or MODEL_05B)
-    prompts = prompts_for(model, args.prompts)[args.index::args.engines_per_gpu]
     from transformers import AutoConfig
 
+    model = ensure_model(args.model or MODEL_05B)
+    prompts = prompts_for(model, args.prompts)[args.index::args.engines_per_gpu]
     c = AutoConfig.from_pretrained(model)
     per_token = c.num_hidden_layers * 2 * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 2
-    eng = engine(model, len(prompts), args.memory / args.engines_per_gpu, kv_bytes=len(prompts) * 1024 * per_token)
+    # a fixed KV cache: engines that start side by side would see each other in vLLM's memory profile
+    eng, _ = vllm_engine(model, len(prompts), args.memory / args.engines_per_gpu,
+                         kv_cache_memory_bytes=len(prompts) * 1024 * per_token)
     raw(eng.llm, prompts[:8], 16, 0)
     sync = Path(args.sync_dir)
     (sync / f"ready-{args.index}").touch()
