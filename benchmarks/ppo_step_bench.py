@@ -63,7 +63,7 @@ def main() -> None:
 
     from benchmarks.common import (MODEL_05B, ROOT, DeviceMemorySampler, cli_overrides, ensure_model, gpu_name,
                                    table, write_json)
-    from xrlhf.config import load_config
+    from xrlhf.validation import load_config
     from xrlhf.runner import run
 
     model = ensure_model(args.model or MODEL_05B)

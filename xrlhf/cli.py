@@ -77,7 +77,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         from xrlhf.envs import synthetic
 
         return synthetic.run(args)
-    from xrlhf.config import load_config
+    from xrlhf.validation import load_config
 
     cfg = load_config(args.config, args.overrides)
     if args.command == "validate":

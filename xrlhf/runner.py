@@ -22,7 +22,8 @@ import yaml
 from loguru import logger
 
 from xrlhf.checkpoint import list_checkpoints, load_driver_state, restore_handles, save_checkpoint
-from xrlhf.config import XConfig, algorithm_options, dump_config
+from xrlhf.config import XConfig, dump_config
+from xrlhf.validation import algorithm_options
 from xrlhf.data.text import load_tokenizer
 from xrlhf.envs import build_env
 from xrlhf.tracking import Tracker, truncate_metrics

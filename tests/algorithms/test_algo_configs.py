@@ -4,7 +4,7 @@ all reported together, before anything starts."""
 import pytest
 
 from xrlhf.algorithms import ALGORITHMS
-from xrlhf.config import algorithm_options, validate_dict
+from xrlhf.validation import algorithm_options, validate_dict
 from xrlhf.data.datasets import write_jsonl
 from xrlhf.utils.errors import UserError
 

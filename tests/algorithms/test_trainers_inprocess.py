@@ -10,7 +10,7 @@ from xrlhf.algorithms.base import Rollout
 from xrlhf.algorithms.estimators import ADVANTAGE_ESTIMATORS
 from xrlhf.algorithms.functional import kl_penalized_rewards, masked_whiten, sequence_logprob
 from xrlhf.algorithms.losses import SFTLoss
-from xrlhf.config import algorithm_options, validate_dict
+from xrlhf.validation import algorithm_options, validate_dict
 from xrlhf.data.batch import build_sequences
 from xrlhf.data.datasets import write_jsonl
 from xrlhf.data.text import load_tokenizer

@@ -9,7 +9,7 @@ import time
 import pytest
 import yaml
 
-from xrlhf.config import load_config, validate_dict
+from xrlhf.validation import load_config, validate_dict
 from xrlhf.config.loader import apply_overrides
 from xrlhf.utils.errors import UserError
 

@@ -11,7 +11,7 @@ import torch
 from xrlhf.algorithms import ALGORITHMS
 from xrlhf.algorithms.losses import PolicyLoss
 from xrlhf.algorithms.rewards import build_reward
-from xrlhf.config import algorithm_options, validate_dict
+from xrlhf.validation import algorithm_options, validate_dict
 from xrlhf.coordinator import Coordinator
 from xrlhf.data.batch import build_sequences
 from xrlhf.data.text import encode_prompt, load_tokenizer

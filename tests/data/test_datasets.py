@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from xrlhf.config import validate_dict
+from xrlhf.validation import validate_dict
 from xrlhf.data.datasets import KTO, PREFERENCE, PROMPTS, held_out, load_rows, write_jsonl
 from xrlhf.utils.errors import UserError
 

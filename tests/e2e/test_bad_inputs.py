@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from xrlhf.config import validate_dict
+from xrlhf.validation import validate_dict
 from xrlhf.runner import run
 from xrlhf.utils.errors import NonFiniteError, UserError
 

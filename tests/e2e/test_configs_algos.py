@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from xrlhf.algorithms.estimators import ADVANTAGE_ESTIMATORS
-from xrlhf.config import load_config
+from xrlhf.validation import load_config
 from xrlhf.data.datasets import write_jsonl
 from xrlhf.envs import Env, Prompt, Score, register_env
 from xrlhf.envs.reasoning import ReasoningOptions

@@ -6,7 +6,7 @@ import json
 
 from transformers import AutoModelForCausalLM
 
-from xrlhf.config import validate_dict
+from xrlhf.validation import validate_dict
 from xrlhf.runner import run
 
 

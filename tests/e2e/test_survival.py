@@ -17,7 +17,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from xrlhf.config import validate_dict
+from xrlhf.validation import validate_dict
 from xrlhf.runner import run
 from xrlhf.utils.errors import UserError
 

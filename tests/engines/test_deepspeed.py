@@ -23,7 +23,8 @@ from xrlhf.models.tiny import build_model  # noqa: E402
 
 # eps 1e-6: Adam's first step lr * g / (|g| + eps) would otherwise turn fp32 rounding of
 # near-zero gradients (summed in another order) into ~1e-5 weight differences.
-OPTS = dict(lr=1e-2, eps=1e-6, micro_batch_size=5, grad_clip=1.0, lr_warmup_steps=2, total_steps=10, dtype="float32")
+OPTS = dict(lr=1e-2, eps=1e-6, micro_batch_size=5, grad_clip=1.0, lr_warmup_steps=2, dtype="float32")
+TOTAL_STEPS = 10
 BUCKET_MB = 64 / 1024  # 64 KiB: the tiny model (~560 KiB) gathers in many buckets
 
 
@@ -55,7 +56,8 @@ def one_rank():
 
 
 def train_once(name, model_dir, **opts):
-    engine = build_engine(name, EngineSpec(model_path=model_dir, options={**OPTS, **opts}, seed=0), "train")
+    engine = build_engine(name, EngineSpec(model_path=model_dir, options={**OPTS, **opts}, seed=0,
+                                         total_steps=TOTAL_STEPS), "train")
     metrics = engine.train_step(make_batch(), SFTLoss())
     return engine, metrics, {k: v.detach().clone() for k, v in engine.named_weights()}
 
@@ -122,7 +124,7 @@ def _rank(rank, port, model_dir, out_dir):
 
     def engine(**opts):
         return build_engine("deepspeed", EngineSpec(model_path=model_dir, options={**OPTS, **opts},
-                                                    dist=dist_info, seed=0), "train")
+                                                    dist=dist_info, seed=0, total_steps=TOTAL_STEPS), "train")
 
     z2 = engine(zero_stage=2)
     out["zero2_metrics"] = z2.train_step(half, SFTLoss())

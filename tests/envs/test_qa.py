@@ -2,7 +2,7 @@
 
 import pytest
 
-from xrlhf.config import validate_dict
+from xrlhf.validation import validate_dict
 from xrlhf.data.datasets import held_out, write_jsonl
 from xrlhf.envs import ENVS, build_env
 from xrlhf.envs.qa import QAEnv

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from tests.gpu.gpu_helpers import ROOT, cli_overrides
-from xrlhf.config import load_config
+from xrlhf.validation import load_config
 from xrlhf.runner import run
 
 pytestmark = pytest.mark.gpu

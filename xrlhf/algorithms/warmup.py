@@ -2,8 +2,11 @@
 
 A tiny model built from random weights cannot discover an answer format by sampling alone;
 a few hundred supervised steps give RL a policy that is sometimes right, which is what the
-papers' SFT stage does too. Runs in the driver process on the Transformers train engine (no
-Ray), and writes the result in HF format: the RL policy, reference and critic start from it.
+papers' SFT stage does too. Runs in the driver process (no Ray) on the policy's own engines:
+its train engine (``policy.train``: backend, device, dtype; with the warm-up's learning rate,
+batch size and a cosine schedule) and, for the evaluation before it, its generate engine
+(``policy.generate``). It writes the result in HF format: the RL policy, reference and critic
+start from it.
 """
 
 from __future__ import annotations
@@ -18,9 +21,24 @@ from xrlhf.algorithms.losses import SFTLoss
 from xrlhf.config.schema import XConfig
 from xrlhf.data.batch import build_sequences
 from xrlhf.data.text import encode_prompt, encode_target
-from xrlhf.engines.base import EngineSpec
-from xrlhf.engines.hf import HFGenerateEngine, HFTrainEngine
+from xrlhf.engines.base import EngineSpec, build_engine, engine_options
 from xrlhf.envs import Env
+
+
+def warmup_specs(cfg: XConfig, model_dir: str) -> tuple[EngineSpec, EngineSpec]:
+    """The specs of the policy's train and generate engines for the warm-up: the policy's own
+    backends, device and dtype; the warm-up's ``lr``, ``batch_size`` (as the micro-batch: one
+    micro-batch per step), clipping at 1 and a cosine schedule with 10% linear warm-up."""
+    p, w = cfg.policy, cfg.warmup
+    device = "cuda" if p.resources.gpus_per_rank > 0 else "cpu"
+    train = {**p.train.engine_fields(), "lr": w.lr, "micro_batch_size": w.batch_size, "grad_clip": 1.0,
+             "lr_warmup_steps": min(20, w.steps // 10), "lr_schedule": "cosine"}
+    train_spec = EngineSpec(model_path=model_dir, device=device, seed=cfg.seed, total_steps=w.steps,
+                            options=engine_options(p.train.engine, "train", train, "policy.train"))
+    gen_spec = EngineSpec(model_path=model_dir, device=device, seed=cfg.seed,
+                          options=engine_options(p.generate.engine, "generate", p.generate.engine_fields(),
+                                                 "policy.generate"))
+    return train_spec, gen_spec
 
 
 def supervised_warmup(cfg: XConfig, env: Env, tokenizer, model_dir: str, out_dir: Path,
@@ -32,18 +50,18 @@ def supervised_warmup(cfg: XConfig, env: Env, tokenizer, model_dir: str, out_dir
         for an env scored by a reward model, which is not running yet).
     """
     w = cfg.warmup
-    spec = EngineSpec(model_path=model_dir, options={"lr": w.lr, "micro_batch_size": w.batch_size,
-                                                     "grad_clip": 1.0, "lr_warmup_steps": min(20, w.steps // 10),
-                                                     "lr_schedule": "cosine", "total_steps": w.steps},
-                      seed=cfg.seed)
+    train_spec, gen_spec = warmup_specs(cfg, model_dir)
     before: dict[str, float] = {}
     if env.reward_source != "model":  # a reward-model env is scored once the reward handle runs
-        gen = HFGenerateEngine(spec)
+        gen = build_engine(cfg.policy.generate.engine, gen_spec, "generate")
         params = sampling_params(cfg, cfg.trainer.eval_temperature)
-        before = evaluate(gen.generate, env, tokenizer, params, cfg.trainer.eval_size)
+        try:
+            before = evaluate(gen.generate, env, tokenizer, params, cfg.trainer.eval_size)
+        finally:
+            gen.shutdown()
         logger.info(f"warm-up: eval reward before {before['eval/reward_mean']:.3f}")
     logger.info(f"warm-up: {w.steps} SFT steps")
-    engine = HFTrainEngine(spec)
+    engine = build_engine(cfg.policy.train.engine, train_spec, "train")
     t0 = time.time()
     for step in range(w.steps):
         examples = env.sft_examples(step * w.batch_size, w.batch_size)

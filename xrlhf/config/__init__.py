@@ -1,6 +1,10 @@
-"""Typed, validated configuration: YAML -> pydantic, errors named by their YAML path."""
+"""Typed configuration: YAML -> pydantic, errors named by their YAML path.
 
-from xrlhf.config.loader import algorithm_options, dump_config, load_config, validate_dict
+A leaf of the package (it imports nothing of xrlhf but ``xrlhf.utils``): the checks that need
+registries (engines, algorithms, envs, reward functions) live in ``xrlhf.validation``.
+"""
+
+from xrlhf.config.loader import apply_overrides, dump_config, format_errors, read_yaml
 from xrlhf.config.schema import XConfig
 
-__all__ = ["XConfig", "algorithm_options", "dump_config", "load_config", "validate_dict"]
+__all__ = ["XConfig", "apply_overrides", "dump_config", "format_errors", "read_yaml"]

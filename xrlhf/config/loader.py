@@ -5,7 +5,9 @@ Each problem is one line prefixed by its dotted YAML path::
     policy.train.micro_batch_size: must be >= 1, got 0
     algorithm.kl_coeff: unknown key (valid: clip_eps, gamma, kl_coef, ...)
 
-``load_config`` raises ``UserError`` with all lines; the CLI prints them and exits 2.
+This module is a leaf: it knows the YAML and the schema, never a registry. Checks that need
+the registered engines, algorithms, envs and functions live in the shell, ``xrlhf.validation``
+(whose ``load_config`` raises ``UserError`` with all lines; the CLI prints them and exits 2).
 """
 
 from __future__ import annotations
@@ -128,124 +130,6 @@ def _valid_keys(model: type[BaseModel], loc: tuple) -> list[str]:
         if cls is None:
             return []
     return sorted(getattr(cls, "model_fields", {}))
-
-
-def validate_dict(data: dict[str, Any]) -> XConfig:
-    """Validate a config dict: the schema, the env and algorithm options, then cross-checks.
-
-    All problems found are reported together; the algorithm's cross-section checks run only
-    once everything else is valid (they read validated values).
-    """
-    errors: list[str] = []
-    cfg = None
-    try:
-        cfg = XConfig.model_validate(data)
-    except ValidationError as e:
-        errors += format_errors(e, XConfig)
-    parsed = {}
-    for section in ("env", "algorithm"):
-        lines, parsed[section] = _validate_registered(section, data.get(section))
-        errors += lines
-    if cfg is not None:
-        errors += _check_names(cfg)
-    if not errors and cfg is not None:
-        errors += ALGORITHMS().get(cfg.algorithm.name).check_config(cfg, parsed["algorithm"])
-    if cfg is not None:
-        errors += _validate_engine_sections(cfg)
-    if errors:
-        raise UserError(*errors)
-    return cfg
-
-
-_BACKEND_PACKAGES = {"deepspeed": ("deepspeed", "deepspeed"), "vllm": ("vllm", "gpu")}
-
-
-def _check_names(cfg: XConfig) -> list[str]:
-    """Engines and reward functions named in the config exist (without importing heavy libraries)."""
-    import importlib.util
-
-    from xrlhf.engines.base import engine_names
-    from xrlhf.utils.registry import import_path
-
-    errors = []
-    sections = [(f"{h}.{role}", getattr(getattr(cfg, h), role), role)
-                for h, role in (("policy", "train"), ("policy", "generate"), ("critic", "train"),
-                                ("reference", "infer"), ("reward", "infer")) if getattr(cfg, h, None) is not None]
-    for path, section, role in sections:
-        name = section.engine
-        if ":" in name:
-            try:
-                import_path(name)
-            except KeyError as e:
-                errors.append(f"{path}.engine: {e.args[0]}")
-        elif name not in engine_names(role):
-            errors.append(f"{path}.engine: no {role} engine {name!r}; valid: {', '.join(engine_names(role))} "
-                          f"(or an import path 'pkg.module:Class')")
-        elif name in _BACKEND_PACKAGES and importlib.util.find_spec(_BACKEND_PACKAGES[name][0]) is None:
-            errors.append(f"{path}.engine: {name!r} needs the {_BACKEND_PACKAGES[name][0]} package; install it with "
-                          f"pip install -e '.[{_BACKEND_PACKAGES[name][1]}]'")
-    if cfg.reward.source == "function" and cfg.reward.function:
-        try:
-            import_path(cfg.reward.function)
-        except KeyError as e:
-            errors.append(f"reward.function: {e.args[0]}")
-    return errors
-
-
-def ALGORITHMS():  # noqa: N802 - imported lazily: the algorithm layer sits above this one
-    from xrlhf.algorithms import ALGORITHMS as registry
-
-    return registry
-
-
-def _validate_registered(section: str, raw: Any) -> tuple[list[str], BaseModel | None]:
-    """The options of the named env or algorithm, validated by the class's own ``Config``."""
-    from xrlhf.envs import ENVS
-
-    if not isinstance(raw, dict) or not isinstance(raw.get("name", "ppo" if section == "algorithm" else None), str):
-        return [], None  # the schema already reported it
-    registry = ENVS if section == "env" else ALGORITHMS()
-    name = raw.get("name", "ppo")
-    try:
-        cls = registry.get(name)
-    except KeyError as e:
-        return [f"{section}.name: {e.args[0]}"], None
-    if section == "env":
-        options, prefix = raw.get("options") or {}, "env.options"
-        if not isinstance(options, dict):
-            return [], None
-    else:
-        options, prefix = {k: v for k, v in raw.items() if k != "name"}, "algorithm"
-    try:
-        return [], cls.Config.model_validate(options)
-    except ValidationError as e:
-        return format_errors(e, cls.Config, prefix), None
-
-
-def _validate_engine_sections(cfg: XConfig) -> list[str]:
-    """Engine-specific checks of the train / infer sections (DeepSpeed options and conflicts)."""
-    from xrlhf.config.deepspeed import section_errors
-
-    sections = [("policy.train", "train", cfg.policy.train.model_dump())]
-    if cfg.critic is not None:
-        sections.append(("critic.train", "train", cfg.critic.train.model_dump()))
-    if cfg.reference is not None:
-        sections.append(("reference.infer", "infer", cfg.reference.infer.model_dump()))
-    if cfg.reward.source == "model":
-        sections.append(("reward.infer", "infer", cfg.reward.infer.model_dump()))
-    return section_errors(sections)
-
-
-def load_config(path: str | Path, overrides: list[str] | None = None) -> XConfig:
-    """Read, override and validate a config; raises ``UserError`` listing every problem."""
-    data = apply_overrides(read_yaml(path), list(overrides or []))
-    data.setdefault("name", Path(path).stem)
-    return validate_dict(data)
-
-
-def algorithm_options(cfg: XConfig) -> BaseModel:
-    """The validated options of ``cfg.algorithm`` (its class's ``Config``)."""
-    return ALGORITHMS().get(cfg.algorithm.name).Config.model_validate(cfg.algorithm.options())
 
 
 def dump_config(cfg: XConfig) -> str:

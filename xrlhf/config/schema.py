@@ -52,81 +52,56 @@ class Resources(Strict):
     colocate_with: str | None = Field(None, description="share the placement group of this handle (e.g. 'policy')")
 
 
-class TrainConfig(Strict):
-    """The train engine of a handle."""
+class Section(Strict):
+    """Base of an engine section (``train`` / ``infer`` / ``generate``): the fields every backend
+    of the role shares. Keys it does not know are kept for the chosen engine, whose own
+    ``Options`` model (a subclass of the role's section) validates them, unknown keys rejected,
+    before anything starts (``xrlhf.validation``). So the YAML stays flat and each backend owns
+    its options (STYLE principle 12)."""
 
-    engine: str = Field("hf", description="'hf', 'deepspeed' or an import path 'pkg.mod:Class'")
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
+    def engine_fields(self) -> dict[str, Any]:
+        """The section as the engine's ``Options`` reads it: shared fields and the backend's own."""
+        return self.model_dump(exclude={"resources"})
+
+
+class TrainConfig(Section):
+    """The train engine of a handle: what every train backend reads."""
+
+    engine: str = Field("hf", description="a train backend ('hf', 'deepspeed') or an import path 'pkg.mod:Class'")
     dtype: Literal["float32", "bfloat16"] = "float32"
     lr: float = Field(1e-5, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = Field(1e-8, gt=0)
     grad_clip: float | None = Field(1.0, gt=0)
-    micro_batch_size: int = Field(8, ge=1)
+    micro_batch_size: int = Field(8, ge=1, description="rows per forward/backward")
     lr_warmup_steps: int = Field(0, ge=0)
     lr_schedule: Literal["constant", "cosine"] = "constant"
     gradient_checkpointing: bool = False
-    engine_options: dict[str, Any] = Field(default_factory=dict, description="passed to a custom engine as is")
-    # DeepSpeed only (engine: deepspeed); checked by xrlhf.config.deepspeed at validation.
-    zero_stage: Literal[0, 1, 2, 3] | None = Field(None, description="deepspeed: ZeRO stage (default 2)")
-    offload_optimizer: bool = Field(False, description="deepspeed: optimizer states in CPU memory")
-    offload_params: bool = Field(False, description="deepspeed: parameters in CPU memory (ZeRO 3)")
-    deepspeed: dict[str, Any] = Field(default_factory=dict, description="deepspeed: extra config keys, "
-                                      "merged over the generated ones (conflicts are errors)")
 
 
-class InferConfig(Strict):
+class InferConfig(Section):
     """The infer engine of a frozen handle (reference, reward model)."""
 
-    engine: str = "hf"
+    engine: str = Field("hf", description="an infer backend ('hf', 'deepspeed') or an import path")
     dtype: Literal["float32", "bfloat16"] = "float32"
-    micro_batch_size: int = Field(32, ge=1)
-    engine_options: dict[str, Any] = Field(default_factory=dict)
-    # DeepSpeed only (engine: deepspeed): ZeRO 3 partitions the frozen weights across ranks.
-    zero_stage: Literal[0, 3] | None = Field(None, description="deepspeed: 0 (replicated, default) or 3")
-    offload_params: bool = Field(False, description="deepspeed: parameters in CPU memory (ZeRO 3)")
-    deepspeed: dict[str, Any] = Field(default_factory=dict, description="deepspeed: extra config keys")
+    micro_batch_size: int = Field(32, ge=1, description="rows per forward")
 
 
-class GenerateConfig(Strict):
+class GenerateConfig(Section):
     """The generate engine of the policy and its sampling parameters."""
 
-    engine: str = "hf"
+    engine: str = Field("hf", description="a generate backend ('hf', 'vllm') or an import path")
     dtype: Literal["float32", "bfloat16"] = "float32"
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
     max_new_tokens: int = Field(16, ge=1)
     stop_token_ids: list[int] = Field(default_factory=list, description="default: the model's EOS")
-    micro_batch_size: int = Field(256, ge=1)
-    engine_options: dict[str, Any] = Field(default_factory=dict, description="vllm: more vllm.LLM arguments, "
-                                           "and 'env': variables set before vLLM is imported")
     resources: Resources | None = Field(None, description="disaggregated layout: the generators run as their own "
                                         "handle ('rollout') with these resources; unset: in the policy's workers")
-    # vLLM only (engine: vllm); see docs/vllm.md.
-    tensor_parallel_size: int = Field(1, ge=1, description="vllm: GPUs per generator (tensor parallel)")
-    gpu_memory_utilization: float = Field(0.4, gt=0, le=1, description="vllm: share of the GPU's total memory "
-                                          "it may use (weights, activations, CUDA graphs, KV cache)")
-    enforce_eager: bool = Field(False, description="vllm: no torch.compile and no CUDA graphs")
-    sleep_level: Literal[0, 1, 2] = Field(1, description="vllm, co-located: what is freed while training runs: "
-                                          "0 nothing, 1 KV cache (weights to CPU), 2 KV cache and weights")
-    max_model_len: int | None = Field(None, ge=1, description="vllm: longest prompt + response (default: the model's)")
-    max_num_seqs: int | None = Field(None, ge=1, description="vllm: sequences decoded at once (CUDA graph sizes)")
-
-    @model_validator(mode="after")
-    def _vllm_only(self):
-        if self.engine == "hf":
-            used = [f"{f}={getattr(self, f)!r}" for f in VLLM_ONLY
-                    if f in self.model_fields_set and getattr(self, f) != type(self).model_fields[f].default]
-            if used:
-                raise ValueError(f"{', '.join(used)}: vLLM settings, but engine is 'hf'; remove them or set "
-                                 f"engine: vllm")
-        return self
-
-
-VLLM_ONLY = ("tensor_parallel_size", "gpu_memory_utilization", "enforce_eager", "sleep_level", "max_model_len",
-             "max_num_seqs")
-"""``GenerateConfig`` fields only the vLLM engine reads (an error with engine 'hf')."""
 
 
 class WeightSyncConfig(Strict):
@@ -255,6 +230,18 @@ class XConfig(Strict):
     fault_tolerance: FaultToleranceConfig = Field(default_factory=FaultToleranceConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
+    def engine_sections(self) -> list[tuple[str, str, Section]]:
+        """Every engine section the run uses: ``(yaml_path, role, section)``."""
+        out: list[tuple[str, str, Section]] = [("policy.train", "train", self.policy.train),
+                                               ("policy.generate", "generate", self.policy.generate)]
+        if self.critic is not None:
+            out.append(("critic.train", "train", self.critic.train))
+        if self.reference is not None:
+            out.append(("reference.infer", "infer", self.reference.infer))
+        if self.reward.source == "model":
+            out.append(("reward.infer", "infer", self.reward.infer))
+        return out
+
     @model_validator(mode="after")
     def _cross_checks(self):
         handles = {"policy", "critic", "reference", "reward"}
@@ -290,20 +277,11 @@ def layout_errors(cfg: XConfig) -> list[str]:
         if batch % g.resources.ranks:
             errors.append(f"{where}.ranks: {g.resources.ranks} must divide trainer.prompts_per_step * "
                           f"trainer.samples_per_prompt = {batch}")
-        gpus = g.resources.gpus_per_rank
     else:
-        where = "policy.resources"
         if t == "nccl":
             errors.append("policy.weight_sync.transport: nccl broadcasts between GPUs, but the co-located layout puts "
                           "trainer and generator on one (NCCL cannot have two ranks on a GPU); use auto or cuda_ipc, "
                           "or set policy.generate.resources for the split layout")
-        if g.engine == "vllm" and g.tensor_parallel_size > 1:
-            errors.append("policy.generate.tensor_parallel_size: more than 1 needs the split layout "
-                          "(policy.generate.resources with gpus_per_rank >= tensor_parallel_size)")
-        gpus = p.resources.gpus_per_rank
-    if g.engine == "vllm" and (gpus == 0 or g.tensor_parallel_size > 1 and gpus < g.tensor_parallel_size):
-        errors.append(f"{where}.gpus_per_rank: engine vllm needs {g.tensor_parallel_size} GPU(s) per generator, "
-                      f"got {gpus:g}")
     if t == "cuda_ipc" and p.resources.gpus_per_rank == 0:
         errors.append("policy.weight_sync.transport: cuda_ipc needs the policy on a GPU "
                       "(policy.resources.gpus_per_rank)")

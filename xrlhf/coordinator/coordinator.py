@@ -20,7 +20,7 @@ from xrlhf.coordinator.handle import ModelHandle
 from xrlhf.coordinator.resources import Slot, anchor_of, place
 from xrlhf.coordinator.weight_sync import WeightSync
 from xrlhf.coordinator.worker import EngineWorker
-from xrlhf.engines.base import DistInfo, EngineSpec
+from xrlhf.engines.base import DistInfo, EngineSpec, engine_class, engine_options
 
 
 @dataclass
@@ -46,22 +46,24 @@ def handle_specs(cfg: XConfig, policy_model: str, total_train_steps: dict[str, i
                    if getattr(cfg, h) is not None})
     placed = {h: r for h, r in placed.items() if r is not None}
 
-    def spec(model: str, head: str, res: Resources, section, temperature: float = 1.0, extra=None) -> EngineSpec:
+    def spec(model: str, head: str, res: Resources, section, role: str, path: str, temperature: float = 1.0,
+             total_steps: int = 0) -> EngineSpec:
         # A co-located handle runs where its anchor's bundle is: on a GPU if the anchor has one
         # (it gets a share of it), whatever its own gpus_per_rank says.
         anchor = res if res.colocate_with is None else placed[anchor_of(res.colocate_with, placed)]
-        opts = {**section.model_dump(), **section.engine_options, **(extra or {})}
+        options = engine_options(section.engine, role, section.engine_fields(), path)  # validated before
         return EngineSpec(model_path=model, head=head, device="cuda" if anchor.gpus_per_rank > 0 else "cpu",
-                          dtype=section.dtype, options=opts, seed=cfg.seed, temperature=temperature)
+                          options=options, seed=cfg.seed, temperature=temperature, total_steps=total_steps)
 
     p = cfg.policy
     temp = p.generate.temperature or 1.0
-    policy = {"train": (p.train.engine, spec(policy_model, policy_head, p.resources, p.train, temp,
-                                             {"total_steps": total_train_steps.get("policy", 0)}))}
+    policy = {"train": (p.train.engine, spec(policy_model, policy_head, p.resources, p.train, "train", "policy.train",
+                                             temp, total_train_steps.get("policy", 0)))}
     out = [HandleSpec("policy", policy, p.resources)]
     if generate:
         gen_res = p.generate.resources or p.resources  # split layout: the generators' own handle, 'rollout'
-        gen = (p.generate.engine, spec(policy_model, "causal_lm", gen_res, p.generate, temp))
+        gen = (p.generate.engine, spec(policy_model, "causal_lm", gen_res, p.generate, "generate", "policy.generate",
+                                       temp))
         if p.generate.resources is None:
             policy["generate"] = gen
         else:
@@ -69,16 +71,17 @@ def handle_specs(cfg: XConfig, policy_model: str, total_train_steps: dict[str, i
     if cfg.critic is not None:
         c = cfg.critic
         out.append(HandleSpec("critic", {"train": (c.train.engine, spec(
-            c.model or policy_model, "value", c.resources, c.train, extra={"total_steps": total_train_steps.get("critic", 0)}))},
-            c.resources))
+            c.model or policy_model, "value", c.resources, c.train, "train", "critic.train",
+            total_steps=total_train_steps.get("critic", 0)))}, c.resources))
     if cfg.reference is not None:
         r = cfg.reference
         out.append(HandleSpec("reference", {"infer": (r.infer.engine, spec(
-            r.model or policy_model, "causal_lm", r.resources, r.infer, temp))}, r.resources))
+            r.model or policy_model, "causal_lm", r.resources, r.infer, "infer", "reference.infer", temp))},
+            r.resources))
     if cfg.reward.source == "model":
         w = cfg.reward
-        out.append(HandleSpec("reward", {"infer": (w.infer.engine, spec(w.model, "score", w.resources, w.infer))},
-                              w.resources))
+        out.append(HandleSpec("reward", {"infer": (w.infer.engine, spec(w.model, "score", w.resources, w.infer,
+                                                                          "infer", "reward.infer"))}, w.resources))
     return out
 
 
@@ -129,7 +132,8 @@ class Coordinator:
         self.placement_groups = list({id(s.pg): s.pg for s in slots.values()}.values())
         # vLLM sizes its KV cache from the GPU memory it sees free while it starts: it starts first,
         # alone, so that no other worker allocates or frees GPU memory meanwhile.
-        serial = [s for s in self.specs if "vllm" in (n for n, _ in s.engines.values())]
+        serial = [s for s in self.specs if any(engine_class(n, role).starts_alone
+                                               for role, (n, _) in s.engines.items())]
         pending = []
         for s in serial + [s for s in self.specs if s not in serial]:
             handle, setup = self._create(s, slots[s.name])

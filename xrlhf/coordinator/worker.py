@@ -108,14 +108,14 @@ class EngineWorker:
         return n
 
     def _end_sync(self) -> None:
-        if torch.cuda.is_available() and getattr(self.gen, "sleep_level", 0):
+        if torch.cuda.is_available() and self.gen.frees_memory_when_asleep:
             torch.cuda.empty_cache()  # this process's cached blocks go back before vLLM's KV cache does
         self.gen.end_sync()
 
     def join_weight_gather(self) -> int:
         """A rank > 0 of a sharded trainer (ZeRO-3) takes part in gathering the full weights
         while rank 0 sends them; nothing to do where ``named_weights`` is not a collective."""
-        if not getattr(self.train, "collective_weights", False):
+        if not self.train.collective_weights:
             return 0
         return sum(1 for _ in self.train.named_weights())
 
@@ -148,12 +148,12 @@ class EngineWorker:
         self.train.load_state_dict(state)
 
     def rng_state(self) -> dict[str, Any]:
-        return {"torch": torch.get_rng_state(), "gen_calls": getattr(self.gen, "_calls", None)}
+        return {"torch": torch.get_rng_state(), "gen": self.gen.rng_state() if self.gen is not None else {}}
 
     def set_rng_state(self, state: dict[str, Any]) -> None:
         torch.set_rng_state(state["torch"])
-        if self.gen is not None and state.get("gen_calls") is not None:
-            self.gen._calls = state["gen_calls"]
+        if self.gen is not None:
+            self.gen.set_rng_state(state["gen"])
 
     # -- memory phases (co-located layouts) -------------------------------------------------
     def sleep_generator(self) -> None:

@@ -8,26 +8,68 @@
   new weights.
 
 Engines never import Ray: the coordinator hosts them in Ray actors and tells each its rank.
-Backends register by name (``@ENGINES.register("hf")``) or are named in YAML by import path
-``pkg.mod:Class``. See docs/extending.md.
+
+**An engine owns its options.** Each engine class has an ``Options`` pydantic model: the role's
+shared section (``xrlhf.config.schema.TrainConfig`` / ``InferConfig`` / ``GenerateConfig``)
+plus the backend's own fields, unknown keys rejected. ``xrlhf validate`` checks a YAML section
+against the chosen engine's ``Options`` before anything starts; the engine reads typed
+attributes (``self.options.lr``), so a default lives in exactly one place.
+
+**The engine says what it can do** (class attributes and small methods, never name tests in
+the coordinator): ``starts_alone``, ``workers_per_engine``, ``frees_memory_when_asleep``,
+``shares_trainer_process``, ``placement_errors``, ``rng_state``.
+
+**The backend table is the registry.** One file per backend (``hf.py``, ``deepspeed.py``,
+``vllm.py``) registers one class per role under ``"<backend>.<role>"``; ``ENGINES`` finds the
+file by the backend's name and imports it only when that backend is named or every name is
+listed, so each backend file imports its heavy library (vLLM, DeepSpeed) inside the functions
+that use it: validation reads every ``Options`` without vLLM or DeepSpeed installed. A class's
+``requires`` (Python packages) and ``pip_extra`` say how to install what it needs. YAML names a
+backend (``engine: hf``) or any subclass by import path (``engine: mypkg.engines:MyTrainer``).
+See docs/extending.md.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator, Literal, Protocol
 
 import torch
+from pydantic import BaseModel, ConfigDict
 
+from xrlhf.config.schema import GenerateConfig, InferConfig, TrainConfig
 from xrlhf.data.batch import Batch
 from xrlhf.utils.registry import Registry
 
 if TYPE_CHECKING:
     from xrlhf.engines.weight_sync import Message, Transport
 
-ENGINES: Registry[type] = Registry("engine")
+ENGINES: Registry[type] = Registry("engine", package="xrlhf.engines")
+"""Engine classes by ``"<backend>.<role>"``, found by file: ``hf.train`` lives in ``xrlhf/engines/hf.py``."""
+
+Role = Literal["train", "infer", "generate"]
+
+
+class TrainOptions(TrainConfig):
+    """Options of a train engine: the shared ``train`` section, unknown keys rejected. A
+    backend with options of its own subclasses it and adds fields."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class InferOptions(InferConfig):
+    """Options of an infer engine (``reference.infer``, ``reward.infer``); see ``TrainOptions``."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class GenerateOptions(GenerateConfig):
+    """Options of a generate engine (``policy.generate``); see ``TrainOptions``."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 Head = Literal["causal_lm", "value", "score"]
 """What the model computes: next-token logits, a value per token, or one score per sequence."""
@@ -65,20 +107,22 @@ class EngineSpec:
         model_path: a local HF-format directory.
         head: what the model computes (see ``Head``).
         device: ``"cpu"`` or ``"cuda"`` (the worker's visible GPU).
-        dtype: ``"float32"`` or ``"bfloat16"``.
-        options: the engine's own YAML block (train / infer / generate section as a dict).
+        options: the engine's ``Options`` (the YAML section validated by the engine class), or
+            a dict the engine validates into them when it is built (direct use, tests).
         dist: the data-parallel group.
         seed: the base seed; engines offset it by rank where sampling must differ.
+        temperature: the sampling temperature logprobs are computed at (train / infer engines).
+        total_steps: optimizer steps the run will take (LR schedules of train engines).
     """
 
     model_path: str
     head: Head = "causal_lm"
     device: str = "cpu"
-    dtype: str = "float32"
-    options: dict[str, Any] = field(default_factory=dict)
+    options: BaseModel | dict[str, Any] = field(default_factory=dict)
     dist: DistInfo = field(default_factory=DistInfo)
     seed: int = 0
     temperature: float = 1.0
+    total_steps: int = 0
 
 
 @dataclass
@@ -117,20 +161,58 @@ class LossFn(Protocol):
     def __call__(self, out: ForwardOutput, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
 
 
-class InferEngine(ABC):
-    """Computes logprobs, values or scores for a batch, without gradients."""
+class Engine(ABC):
+    """What every engine shares: its validated options, its requirements, its RNG state.
+
+    Attributes:
+        Options: the pydantic model of the engine's YAML section (the role's shared fields
+            plus the backend's own); ``self.options`` is an instance of it.
+        requires: Python packages the engine imports when built (checked before anything
+            starts, with ``pip_extra`` in the message).
+        pip_extra: the extra of xrlhf that installs ``requires`` (``pip install -e '.[extra]'``).
+    """
+
+    Options: ClassVar[type[BaseModel]]
+    requires: ClassVar[tuple[str, ...]] = ()
+    pip_extra: ClassVar[str | None] = None
+    starts_alone: ClassVar[bool] = False
+    """The coordinator builds this engine before any other worker and waits for it (vLLM sizes
+    its KV cache from the GPU memory it sees free while it starts)."""
 
     def __init__(self, spec: EngineSpec):
+        if not isinstance(spec.options, self.Options):
+            given = spec.options.model_dump() if isinstance(spec.options, BaseModel) else spec.options
+            spec.options = self.Options.model_validate(given or {})
         self.spec = spec
+        self.options = spec.options
+
+    @classmethod
+    def missing_packages(cls) -> list[str]:
+        """Packages of ``requires`` that are not installed."""
+        return [p for p in cls.requires if importlib.util.find_spec(p) is None]
+
+    def rng_state(self) -> dict[str, Any]:
+        """Engine-owned random state beyond torch's global generator, for exact resume."""
+        return {}
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        """Restore what ``rng_state`` returned."""
+
+
+class InferEngine(Engine):
+    """Computes logprobs, values or scores for a batch, without gradients."""
+
+    Options: ClassVar[type[BaseModel]] = InferOptions
 
     @abstractmethod
     def forward(self, batch: Batch, need_entropy: bool = False) -> ForwardOutput:
         """Forward pass over ``batch`` (with autograd enabled if the caller enables it)."""
 
     @torch.no_grad()
-    def infer(self, batch: Batch, micro_batch_size: int = 64) -> Batch:
-        """Run ``forward`` in micro-batches; returns ``logprobs``/``values`` ``[B, R]`` or ``scores`` ``[B]``."""
-        outs = [self.forward(mb) for mb in batch.chunks(micro_batch_size)]
+    def infer(self, batch: Batch) -> Batch:
+        """``forward`` in micro-batches of ``options.micro_batch_size`` rows; returns ``logprobs`` /
+        ``values`` ``[B, R]`` or ``scores`` ``[B]`` on the CPU."""
+        outs = [self.forward(mb) for mb in batch.chunks(self.options.micro_batch_size)]
         result = {}
         for key in ("logprobs", "values", "scores"):
             parts = [getattr(o, key) for o in outs]
@@ -138,30 +220,80 @@ class InferEngine(ABC):
                 result[key] = torch.cat(parts).float().cpu()
         return Batch(result)
 
-    def offload(self) -> None:
-        """Release accelerator memory between phases (co-located layouts). Default: nothing."""
 
-    def reload(self) -> None:
-        """Undo ``offload``. Default: nothing."""
+def loss_units(batch: Batch, unit: str) -> torch.Tensor:
+    """The number of loss units in ``batch``: response tokens (``unit == "token"``) or rows."""
+    return batch["response_mask"].sum() if unit == "token" else torch.tensor(float(len(batch)))
+
+
+def global_units(batch: Batch, unit: str, device: torch.device) -> torch.Tensor:
+    """Number of loss units (tokens or rows) in the global mini-batch, summed over ranks."""
+    import torch.distributed as dist
+
+    n = loss_units(batch, unit).to(device=device, dtype=torch.float64)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(n)
+    return n.clamp(min=1.0)
 
 
 class TrainEngine(InferEngine):
-    """An ``InferEngine`` that also trains: micro-batch accumulation, DP sync, optimizer step."""
+    """An ``InferEngine`` that also trains. ``train_step`` is a template: the micro-batch loop,
+    the global-unit denominator and the unit-weighted metrics are written once, here; a backend
+    implements ``backward`` and ``optimizer_step`` (and the model I/O methods).
 
+    Attributes:
+        collective_weights: whether ``named_weights`` is a collective (sharded weights, e.g.
+            ZeRO-3): then every rank of the group must iterate it, in step, even where only
+            rank 0 uses the tensors.
+        device: where micro-batches are moved before ``forward``.
+    """
+
+    Options: ClassVar[type[BaseModel]] = TrainOptions
     collective_weights: bool = False
-    """Whether ``named_weights`` is a collective (sharded weights, e.g. ZeRO-3): then every rank
-    of the group must iterate it, in step, even where only rank 0 uses the tensors."""
+    device: torch.device = torch.device("cpu")
 
-    @abstractmethod
     def train_step(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
         """One optimizer step over this rank's share of a global mini-batch.
 
-        Splits ``batch`` into micro-batches, accumulates gradients, all-reduces them across
-        the data-parallel group, clips, steps the optimizer and the LR schedule.
+        The loss of each micro-batch (a *sum* over its units) is divided by the number of
+        units in the whole global mini-batch (all ranks), so the update does not depend on how
+        the batch was split across ranks and micro-batches.
 
         Returns:
-            metrics averaged over the micro-batches (``loss``, ``grad_norm``, ``lr`` and the
-            loss function's own).
+            ``loss`` (per unit) and the loss function's metrics, each averaged over the
+            micro-batches weighted by their units; then ``optimizer_step``'s metrics
+            (``grad_norm``, ``lr``, ``skipped``).
+        """
+        denom = global_units(batch, loss_fn.unit, self.device)
+        chunks = list(batch.chunks(self.options.micro_batch_size))
+        sums: dict[str, float] = {}
+        total = 0.0
+        for i, mb in enumerate(chunks):
+            mb = mb.to(self.device)
+            out = self.forward(mb, need_entropy=loss_fn.needs_entropy)
+            loss_sum, metrics = loss_fn(out, mb)
+            self.backward(loss_sum / denom, last=i == len(chunks) - 1)
+            w = float(loss_units(mb, loss_fn.unit))
+            for k, v in {"loss": loss_sum.detach() / max(w, 1.0), **metrics}.items():
+                sums[k] = sums.get(k, 0.0) + float(v) * w
+            total += w
+        return {**{k: v / max(total, 1.0) for k, v in sums.items()}, **self.optimizer_step()}
+
+    @abstractmethod
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
+        """Accumulate the gradients of ``loss`` (already divided by the global units).
+
+        ``last``: this is the mini-batch's last micro-batch (where a backend may reduce).
+        """
+
+    @abstractmethod
+    def optimizer_step(self) -> dict[str, float]:
+        """Sum the gradients over the data-parallel group, clip, step the optimizer and the LR
+        schedule, zero the gradients. A step with a non-finite gradient norm changes nothing.
+
+        Returns:
+            ``grad_norm`` (before clipping), ``lr`` (used by this step), ``skipped`` (1.0 if
+            the step was not applied).
         """
 
     @abstractmethod
@@ -225,18 +357,31 @@ class GenerationOutput:
     logprobs: list[list[float]]
 
 
-class GenerateEngine(ABC):
+class GenerateEngine(Engine):
     """Samples continuations of token-id prompts and accepts new weights.
 
     Attributes:
         shares_trainer_process: the weights live in the process that hosts the engine (so a
             co-located trainer can hand tensors over as they are: transport ``in_process``).
+            May be decided per instance once built (vLLM with or without multiprocessing).
+        frees_memory_when_asleep: ``sleep`` gives accelerator memory back, so the worker
+            returns its own cached memory before ``wake_up`` takes it again.
     """
 
+    Options: ClassVar[type[BaseModel]] = GenerateOptions
     shares_trainer_process: bool = True
+    frees_memory_when_asleep: bool = False
 
-    def __init__(self, spec: EngineSpec):
-        self.spec = spec
+    @classmethod
+    def workers_per_engine(cls, options: BaseModel) -> int:
+        """Processes one engine receives weights in (tensor-parallel workers); 1 by default."""
+        return 1
+
+    @classmethod
+    def placement_errors(cls, options: BaseModel, where: str, gpus_per_rank: float, split: bool) -> list[str]:
+        """What this engine cannot run on: ``gpus_per_rank`` per generator at YAML path ``where``,
+        in the split (``split``) or co-located layout. Each line names the path and the fix."""
+        return []
 
     @abstractmethod
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
@@ -278,50 +423,53 @@ class GenerateEngine(ABC):
         """Free the engine's resources now (processes, GPU memory). Default: nothing."""
 
 
-def build_engine(name: str, spec: EngineSpec, role: Literal["train", "infer", "generate"]):
-    """Instantiate the engine registered as ``name`` (or import path) for ``role``.
+ROLE_BASES: dict[str, type] = {"train": TrainEngine, "infer": InferEngine, "generate": GenerateEngine}
 
-    A backend registers one class per role under ``"<name>"`` with ``ROLE_SUFFIX``: e.g. the
-    Transformers backend registers ``hf.train``, ``hf.infer`` and ``hf.generate``. An import
-    path names the class itself.
+
+def engine_class(name: str, role: Role) -> type:
+    """The engine class for backend ``name`` (or import path ``pkg.mod:Class``) in ``role``.
+
+    Imports the backend's file only (light: heavy libraries load when an engine is built).
+
+    Raises:
+        KeyError: an unknown backend (listing the valid ones), or a class of the wrong role.
     """
-    _import_backend(name)
     key = name if ":" in name else f"{name}.{role}"
     if ":" not in name and key not in ENGINES:
         raise KeyError(f"no {role} engine {name!r}; valid: {', '.join(engine_names(role))} "
                        f"(or an import path 'pkg.module:Class')")
     cls = ENGINES.get(key)
-    base = {"train": TrainEngine, "infer": InferEngine, "generate": GenerateEngine}[role]
+    base = ROLE_BASES[role]
     if not (isinstance(cls, type) and issubclass(cls, base)):
         raise KeyError(f"{name!r} is not a {base.__name__} subclass")
+    return cls
+
+
+def engine_options(name: str, role: Role, fields: dict[str, Any], path: str = "") -> BaseModel:
+    """``fields`` (a YAML section, ``Section.engine_fields()``) validated by the options of engine
+    ``name`` in ``role``; ``path`` (e.g. ``policy.train``) names the section in cross-field errors.
+
+    Raises:
+        KeyError: see ``engine_class``. pydantic.ValidationError: the options are invalid.
+    """
+    return engine_class(name, role).Options.model_validate(fields, context={"path": path})
+
+
+def build_engine(name: str, spec: EngineSpec, role: Role):
+    """Instantiate the engine ``name`` for ``role`` (see ``engine_class``).
+
+    Raises:
+        KeyError: as ``engine_class``, or when a package the engine needs is not installed
+            (naming the pip extra that installs it).
+    """
+    cls = engine_class(name, role)
+    missing = cls.missing_packages()
+    if missing:
+        extra = f"pip install -e '.[{cls.pip_extra}]'" if cls.pip_extra else "pip install " + " ".join(missing)
+        raise KeyError(f"engine {name!r} needs {', '.join(missing)}, which is not installed; install it with: {extra}")
     return cls(spec)
 
 
-BUILTIN_BACKENDS: dict[str, str] = {
-    "hf": "xrlhf.engines.hf",
-    "deepspeed": "xrlhf.engines.deepspeed",
-    "vllm": "xrlhf.engines.vllm",
-}
-"""Built-in backends, imported lazily so that vLLM/DeepSpeed load only when chosen."""
-
-_EXTRAS = {"deepspeed": "deepspeed", "vllm": "gpu"}
-
-
-def _import_backend(name: str) -> None:
-    import importlib
-
-    importlib.import_module(BUILTIN_BACKENDS["hf"])
-    if name in BUILTIN_BACKENDS and name != "hf":
-        try:
-            importlib.import_module(BUILTIN_BACKENDS[name])
-        except ImportError as e:
-            raise KeyError(f"engine {name!r} needs a package that is not installed ({e}); "
-                           f"install it with: pip install -e '.[{_EXTRAS[name]}]'") from None
-
-
-def engine_names(role: str) -> list[str]:
-    """Names that ``build_engine`` accepts for ``role`` (registered, plus lazily loaded built-ins)."""
-    _import_backend("hf")
-    names = {n.split(".")[0] for n in ENGINES.names() if n.endswith("." + role)}
-    lazy = {"train": {"deepspeed"}, "infer": {"deepspeed"}, "generate": {"vllm"}}[role]
-    return sorted(names | lazy)
+def engine_names(role: Role) -> list[str]:
+    """Backend names that ``build_engine`` accepts for ``role`` (every backend file is read)."""
+    return sorted(n.rpartition(".")[0] for n in ENGINES.names() if n.endswith("." + role))

@@ -2,7 +2,9 @@
 
 The model, its forward pass and the LR schedule are the Transformers backend's (``HFModel``,
 ``lr_lambda``); only the optimizer, the gradient reduction and the parameter layout change.
-DeepSpeed is imported only here, so a run with ``engine: hf`` never loads it.
+DeepSpeed is imported only inside the functions that build and run an engine, so validation
+reads the options here (``DeepSpeedTrainOptions``, ``DeepSpeedInferOptions``) without DeepSpeed
+installed, and a run with ``engine: hf`` never loads it.
 
 How the ``LossFn`` contract maps onto DeepSpeed (see ``TrainEngine.train_step``):
 
@@ -18,30 +20,223 @@ How the ``LossFn`` contract maps onto DeepSpeed (see ``TrainEngine.train_step``)
   ``LambdaLR`` over ``lr_lambda`` handed to ``deepspeed.initialize``.
 
 ZeRO-3 weights leave the engine bucket by bucket (``named_weights``): a group of parameters of
-at most ``gather_bucket_mb`` (engine option, default 256) is gathered, copied, and released
+at most ``gather_bucket_mb`` (option, default 256) is gathered, copied, and released
 before the next, so the full model is never materialised on the accelerator at once.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal, Mapping
 
-import deepspeed
 import torch
 import torch.distributed as dist
 from loguru import logger
+from pydantic import BaseModel, Field, ValidationInfo, model_validator
 
-from xrlhf.config.deepspeed import merged_config
 from xrlhf.data.batch import Batch
-from xrlhf.engines.base import ENGINES, EngineSpec, ForwardOutput, InferEngine, LossFn, TrainEngine
-from xrlhf.engines.hf import HFModel, accumulate_metrics, global_units, lr_lambda, save_with_tokenizer
+from xrlhf.engines.base import ENGINES, EngineSpec, ForwardOutput, InferEngine, InferOptions, TrainEngine, TrainOptions
+from xrlhf.engines.hf import HFModel, save_with_tokenizer
+from xrlhf.engines.training import lr_lambda
 
-DEFAULT_GATHER_BUCKET_MB = 256
+# -- options: the engine's own YAML fields and the DeepSpeed config made from them ----------------
+OWNED = {
+    "train_batch_size": "the global batch is the algorithm's (algorithm.mini_batch_size)",
+    "train_micro_batch_size_per_gpu": "set {p}.micro_batch_size instead",
+    "gradient_accumulation_steps": "xrlhf steps once per mini-batch whatever the micro-batch count; "
+                                   "set {p}.micro_batch_size instead",
+    "optimizer": "set {p}.lr, betas, eps and weight_decay instead",
+    "scheduler": "set {p}.lr_warmup_steps and lr_schedule instead",
+}
+"""Keys of the ``deepspeed:`` block that are always errors, with what to do instead."""
+
+DERIVED = {
+    "gradient_clipping": "grad_clip",
+    "bf16.enabled": "dtype",
+    "fp16.enabled": "dtype",
+    "zero_optimization.stage": "zero_stage",
+    "zero_optimization.offload_optimizer.device": "offload_optimizer",
+    "zero_optimization.offload_param.device": "offload_params",
+}
+"""Keys of the generated config that come from a field of the section (dotted path -> field)."""
+
+_QUIET = {"steps_per_print": 1 << 30, "wall_clock_breakdown": False}
+
+
+def _yaml_path(info: ValidationInfo, default: str) -> str:
+    return (info.context or {}).get("path", default) if info is not None else default
+
+
+class DeepSpeedTrainOptions(TrainOptions):
+    """``<handle>.train`` with ``engine: deepspeed``: the shared train fields plus these.
+
+    A free ``deepspeed:`` block is merged over the config xrlhf generates from the section's
+    fields; merging never overrides a value silently: keys xrlhf owns (``OWNED``) are always
+    errors, keys generated from a field (``DERIVED``) are errors when the values differ.
+    """
+
+    zero_stage: Literal[0, 1, 2, 3] = Field(2, description="ZeRO stage")
+    offload_optimizer: bool = Field(False, description="optimizer states in CPU memory (ZeRO 1-3)")
+    offload_params: bool = Field(False, description="parameters in CPU memory (ZeRO 3)")
+    deepspeed: dict[str, Any] = Field(default_factory=dict, description="extra DeepSpeed config keys, merged over "
+                                      "the generated ones (conflicts are errors)")
+    gather_bucket_mb: float = Field(256, gt=0, description="ZeRO-3: weights are gathered this many MB at a time")
+
+    @model_validator(mode="after")
+    def _conflicts(self, info: ValidationInfo):
+        errors = conflicts(self, _yaml_path(info, "deepspeed engine"), "train")
+        if errors:
+            raise ValueError("\n".join(errors))
+        return self
+
+
+class DeepSpeedInferOptions(InferOptions):
+    """``<handle>.infer`` with ``engine: deepspeed``: a frozen model, replicated or ZeRO-3 partitioned."""
+
+    zero_stage: Literal[0, 3] = Field(0, description="0 (replicated) or 3 (partitioned across the handle's ranks)")
+    offload_params: bool = Field(False, description="parameters in CPU memory (ZeRO 3)")
+    deepspeed: dict[str, Any] = Field(default_factory=dict, description="extra DeepSpeed config keys")
+
+    @model_validator(mode="after")
+    def _conflicts(self, info: ValidationInfo):
+        errors = conflicts(self, _yaml_path(info, "deepspeed engine"), "infer")
+        if errors:
+            raise ValueError("\n".join(errors))
+        return self
+
+
+def _offload(flag: bool) -> dict[str, Any]:
+    return {"device": "cpu" if flag else "none"}
+
+
+def generated_train_config(o: DeepSpeedTrainOptions) -> dict[str, Any]:
+    """The DeepSpeed config xrlhf derives from the train options ``o`` (without the user block).
+
+    fp32 unless ``dtype: bfloat16`` (then DeepSpeed's bf16 mode: bf16 weights, fp32 master
+    weights and optimizer states). The optimizer is torch's AdamW (no compiled op) unless the
+    optimizer is offloaded, where DeepSpeed's CPU Adam is the point of offloading.
+    """
+    return {
+        "train_micro_batch_size_per_gpu": o.micro_batch_size,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": float(o.grad_clip or 0.0),
+        "optimizer": {"type": "AdamW", "params": {
+            "lr": o.lr, "betas": list(o.betas), "eps": o.eps, "weight_decay": o.weight_decay,
+            "torch_adam": not o.offload_optimizer}},
+        "bf16": {"enabled": o.dtype == "bfloat16"},
+        "fp16": {"enabled": False},
+        "zero_optimization": {"stage": o.zero_stage, "offload_optimizer": _offload(o.offload_optimizer),
+                              "offload_param": _offload(o.offload_params)},
+        "zero_allow_untested_optimizer": True,
+        **_QUIET,
+    }
+
+
+def generated_infer_config(o: DeepSpeedInferOptions) -> dict[str, Any]:
+    """The DeepSpeed config of a frozen model: no optimizer, ZeRO 0 or 3."""
+    return {
+        "train_micro_batch_size_per_gpu": o.micro_batch_size,
+        "bf16": {"enabled": o.dtype == "bfloat16"},
+        "fp16": {"enabled": False},
+        "zero_optimization": {"stage": o.zero_stage, "offload_param": _offload(o.offload_params)},
+        **_QUIET,
+    }
+
+
+def _generated(o: BaseModel, role: str) -> dict[str, Any]:
+    return generated_train_config(o) if role == "train" else generated_infer_config(o)
+
+
+def _leaves(d: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    out = []
+    for k, v in d.items():
+        path = f"{prefix}{k}"
+        if isinstance(v, Mapping) and v:
+            out += _leaves(v, path + ".")
+        else:
+            out.append((path, v))
+    return out
+
+
+def _get(d: Mapping[str, Any], dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(d, Mapping) or part not in d:
+            return _MISSING
+        d = d[part]
+    return d
+
+
+_MISSING = object()
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b or (a == b and type(a) is type(b))
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return float(a) == float(b)
+    if isinstance(a, str) and isinstance(b, str):
+        return a.lower() == b.lower()
+    return a == b
+
+
+def conflicts(o: BaseModel, path: str, role: str = "train") -> list[str]:
+    """Errors for the ``deepspeed:`` block of the options ``o`` found at YAML ``path``.
+
+    Args:
+        o: the section's options (``DeepSpeedTrainOptions`` / ``DeepSpeedInferOptions``).
+        path: the section's YAML path, e.g. ``policy.train``.
+        role: ``"train"`` or ``"infer"`` (an infer section owns fewer keys).
+
+    Returns:
+        one line per problem, each starting with the offending YAML path.
+    """
+    user = o.deepspeed
+    ours = _generated(o, role)
+    errors = []
+    for key, advice in OWNED.items():
+        if key in user:
+            errors.append(f"{path}.deepspeed.{key}: set by xrlhf, not here; {advice.format(p=path)}")
+    for leaf, value in _leaves(user):
+        if leaf.split(".")[0] in OWNED:
+            continue
+        field = DERIVED.get(leaf)
+        mine = _get(ours, leaf)
+        if field is None or mine is _MISSING or _same(value, mine):
+            continue
+        if field == "dtype":
+            hint = ("set it there (bfloat16 or float32); fp16 is not supported" if leaf.startswith("fp16")
+                    else "set it there")
+            errors.append(f"{path}.deepspeed.{leaf}: conflicts with {path}.dtype ({o.dtype!r}); {hint}")
+        else:
+            errors.append(f"{path}.deepspeed.{leaf}: {value!r} conflicts with {path}.{field} "
+                          f"({getattr(o, field)!r}); set it there")
+    stage = _get(ours, "zero_optimization.stage")
+    if o.offload_params and stage != 3:
+        errors.append(f"{path}.offload_params: parameter offload needs zero_stage 3, got {stage}")
+    if role == "train" and o.offload_optimizer and stage == 0:
+        errors.append(f"{path}.offload_optimizer: optimizer offload needs zero_stage 1, 2 or 3, got 0")
+    return errors
+
+
+def merged_config(o: BaseModel, role: str = "train") -> dict[str, Any]:
+    """Our generated config with the user's ``deepspeed:`` block merged over it (the options
+    were checked for conflicts when validated)."""
+    out = _generated(o, role)
+    _merge(out, copy.deepcopy(dict(o.deepspeed)))
+    return out
+
+
+def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> None:
+    for k, v in extra.items():
+        if isinstance(v, Mapping) and isinstance(base.get(k), dict):
+            _merge(base[k], v)
+        else:
+            base[k] = v
 
 
 def init_distributed(spec: EngineSpec) -> None:
@@ -50,6 +245,8 @@ def init_distributed(spec: EngineSpec) -> None:
     DeepSpeed needs a process group and ``LOCAL_RANK`` even for one rank. Each Ray worker sees
     only its own GPU, so the local device index is that of ``spec.device`` (0 by default).
     """
+    import deepspeed
+
     device = torch.device(spec.device)
     os.environ["LOCAL_RANK"] = str(device.index or 0)  # DeepSpeed places the engine by it
     if device.type == "cuda":
@@ -86,6 +283,7 @@ def gathered_weights(module: torch.nn.Module, bucket_bytes: int, stats: dict[str
     ``stats`` (optional) receives ``buckets`` and ``peak_gathered_bytes``: the largest number
     of bytes of full ZeRO-3 parameters materialised at once, read from their ZeRO status.
     """
+    import deepspeed
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
     items = list(module.state_dict(keep_vars=True).items())
@@ -136,20 +334,21 @@ class _DSModel:
     """What the train and infer engines share: loading, initialising and the forward."""
 
     def _init_engine(self, spec: EngineSpec, role: str, **init_kwargs) -> None:
+        import deepspeed
+
         init_distributed(spec)
-        self.ds_config = merged_config(spec.options, role)
+        self.ds_config = merged_config(self.options, role)
         if role == "train":
             _cpu_adam_or_torch(self.ds_config)
         self.zero_stage = int(self.ds_config["zero_optimization"]["stage"])
         self.hf = _load(spec)
-        if role == "train" and spec.options.get("gradient_checkpointing"):
+        if role == "train" and self.options.gradient_checkpointing:
             self.hf.model.gradient_checkpointing_enable()
         self.engine, *_ = deepspeed.initialize(model=self.hf.model, config=self.ds_config, **init_kwargs)
         self.hf.model = self.engine  # the engine's forward runs the ZeRO-3 gather hooks
         self.hf.device = self.engine.device
         self.module: torch.nn.Module = self.engine.module
-        self.gather_bucket_bytes = int(spec.options.get("gather_bucket_mb", DEFAULT_GATHER_BUCKET_MB) * (1 << 20))
-        self.gather_stats: dict[str, int] = {}
+        self.device = self.engine.device
 
     def forward(self, batch: Batch, need_entropy: bool = False) -> ForwardOutput:
         return self.hf.forward(batch, need_entropy)
@@ -161,9 +360,9 @@ class _DSModel:
         if self.zero_stage == 3:
             self.engine.empty_partition_cache()
 
-    def infer(self, batch: Batch, micro_batch_size: int | None = None) -> Batch:
+    def infer(self, batch: Batch) -> Batch:
         try:
-            return InferEngine.infer(self, batch, micro_batch_size or self.spec.options.get("micro_batch_size", 16))
+            return InferEngine.infer(self, batch)
         finally:
             self.release_gathered()
 
@@ -198,63 +397,46 @@ class _DSModel:
         if rank == 0:
             save_with_tokenizer(self.module, self.spec.model_path, path, state_dict=state)
 
-    def offload(self) -> None:
-        """Nothing: parameter and optimizer offload are static (``offload_params``,
-        ``offload_optimizer``); the co-located layout uses ZeRO-3 partitioning instead."""
-
-    def reload(self) -> None:
-        """Nothing (see ``offload``)."""
-
 
 @ENGINES.register("deepspeed.train")
 class DeepSpeedTrainEngine(_DSModel, TrainEngine):
     """Training with DeepSpeed ZeRO stage 0-3, optional optimizer / parameter CPU offload.
+    Options: ``DeepSpeedTrainOptions``."""
 
-    Options (the YAML ``train`` block): those of ``HFTrainEngine`` plus ``zero_stage``
-    (default 2), ``offload_optimizer``, ``offload_params`` (ZeRO-3), ``deepspeed`` (extra
-    DeepSpeed config merged over ours; see ``xrlhf.config.deepspeed``) and, in
-    ``engine_options``, ``gather_bucket_mb`` (ZeRO-3 weight gathering bucket).
-    """
+    Options = DeepSpeedTrainOptions
+    requires = ("deepspeed",)
+    pip_extra = "deepspeed"
 
     def __init__(self, spec: EngineSpec):
         super().__init__(spec)
-        opts = spec.options
-        schedule = lr_lambda(opts.get("lr_warmup_steps", 0), opts.get("total_steps", 0),
-                             opts.get("lr_schedule", "constant"))
+        o = self.options
+        schedule = lr_lambda(o.lr_warmup_steps, spec.total_steps, o.lr_schedule)
         self._init_engine(spec, "train", lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule))
+        self.gather_bucket_bytes = int(o.gather_bucket_mb * (1 << 20))
+        self.gather_stats: dict[str, int] = {}
         self.engine.train()
         self.dp_world_size = dist.get_world_size()
 
-    def infer(self, batch: Batch, micro_batch_size: int | None = None) -> Batch:
+    def infer(self, batch: Batch) -> Batch:
         self.engine.eval()
         try:
-            return super().infer(batch, micro_batch_size)
+            return super().infer(batch)
         finally:
             self.engine.train()
 
-    def train_step(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
-        denom = global_units(batch, loss_fn.unit, self.hf.device)
-        acc: dict[str, float] = {}
-        total = 0.0
-        chunks = list(batch.chunks(self.spec.options.get("micro_batch_size", 16)))
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
+        self.engine.set_gradient_accumulation_boundary(last)
+        # DeepSpeed averages gradients over DP ranks; the contract wants their sum.
+        self.engine.backward(loss * self.dp_world_size, scale_wrt_gas=False)
+
+    def optimizer_step(self) -> dict[str, float]:
         lr = self.engine.get_lr()[0]
-        for i, mb in enumerate(chunks):
-            mb = mb.to(self.hf.device)
-            self.engine.set_gradient_accumulation_boundary(i == len(chunks) - 1)
-            out = self.forward(mb, need_entropy=loss_fn.needs_entropy)
-            loss_sum, metrics = loss_fn(out, mb)
-            # DeepSpeed averages gradients over DP ranks; the contract wants their sum.
-            self.engine.backward(loss_sum / denom * self.dp_world_size, scale_wrt_gas=False)
-            w = float(mb["response_mask"].sum() if loss_fn.unit == "token" else len(mb))
-            accumulate_metrics(acc, {"loss": loss_sum.detach() / max(w, 1.0), **metrics}, w)
-            total += w
         norm = self._grad_norm_stage0() if self.zero_stage == 0 else None
         self.engine.step()
         if norm is None:
             norm = self.engine.get_global_grad_norm()
         norm = float(norm) if norm is not None else float("nan")
-        return {**{k: v / max(total, 1.0) for k, v in acc.items()}, "grad_norm": norm, "lr": lr,
-                "skipped": float(not self.engine.was_step_applied())}
+        return {"grad_norm": norm, "lr": lr, "skipped": float(not self.engine.was_step_applied())}
 
     def _grad_norm_stage0(self) -> float:
         """ZeRO-0 keeps no norm: the all-reduced gradients' 2-norm, before clipping."""
@@ -311,13 +493,15 @@ class DeepSpeedInferEngine(_DSModel, InferEngine):
     """A frozen model (reference, reward) under DeepSpeed: replicated (``zero_stage`` 0, the
     default) or partitioned across the handle's ranks (``zero_stage: 3``, optionally with
     ``offload_params``), without an optimizer. Under ZeRO-3 ``infer`` is a collective: every
-    rank runs the same number of micro-batches (the handle splits batches evenly)."""
+    rank runs the same number of micro-batches (the handle splits batches evenly).
+    Options: ``DeepSpeedInferOptions``."""
+
+    Options = DeepSpeedInferOptions
+    requires = ("deepspeed",)
+    pip_extra = "deepspeed"
 
     def __init__(self, spec: EngineSpec):
         super().__init__(spec)
         self._init_engine(spec, "infer")
         self.engine.eval()
         self.module.requires_grad_(False)
-
-    def infer(self, batch: Batch, micro_batch_size: int | None = None) -> Batch:
-        return super().infer(batch, micro_batch_size or self.spec.options.get("micro_batch_size", 64))

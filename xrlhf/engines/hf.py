@@ -3,12 +3,12 @@
 All three share ``HFModel``: loading a local HF-format directory with the right head, and a
 forward pass that returns per-token logprobs (and entropy), values, or sequence scores for
 the response part of a batch (layout in ``xrlhf.data.batch``). The DeepSpeed backend reuses
-it and only swaps the optimizer/parallelism.
+it and only swaps the optimizer/parallelism. The train step's loop is ``TrainEngine``'s
+template; this backend gives it ``backward`` and ``optimizer_step``.
 """
 
 from __future__ import annotations
 
-import math
 import shutil
 from pathlib import Path
 from typing import Any, Iterator
@@ -16,20 +16,23 @@ from typing import Any, Iterator
 import torch
 import torch.nn.functional as F
 
+from pydantic import Field
+
 from xrlhf.data.batch import Batch, response_width
+from xrlhf.engines.base import (ENGINES, EngineSpec, ForwardOutput, GenerateEngine, GenerateOptions, GenerationOutput,
+                                InferEngine, NamedTensors, SamplingParams, TrainEngine)
+from xrlhf.engines.training import all_reduce_grads, lr_lambda
 from xrlhf.utils.tensors import entropy_from_logits
-from xrlhf.engines.base import (ENGINES, EngineSpec, ForwardOutput, GenerateEngine, GenerationOutput,
-                                InferEngine, LossFn, NamedTensors, SamplingParams, TrainEngine)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def load_hf_model(spec: EngineSpec) -> torch.nn.Module:
-    """Load ``spec.model_path`` with the head ``spec.head`` on ``spec.device``."""
+    """Load ``spec.model_path`` with the head ``spec.head`` on ``spec.device``, in ``spec.options.dtype``."""
     from transformers import (AutoModelForCausalLM, AutoModelForSequenceClassification,
                               AutoModelForTokenClassification)
 
-    kwargs: dict[str, Any] = {"dtype": DTYPES[spec.dtype]}
+    kwargs: dict[str, Any] = {"dtype": DTYPES[spec.options.dtype]}
     if spec.head == "causal_lm":
         model = AutoModelForCausalLM.from_pretrained(spec.model_path, **kwargs)
     elif spec.head == "value":
@@ -85,82 +88,27 @@ class HFInferEngine(InferEngine):
     def forward(self, batch: Batch, need_entropy: bool = False) -> ForwardOutput:
         return self.hf.forward(batch, need_entropy)
 
-    def infer(self, batch: Batch, micro_batch_size: int | None = None) -> Batch:
-        return super().infer(batch, micro_batch_size or self.spec.options.get("micro_batch_size", 64))
-
-
-def lr_lambda(warmup: int, total: int, schedule: str):
-    """LR multiplier per optimizer step: linear warm-up, then constant or cosine to 10%."""
-
-    def fn(step: int) -> float:
-        if warmup and step < warmup:
-            return (step + 1) / warmup
-        if schedule == "cosine" and total > warmup:
-            progress = min(1.0, (step - warmup) / max(1, total - warmup))
-            return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-        return 1.0
-
-    return fn
-
-
-def all_reduce_grads(params: list[torch.nn.Parameter]) -> None:
-    """Sum gradients over the data-parallel group, in one flat buffer per dtype."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return
-    grads = [p.grad for p in params if p.grad is not None]
-    for dtype in {g.dtype for g in grads}:
-        group = [g for g in grads if g.dtype == dtype]
-        flat = torch.cat([g.reshape(-1) for g in group])
-        dist.all_reduce(flat)
-        offset = 0
-        for g in group:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
-
-
-def global_units(batch: Batch, unit: str, device: torch.device) -> torch.Tensor:
-    """Number of loss units (tokens or rows) in the global mini-batch, summed over ranks."""
-    import torch.distributed as dist
-
-    n = batch["response_mask"].sum() if unit == "token" else torch.tensor(float(len(batch)))
-    n = n.to(device=device, dtype=torch.float64)
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(n)
-    return n.clamp(min=1.0)
-
-
-def accumulate_metrics(acc: dict[str, float], metrics: dict[str, Any], weight: float) -> None:
-    for k, v in metrics.items():
-        acc[k] = acc.get(k, 0.0) + float(v) * weight
-
 
 @ENGINES.register("hf.train")
 class HFTrainEngine(TrainEngine):
-    """Plain PyTorch training of a Transformers model; data parallel through torch.distributed.
-
-    Options (the YAML ``train`` block): ``lr``, ``weight_decay``, ``betas``, ``eps``,
-    ``grad_clip``, ``micro_batch_size``, ``lr_warmup_steps``, ``lr_schedule``,
-    ``total_steps``, ``gradient_checkpointing``.
-    """
+    """Plain PyTorch training of a Transformers model (AdamW); data parallel through
+    torch.distributed (gradients summed in one flat all-reduce per dtype)."""
 
     def __init__(self, spec: EngineSpec):
         super().__init__(spec)
         spec.dist.init_process_group()
         self.hf = HFModel(spec)
         self.model = self.hf.model
-        opts = spec.options
-        if opts.get("gradient_checkpointing"):
+        self.device = self.hf.device
+        o = self.options
+        if o.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.model.train()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=opts.get("lr", 1e-5),
-                                           betas=tuple(opts.get("betas", (0.9, 0.999))),
-                                           eps=opts.get("eps", 1e-8), weight_decay=opts.get("weight_decay", 0.0))
+        self.optimizer = torch.optim.AdamW(self.params, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
+                                           weight_decay=o.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(opts.get("lr_warmup_steps", 0), opts.get("total_steps", 0),
-                                      opts.get("lr_schedule", "constant")))
+            self.optimizer, lr_lambda(o.lr_warmup_steps, spec.total_steps, o.lr_schedule))
         self._broadcast_initial_weights()
 
     def _broadcast_initial_weights(self) -> None:
@@ -173,31 +121,19 @@ class HFTrainEngine(TrainEngine):
     def forward(self, batch: Batch, need_entropy: bool = False) -> ForwardOutput:
         return self.hf.forward(batch, need_entropy)
 
-    def infer(self, batch: Batch, micro_batch_size: int | None = None) -> Batch:
+    def infer(self, batch: Batch) -> Batch:
         self.model.eval()
         try:
-            return super().infer(batch, micro_batch_size or self.spec.options.get("micro_batch_size", 16))
+            return super().infer(batch)
         finally:
             self.model.train()
 
-    def train_step(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
-        denom = global_units(batch, loss_fn.unit, self.hf.device)
-        acc: dict[str, float] = {}
-        total = 0.0
-        for mb in batch.chunks(self.spec.options.get("micro_batch_size", 16)):
-            mb = mb.to(self.hf.device)
-            out = self.forward(mb, need_entropy=loss_fn.needs_entropy)
-            loss_sum, metrics = loss_fn(out, mb)
-            (loss_sum / denom).backward()
-            w = float(mb["response_mask"].sum() if loss_fn.unit == "token" else len(mb))
-            accumulate_metrics(acc, {"loss": loss_sum.detach() / max(w, 1.0), **metrics}, w)
-            total += w
-        return {**{k: v / max(total, 1.0) for k, v in acc.items()}, **self.optimizer_step()}
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
+        loss.backward()
 
     def optimizer_step(self) -> dict[str, float]:
-        """All-reduce gradients, clip, step optimizer and schedule; returns grad norm and lr."""
         all_reduce_grads(self.params)
-        clip = self.spec.options.get("grad_clip", 1.0)
+        clip = self.options.grad_clip
         norm = torch.nn.utils.clip_grad_norm_(self.params, clip if clip else float("inf"))
         lr = self.optimizer.param_groups[0]["lr"]
         if torch.isfinite(norm):
@@ -251,9 +187,17 @@ def load_named_weights(model: torch.nn.Module, weights: NamedTensors) -> int:
     return n
 
 
+class HFGenerateOptions(GenerateOptions):
+    """``policy.generate`` of the Transformers generate engine."""
+
+    micro_batch_size: int = Field(256, ge=1, description="hf: prompts per generate call")
+
+
 @ENGINES.register("hf.generate")
 class HFGenerateEngine(GenerateEngine):
     """Sampling with ``transformers`` ``generate``; logprobs of the temperature-scaled distribution."""
+
+    Options = HFGenerateOptions
 
     def __init__(self, spec: EngineSpec):
         super().__init__(spec)
@@ -266,7 +210,7 @@ class HFGenerateEngine(GenerateEngine):
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
-        mbs = self.spec.options.get("micro_batch_size", 256)
+        mbs = self.options.micro_batch_size
         token_ids: list[list[int]] = []
         logprobs: list[list[float]] = []
         seed = params.seed if params.seed is not None else self.spec.seed * 100003 + self.spec.dist.rank * 7919
@@ -301,6 +245,12 @@ class HFGenerateEngine(GenerateEngine):
 
     def update_weights(self, weights: NamedTensors) -> None:
         load_named_weights(self.model, weights)
+
+    def rng_state(self) -> dict[str, Any]:
+        return {"calls": self._calls}  # the seed of a call is a function of this count
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        self._calls = state.get("calls", self._calls)
 
     def weight_checksums(self) -> dict[str, int]:
         from xrlhf.engines.weight_sync import checksum

@@ -27,15 +27,14 @@ verl and OpenRLHF). See docs/vllm.md.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import pickle
-from typing import Any
+from typing import Any, Literal
 
-if importlib.util.find_spec("vllm") is None:  # fail at backend import, not inside a Ray worker
-    raise ImportError("No module named 'vllm'")
+from pydantic import BaseModel, Field
 
-from xrlhf.engines.base import ENGINES, EngineSpec, GenerateEngine, GenerationOutput, NamedTensors, SamplingParams
+from xrlhf.engines.base import (ENGINES, EngineSpec, GenerateEngine, GenerateOptions, GenerationOutput, NamedTensors,
+                                SamplingParams)
 from xrlhf.engines.weight_sync import CPUTransport, Message, Transport, WeightSyncError
 
 EXTENSION = "xrlhf.engines.vllm_ext.XrlhfWorkerExtension"
@@ -55,9 +54,25 @@ ENV_DEFAULTS = {
 }
 """Set (unless already set) before vLLM is imported: no network on the way up."""
 
+
+class VLLMOptions(GenerateOptions):
+    """``policy.generate`` with ``engine: vllm``: the shared sampling fields plus these (docs/vllm.md)."""
+
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per generator (tensor parallel)")
+    gpu_memory_utilization: float = Field(0.4, gt=0, le=1, description="share of the GPU's total memory vLLM may "
+                                          "use (weights, activations, CUDA graphs, KV cache)")
+    enforce_eager: bool = Field(False, description="no torch.compile and no CUDA graphs")
+    sleep_level: Literal[0, 1, 2] = Field(1, description="co-located: what is freed while training runs: 0 nothing, "
+                                          "1 KV cache (weights to CPU), 2 KV cache and weights")
+    max_model_len: int | None = Field(None, ge=1, description="longest prompt + response (default: the model's)")
+    max_num_seqs: int | None = Field(None, ge=1, description="sequences decoded at once (CUDA graph sizes)")
+    engine_options: dict[str, Any] = Field(default_factory=dict, description="more vllm.LLM arguments, passed as "
+                                           "they are, and 'env': variables set before vLLM is imported")
+
+
 TYPED_OPTIONS = ("tensor_parallel_size", "gpu_memory_utilization", "enforce_eager", "max_model_len",
                  "max_num_seqs")
-"""``policy.generate`` fields passed to ``vllm.LLM`` under the same names."""
+"""``VLLMOptions`` fields passed to ``vllm.LLM`` under the same names."""
 
 
 def llm_kwargs(spec: EngineSpec) -> tuple[dict[str, Any], dict[str, str]]:
@@ -68,23 +83,22 @@ def llm_kwargs(spec: EngineSpec) -> tuple[dict[str, Any], dict[str, str]]:
     set before vLLM is imported (``VLLM_ENABLE_V1_MULTIPROCESSING: 0`` runs vLLM's engine in
     this process). ``ENV_DEFAULTS`` apply where neither the user nor the process set a value.
     """
-    opts = spec.options
-    extra = dict(opts.get("engine_options") or {})
+    opts = spec.options if isinstance(spec.options, VLLMOptions) else VLLMOptions.model_validate(spec.options)
+    extra = dict(opts.engine_options)
     env = {k: str(v) for k, v in (extra.pop("env", None) or {}).items()}
-    sleep_level = int(opts.get("sleep_level") or 0)
     kwargs: dict[str, Any] = {
         "model": os.path.abspath(spec.model_path),
         "skip_tokenizer_init": True,
-        "dtype": spec.dtype,
+        "dtype": opts.dtype,
         "seed": spec.seed + 1009 * spec.dist.rank,  # data-parallel generators sample differently
-        "enable_sleep_mode": sleep_level > 0,
+        "enable_sleep_mode": opts.sleep_level > 0,
         "generation_config": "vllm",  # no defaults from generation_config.json: ours are explicit
         "logprobs_mode": "processed_logprobs",
         "worker_extension_cls": EXTENSION,
     }
     for key in TYPED_OPTIONS:
-        if opts.get(key) is not None:
-            kwargs[key] = opts[key]
+        if getattr(opts, key) is not None:
+            kwargs[key] = getattr(opts, key)
     if kwargs.get("tensor_parallel_size", 1) > 1:
         # Inside a Ray actor vLLM would pick its Ray executor and ask Ray for GPUs the actor holds.
         kwargs["distributed_executor_backend"] = "mp"
@@ -106,12 +120,26 @@ def sampled_logprobs(flat, ids: list[int]) -> list[float]:
 
 @ENGINES.register("vllm.generate")
 class VLLMGenerateEngine(GenerateEngine):
-    """Generation with ``vllm.LLM``; weights in through the worker extension.
+    """Generation with ``vllm.LLM``; weights in through the worker extension. Options: ``VLLMOptions``."""
 
-    Options (the YAML ``policy.generate`` block): ``tensor_parallel_size``,
-    ``gpu_memory_utilization``, ``enforce_eager``, ``sleep_level``, ``max_model_len``,
-    ``max_num_seqs``, ``engine_options`` (more ``vllm.LLM`` arguments, and ``env``).
-    """
+    Options = VLLMOptions
+    requires = ("vllm",)
+    pip_extra = "gpu"
+    starts_alone = True  # vLLM sizes its KV cache from the GPU memory it sees free while it starts
+
+    @classmethod
+    def workers_per_engine(cls, options: BaseModel) -> int:
+        return options.tensor_parallel_size
+
+    @classmethod
+    def placement_errors(cls, options: BaseModel, where: str, gpus_per_rank: float, split: bool) -> list[str]:
+        tp, errors = options.tensor_parallel_size, []
+        if tp > 1 and not split:
+            errors.append("policy.generate.tensor_parallel_size: more than 1 needs the split layout "
+                          "(policy.generate.resources with gpus_per_rank >= tensor_parallel_size)")
+        if gpus_per_rank == 0 or tp > 1 and gpus_per_rank < tp:
+            errors.append(f"{where}.gpus_per_rank: engine vllm needs {tp} GPU(s) per generator, got {gpus_per_rank:g}")
+        return errors
 
     def __init__(self, spec: EngineSpec):
         super().__init__(spec)
@@ -121,7 +149,8 @@ class VLLMGenerateEngine(GenerateEngine):
             os.environ.setdefault(k, v)
         from vllm import LLM
 
-        self.sleep_level = int(spec.options.get("sleep_level") or 0)
+        self.sleep_level = self.options.sleep_level
+        self.frees_memory_when_asleep = self.sleep_level > 0
         self.llm = LLM(**kwargs)
         self.shares_trainer_process = type(self.llm.llm_engine.engine_core).__name__ == "InprocClient"
         self.eos_ids = _eos_ids(spec.model_path)
