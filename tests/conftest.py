@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny model built locally once per session; GPU tests skipped on CPU."""
+"""Shared fixtures: a tiny model built locally once per session, Ray for the tests that ask for it;
+GPU tests skipped on CPU."""
 
 from __future__ import annotations
 
@@ -23,10 +24,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=f"needs {marker.args[0]} GPUs, found {n_gpus}"))
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def ray_session():
-    """One local Ray for the in-process runs of the whole session (runs reuse it, as in a notebook);
-    subprocess runs start their own."""
+    """One local Ray for the tests that run handles in this process (they reuse it, as in a
+    notebook). Opt in with ``pytestmark = pytest.mark.usefixtures("ray_session")`` or the
+    argument; every other test runs without Ray, and subprocess runs start their own."""
     from types import SimpleNamespace
 
     import ray

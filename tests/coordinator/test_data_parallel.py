@@ -11,6 +11,9 @@ from xrlhf.coordinator import Coordinator
 from xrlhf.data.batch import build_sequences
 from xrlhf.data.text import encode_prompt, load_tokenizer
 
+pytestmark = pytest.mark.usefixtures("ray_session")  # runs handles in this process
+
+
 
 def rl_batch(tok, n=8):
     g = torch.Generator().manual_seed(0)

@@ -19,6 +19,9 @@ from xrlhf.engines.base import SamplingParams
 from xrlhf.engines.weight_sync import WeightSyncError, compare_checksums
 from xrlhf.envs import build_env
 
+pytestmark = pytest.mark.usefixtures("ray_session")  # runs handles in this process
+
+
 
 @pytest.fixture(scope="module")
 def split_run(tiny_model):

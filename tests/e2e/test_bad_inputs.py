@@ -13,6 +13,9 @@ from xrlhf.validation import validate_dict
 from xrlhf.runner import run
 from xrlhf.utils.errors import NonFiniteError, UserError
 
+pytestmark = pytest.mark.usefixtures("ray_session")  # runs handles in this process
+
+
 
 def rows(out):
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from transformers import AutoModelForCausalLM
 
-from xrlhf.validation import validate_dict
 from xrlhf.runner import run
+from xrlhf.validation import validate_dict
+
+pytestmark = pytest.mark.usefixtures("ray_session")  # runs handles in this process
 
 
 def test_ppo_run_writes_outputs(base_config, tmp_path):

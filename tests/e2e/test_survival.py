@@ -21,6 +21,9 @@ from xrlhf.validation import validate_dict
 from xrlhf.runner import run
 from xrlhf.utils.errors import UserError
 
+pytestmark = pytest.mark.usefixtures("ray_session")  # runs handles in this process
+
+
 
 @pytest.fixture()
 def survival_config(base_config) -> dict:

@@ -482,9 +482,10 @@ def kto_balanced_desirable_weights(labels: torch.Tensor, group_ids: torch.Tensor
     from batch to batch and from prompt to prompt (a hard prompt gets 1 right answer in 8, an
     easy one 7), so fixed weights drift out of that range; this computes ``w_d`` from the
     actual counts of each group. One group for the whole batch (``group_ids`` all equal) is the
-    paper's batch-level rule; one group per prompt keeps the rule within every prompt's samples,
-    and hence also over the batch. A group without one of the classes has no ratio to keep:
-    ``w_d = ratio * w_u`` there.
+    paper's batch-level rule; one group per prompt keeps the rule within every prompt's samples
+    that have both labels. A group without one of the classes has no ratio to keep:
+    ``w_d = ratio * w_u`` there, and then the batch-level ratio is *not* kept (ratio 1.33, group
+    A 8/8 desirable, group B 1/8: the batch gets ``(8 * 1.33 + 9.31) / 7 = 2.85``).
 
     Args:
         labels: ``[B]`` bool, True = desirable.

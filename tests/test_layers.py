@@ -1,0 +1,58 @@
+"""The layer rules of docs/architecture.md, pinned: imports go one way.
+
+Each check imports one layer in a fresh interpreter and looks at what came with it:
+
+* ``engines``, ``algorithms``, ``envs``, ``config``, ``data``, ``weight_sync`` import no Ray, and
+  none of them imports vLLM or DeepSpeed just by being imported (backends load those when an
+  engine is built);
+* ``engines`` import nothing above them (no coordinator, algorithms, envs, runner, cli);
+* ``config`` is a leaf: it imports no other xrlhf package but ``xrlhf.utils``.
+"""
+
+from __future__ import annotations
+
+import json
+import pkgutil
+import subprocess
+import sys
+
+import pytest
+
+import xrlhf
+
+PACKAGES = sorted(m.name for m in pkgutil.iter_modules(xrlhf.__path__))
+
+
+def loaded_after(modules: list[str]) -> set[str]:
+    """Top-level and xrlhf module names in ``sys.modules`` after importing ``modules`` afresh."""
+    code = ("import importlib, json, pkgutil, sys\n"
+            f"for name in {modules!r}:\n"
+            "    m = importlib.import_module(name)\n"
+            "    for sub in pkgutil.iter_modules(getattr(m, '__path__', [])):\n"
+            "        importlib.import_module(name + '.' + sub.name)\n"
+            "print(json.dumps(sorted(sys.modules)))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return set(json.loads(out.splitlines()[-1]))
+
+
+def xrlhf_packages(mods: set[str]) -> set[str]:
+    return {m.split(".")[1] for m in mods if m.startswith("xrlhf.") and m.count(".") >= 1}
+
+
+@pytest.mark.parametrize("layer", [p for p in ("engines", "algorithms", "envs", "config", "data", "weight_sync")
+                                   if p in PACKAGES])
+def test_layer_imports_no_ray_vllm_or_deepspeed(layer):
+    mods = loaded_after([f"xrlhf.{layer}"])
+    heavy = {m.split(".")[0] for m in mods} & {"ray", "vllm", "deepspeed"}
+    assert not heavy, f"importing every module of xrlhf.{layer} loaded {sorted(heavy)}"
+
+
+def test_engines_import_nothing_above_them():
+    above = xrlhf_packages(loaded_after(["xrlhf.engines"])) & {"coordinator", "algorithms", "envs", "runner",
+                                                               "cli", "validation", "checkpoint", "report"}
+    assert not above, f"xrlhf.engines imports {sorted(above)}"
+
+
+def test_config_is_a_leaf():
+    others = xrlhf_packages(loaded_after(["xrlhf.config"])) - {"config", "utils"}
+    assert not others, f"xrlhf.config imports {sorted(others)}"
