@@ -42,12 +42,11 @@ def model_params(path: str) -> int:
 
 def vllm_options(**fields) -> dict[str, Any]:
     """``EngineSpec.options`` for a vLLM engine: ``fields`` + the JSON in ``XRLHF_VLLM``."""
-    from xrlhf.config.schema import GenerateConfig
+    from xrlhf.engines.vllm import VLLMOptions  # light: vLLM is imported only to build an engine
 
     over = json.loads(os.environ.get("XRLHF_VLLM") or "{}")
     engine_options = {**fields.pop("engine_options", {}), **over.pop("engine_options", {})}
-    section = GenerateConfig(engine="vllm", **{**fields, **over}, engine_options=engine_options)
-    return {**section.model_dump(), **section.engine_options}
+    return VLLMOptions(engine="vllm", **{**fields, **over}, engine_options=engine_options).model_dump()
 
 
 def cli_overrides() -> list[str]:

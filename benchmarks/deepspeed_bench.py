@@ -63,7 +63,7 @@ def _rank(rank: int, world: int, port: int, args: dict, setting: str, result_pat
     options = {"lr": 1e-5, "micro_batch_size": args["micro_batch_size"], "grad_clip": 1.0,
                "dtype": "bfloat16" if cuda else "float32", "gradient_checkpointing": args["gradient_checkpointing"],
                **SETTINGS[setting]}
-    spec = EngineSpec(model_path=args["model_dir"], device=device, dtype=options["dtype"], options=options,
+    spec = EngineSpec(model_path=args["model_dir"], device=device, options=options,
                       dist=DistInfo(rank, world, "127.0.0.1", port, "nccl" if cuda else "gloo"), seed=0)
     t0 = time.time()
     engine = DeepSpeedTrainEngine(spec)

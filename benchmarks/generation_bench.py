@@ -85,7 +85,7 @@ def vllm_engine(model: str, prompts: int, memory: float, **engine_options):
 
     options = vllm_options(gpu_memory_utilization=memory, sleep_level=0, max_num_seqs=prompts, max_model_len=1024,
                            engine_options=engine_options)
-    return VLLMGenerateEngine(EngineSpec(model, device="cuda", dtype="bfloat16", options=options)), options
+    return VLLMGenerateEngine(EngineSpec(model, device="cuda", options={**options, "dtype": "bfloat16"})), options
 
 
 def main() -> None:
@@ -141,7 +141,7 @@ def main() -> None:
 
         tried = {}
         for mb in map(int, str(args.hf_micro_batch).split(",")):
-            engine = HFGenerateEngine(EngineSpec(model, device="cuda", dtype="bfloat16", options={"micro_batch_size": mb}))
+            engine = HFGenerateEngine(EngineSpec(model, device="cuda", options={"micro_batch_size": mb, "dtype": "bfloat16"}))
             seconds, tokens = timed(engine, prompts, args.new_tokens, sampler)
             tried[mb] = dict(hf_seconds=seconds, hf_tokens_per_s=tokens / seconds, hf_micro_batch_size=mb,
                              hf_gpu_utilization=sampler.utilization())

@@ -109,8 +109,8 @@ class EngineCycle:
 
         fields = {"gpu_memory_utilization": 0.3, "sleep_level": 1, "max_model_len": 512, "max_num_seqs": 256,
                   **(options or {})}
-        self.engine = VLLMGenerateEngine(EngineSpec(model, device="cuda", dtype="bfloat16",
-                                                    options=vllm_options(**fields)))
+        self.engine = VLLMGenerateEngine(EngineSpec(model, device="cuda",
+                                                    options={**vllm_options(**fields), "dtype": "bfloat16"}))
 
     def cycle(self) -> list[float]:
         from xrlhf.engines.base import SamplingParams

@@ -51,8 +51,9 @@ def main() -> None:
     from xrlhf.engines.weight_sync import build_transport, checksum, compare_checksums, push_weights
 
     model = ensure_model(args.model or MODEL_05B)
-    engine = VLLMGenerateEngine(EngineSpec(model, device="cuda", dtype="bfloat16", options=vllm_options(
-        gpu_memory_utilization=args.gpu_memory_utilization, sleep_level=2, max_model_len=1024, max_num_seqs=64)))
+    engine = VLLMGenerateEngine(EngineSpec(model, device="cuda", options=vllm_options(
+        gpu_memory_utilization=args.gpu_memory_utilization, sleep_level=2, max_model_len=1024, max_num_seqs=64,
+        dtype="bfloat16")))
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16).to("cuda:0")
     weights = list(hf.state_dict().items())  # what HFTrainEngine.named_weights yields (tied lm_head included)
     sent_bytes = sum(t.numel() * t.element_size() for _, t in weights)

@@ -22,12 +22,11 @@ def vllm_overrides() -> dict:
 
 def generate_options(**fields) -> dict:
     """``EngineSpec.options`` of a vLLM generate section: ``fields`` + ``XRLHF_VLLM``."""
-    from xrlhf.config.schema import GenerateConfig
+    from xrlhf.engines.vllm import VLLMOptions  # light: vLLM is imported only to build an engine
 
     over = vllm_overrides()
     engine_options = {**fields.pop("engine_options", {}), **over.pop("engine_options", {})}
-    section = GenerateConfig(engine="vllm", **{**fields, **over}, engine_options=engine_options)
-    return {**section.model_dump(), **section.engine_options}
+    return VLLMOptions(engine="vllm", **{**fields, **over}, engine_options=engine_options).model_dump()
 
 
 def cli_overrides() -> list[str]:

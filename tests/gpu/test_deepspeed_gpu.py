@@ -39,7 +39,7 @@ def _rank(rank, port, model_dir, out_dir, options):
     from xrlhf.engines.base import DistInfo, EngineSpec
     from xrlhf.engines.deepspeed import DeepSpeedTrainEngine
 
-    spec = EngineSpec(model_path=model_dir, device=f"cuda:{rank}", dtype="bfloat16",
+    spec = EngineSpec(model_path=model_dir, device=f"cuda:{rank}",
                       options={"lr": 1e-3, "micro_batch_size": 4, "dtype": "bfloat16", "gather_bucket_mb": BUCKET_MB,
                                "deepspeed": {"zero_optimization": {"stage3_param_persistence_threshold": 0}},
                                **options}, dist=DistInfo(rank, 2, "127.0.0.1", port, "nccl"), seed=0)

@@ -30,7 +30,7 @@ def vllm_engine(small_model):
     from xrlhf.engines.vllm import VLLMGenerateEngine
 
     options = generate_options(gpu_memory_utilization=0.25, sleep_level=2, max_model_len=256, max_num_seqs=64)
-    engine = VLLMGenerateEngine(EngineSpec(small_model, device="cuda", dtype="float32", seed=0, options=options))
+    engine = VLLMGenerateEngine(EngineSpec(small_model, device="cuda", seed=0, options={**options, "dtype": "float32"}))
     yield engine
     engine.shutdown()
 
@@ -45,20 +45,20 @@ def prompts(small_model):
 def hf_generator(model: str, device: str = "cuda"):
     from xrlhf.engines.hf import HFGenerateEngine
 
-    return HFGenerateEngine(EngineSpec(model, device=device, dtype="float32"))
+    return HFGenerateEngine(EngineSpec(model, device=device, options={"dtype": "float32"}))
 
 
 def base_infer(model: str, device: str = "cuda"):
     """The model as saved, not perturbed: a scorer with other weights than the synced ones."""
     from xrlhf.engines.hf import HFInferEngine
 
-    return HFInferEngine(EngineSpec(model, device=device, dtype="float32"))
+    return HFInferEngine(EngineSpec(model, device=device, options={"dtype": "float32"}))
 
 
 def trainer(model: str, device: str):
     from xrlhf.engines.hf import HFTrainEngine
 
-    return HFTrainEngine(EngineSpec(model, device=device, dtype="float32", options={"lr": 1e-3}))
+    return HFTrainEngine(EngineSpec(model, device=device, options={"lr": 1e-3, "dtype": "float32"}))
 
 
 def test_greedy_tokens_and_logprobs_equal_transformers(vllm_engine, small_model, prompts):
@@ -80,7 +80,7 @@ def test_sampled_logprobs_are_the_temperature_scaled_distribution(vllm_engine, s
     out = vllm_engine.generate(prompts, params)
     tok = load_tokenizer(small_model)
     batch = build_sequences(prompts, out.token_ids, tok.pad_token_id, out.logprobs)
-    infer = HFInferEngine(EngineSpec(small_model, device="cuda", dtype="float32", temperature=0.7))
+    infer = HFInferEngine(EngineSpec(small_model, device="cuda", options={"dtype": "float32"}, temperature=0.7))
     recomputed, mask = infer.infer(batch)["logprobs"], batch["response_mask"].bool()
     diff = (batch["rollout_logprobs"] - recomputed)[mask]
     if top_p == 1.0:
