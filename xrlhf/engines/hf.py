@@ -303,7 +303,7 @@ class HFGenerateEngine(GenerateEngine):
         load_named_weights(self.model, weights)
 
     def weight_checksums(self) -> dict[str, int]:
-        from xrlhf.engines.weight_sync import checksum
+        from xrlhf.weight_sync import checksum
 
         return {name: checksum(t) for name, t in self.model.state_dict().items()}
 

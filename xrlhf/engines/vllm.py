@@ -36,7 +36,7 @@ if importlib.util.find_spec("vllm") is None:  # fail at backend import, not insi
     raise ImportError("No module named 'vllm'")
 
 from xrlhf.engines.base import ENGINES, EngineSpec, GenerateEngine, GenerationOutput, NamedTensors, SamplingParams
-from xrlhf.engines.weight_sync import CPUTransport, Message, Transport, WeightSyncError
+from xrlhf.weight_sync import Message, Transport, WeightSyncError, build_transport
 
 EXTENSION = "xrlhf.engines.vllm_ext.XrlhfWorkerExtension"
 
@@ -183,7 +183,7 @@ class VLLMGenerateEngine(GenerateEngine):
             self._rpc("xrlhf_load_weights", weights)
             self._weights_valid, self._reset_cache = True, True
             return
-        transport = CPUTransport()
+        transport = build_transport("cpu")
         self.receive_weights(transport, list(transport.send(weights)))
 
     def end_sync(self) -> None:
