@@ -1,9 +1,10 @@
 """The split (disaggregated) layout on CPU: the generators are their own 'rollout' handle and
-get the trainer's weights by the object store (cpu) or by broadcast (nccl, over gloo on CPU),
-with verify on. One Ray start serves every test of the module (Ray starts slowly)."""
+get the trainer's weights by the object store (cpu), by broadcast (nccl, over gloo on CPU) or
+by safetensors files in a shared directory (disk), with verify on. One Ray start serves every test of the module (Ray starts slowly)."""
 
 from __future__ import annotations
 
+import os
 
 import pytest
 import torch
@@ -16,8 +17,8 @@ from xrlhf.coordinator import Coordinator
 from xrlhf.data.batch import build_sequences
 from xrlhf.data.text import encode_prompt, load_tokenizer
 from xrlhf.engines.base import SamplingParams
-from xrlhf.engines.weight_sync import WeightSyncError, compare_checksums
 from xrlhf.envs import build_env
+from xrlhf.weight_sync import WeightSyncError, compare_checksums
 
 pytestmark = pytest.mark.usefixtures("ray_session")  # runs handles in this process
 
@@ -52,11 +53,12 @@ def batch(tok, n=4):
     return b
 
 
-@pytest.mark.parametrize("transport", ["cpu", "nccl"])
-def test_after_a_sync_every_generator_holds_the_trainers_weights(split_run, tiny_model, transport):
+@pytest.mark.parametrize("transport", ["cpu", "nccl", "disk"])
+def test_after_a_sync_every_generator_holds_the_trainers_weights(split_run, tiny_model, transport, tmp_path):
     cfg, coord = split_run
     if coord.transport != transport:  # re-wire the same workers with the other transport
         cfg.policy.weight_sync.transport = transport
+        cfg.policy.weight_sync.directory = str(tmp_path) if transport == "disk" else None
         coord._wire_weight_sync()
     policy, rollout = coord["policy"], coord["rollout"]
     assert coord.transport == transport and coord.generator is rollout and rollout.world_size == 2
@@ -69,6 +71,8 @@ def test_after_a_sync_every_generator_holds_the_trainers_weights(split_run, tiny
         assert coord.sync_weights() > 0
         for got in rollout.weight_checksums("generate"):
             compare_checksums(want, got)
+        if transport == "disk":  # one bucket (bucket_mb 1): the sync before's file is gone
+            assert len(os.listdir(tmp_path)) == 1 and os.listdir(tmp_path)[0].endswith(".safetensors")
     out = coord.generator.generate([[1, 20, 21]] * 2, SamplingParams(temperature=0, max_new_tokens=3))
     assert len(out.token_ids) == 2 and out.token_ids[0] == out.token_ids[1]
 

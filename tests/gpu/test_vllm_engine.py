@@ -3,7 +3,7 @@ and each weight-sync transport leaving vLLM with exactly the trainer's weights (
 read-back, verify on) and generating accordingly.
 
 One vLLM engine serves the module (float32 small model, sleep level 2, built first so that it
-profiles an idle GPU); the trainer sits on the same GPU (cpu, cuda_ipc) or on the second
+profiles an idle GPU); the trainer sits on the same GPU (cpu, cuda_ipc, disk) or on the second
 (nccl). Run on a GPU machine: ``pytest -m gpu tests/gpu``.
 """
 
@@ -16,8 +16,8 @@ from tests.gpu.gpu_helpers import free_port, generate_options
 from xrlhf.data.batch import build_sequences
 from xrlhf.data.text import encode_prompt, load_tokenizer
 from xrlhf.engines.base import EngineSpec, SamplingParams
-from xrlhf.engines.weight_sync import build_transport, checksum, compare_checksums, push_weights
 from xrlhf.envs import build_env
+from xrlhf.weight_sync import build_transport, checksum, compare_checksums, push_weights
 
 pytestmark = pytest.mark.gpu
 pytest.importorskip("vllm")
@@ -123,7 +123,7 @@ def check_sync(vllm_engine, small_model, prompts, t, transport):
     assert other.mean() > 10 * diff.mean(), (float(other.mean()), float(diff.mean()))
 
 
-@pytest.mark.parametrize("name", ["cpu", "cuda_ipc"])
+@pytest.mark.parametrize("name", ["cpu", "cuda_ipc", "disk"])
 def test_same_gpu_transports_give_vllm_the_trainers_weights(vllm_engine, small_model, prompts, name):
     t = perturbed(trainer(small_model, "cuda:0"), seed=len(name))
     check_sync(vllm_engine, small_model, prompts, t, build_transport(name, bucket_bytes=4 << 20, verify=True))

@@ -18,7 +18,7 @@ from loguru import logger
 from xrlhf.config.schema import Resources, XConfig
 from xrlhf.coordinator.handle import ModelHandle
 from xrlhf.coordinator.resources import Slot, anchor_of, place
-from xrlhf.coordinator.weight_sync import WeightSync
+from xrlhf.coordinator.weight_routes import WeightRoutes
 from xrlhf.coordinator.worker import EngineWorker
 from xrlhf.engines.base import DistInfo, EngineSpec, engine_class, engine_options
 
@@ -165,7 +165,7 @@ class Coordinator:
         if not any("generate" in s.engines for s in self.specs):  # e.g. a reward model being trained
             self.transport = None
             return
-        self.weight_sync = WeightSync(self.cfg, self.handles["policy"], self.handles.get("rollout"))
+        self.weight_sync = WeightRoutes(self.cfg, self.handles["policy"], self.handles.get("rollout"))
         self.transport = self.weight_sync.setup()
         logger.info(f"weight sync: {self.transport} ({'split' if 'rollout' in self.handles else 'co-located'} "
                     f"layout, verify {'on' if self.cfg.policy.weight_sync.verify else 'off'})")

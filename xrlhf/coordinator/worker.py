@@ -18,7 +18,7 @@ import torch
 from xrlhf.data.batch import Batch
 from xrlhf.engines.base import (DistInfo, EngineSpec, GenerateEngine, GenerationOutput, InferEngine, LossFn,
                                 SamplingParams, TrainEngine, build_engine)
-from xrlhf.engines.weight_sync import Message, build_transport, checksum, push_weights
+from xrlhf.weight_sync import Message, build_transport, checksum, push_weights
 
 
 class EngineWorker:

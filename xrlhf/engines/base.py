@@ -45,7 +45,7 @@ from xrlhf.data.batch import Batch
 from xrlhf.utils.registry import Registry
 
 if TYPE_CHECKING:
-    from xrlhf.engines.weight_sync import Message, Transport
+    from xrlhf.weight_sync import Message, Transport
 
 ENGINES: Registry[type] = Registry("engine", package="xrlhf.engines")
 """Engine classes by ``"<backend>.<role>"``, found by file: ``hf.train`` lives in ``xrlhf/engines/hf.py``."""

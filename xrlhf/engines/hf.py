@@ -253,7 +253,7 @@ class HFGenerateEngine(GenerateEngine):
         self._calls = state.get("calls", self._calls)
 
     def weight_checksums(self) -> dict[str, int]:
-        from xrlhf.engines.weight_sync import checksum
+        from xrlhf.weight_sync import checksum
 
         return {name: checksum(t) for name, t in self.model.state_dict().items()}
 

@@ -35,7 +35,7 @@ from pydantic import BaseModel, Field
 
 from xrlhf.engines.base import (ENGINES, EngineSpec, GenerateEngine, GenerateOptions, GenerationOutput, NamedTensors,
                                 SamplingParams)
-from xrlhf.engines.weight_sync import CPUTransport, Message, Transport, WeightSyncError
+from xrlhf.weight_sync import Message, Transport, WeightSyncError, build_transport
 
 EXTENSION = "xrlhf.engines.vllm_ext.XrlhfWorkerExtension"
 
@@ -212,7 +212,7 @@ class VLLMGenerateEngine(GenerateEngine):
             self._rpc("xrlhf_load_weights", weights)
             self._weights_valid, self._reset_cache = True, True
             return
-        transport = CPUTransport()
+        transport = build_transport("cpu")
         self.receive_weights(transport, list(transport.send(weights)))
 
     def end_sync(self) -> None:

@@ -13,7 +13,7 @@ does not rebuild tensors or arbitrary objects: the sync arrives as pickled ``byt
 results go back as plain numbers, strings and lists.
 
 This module must import in vLLM's engine process without Ray: it imports only torch and
-``xrlhf.engines.weight_sync``.
+``xrlhf.weight_sync``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from xrlhf.engines.weight_sync import checksum
+from xrlhf.weight_sync import LoadRecord
 
 
 class XrlhfWorkerExtension:
@@ -35,7 +35,7 @@ class XrlhfWorkerExtension:
     def _xrlhf_state(self) -> dict[str, Any]:
         state = getattr(self, "_xrlhf", None)
         if state is None:
-            state = self._xrlhf = {"transports": {}, "loaded": set()}
+            state = self._xrlhf = {"transports": {}, "loaded": set(), "record": LoadRecord()}
         return state
 
     def _xrlhf_tp_rank(self) -> int:
@@ -62,9 +62,12 @@ class XrlhfWorkerExtension:
             key = repr(sorted(transport.__getstate__().items()))
             transport = state["transports"].setdefault(key, transport)
         model = self._xrlhf_model()
+        record = state["record"]
         n = 0
-        for named in transport.receive_all(messages, self.device, rank_offset=self._xrlhf_tp_rank()):
+        for named in transport.receive_all(messages, self.device, rank_offset=self._xrlhf_tp_rank(),
+                                           checked=record.checked):
             loaded = model.load_weights(weights=named)
+            record.loaded(named)
             state["loaded"].update(loaded or ())
             n += len(named)
             del named, loaded
@@ -74,6 +77,7 @@ class XrlhfWorkerExtension:
 
     def xrlhf_load_weights(self, named: list[tuple[str, torch.Tensor]]) -> int:
         """Load ``(HF name, tensor)`` pairs given directly (engine in the caller's process)."""
+        self._xrlhf_state()["record"].unverified()
         self._xrlhf_state()["loaded"].update(self._xrlhf_model().load_weights(weights=named) or ())
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -82,43 +86,20 @@ class XrlhfWorkerExtension:
     def xrlhf_end_sync(self) -> list[str]:
         """Parameters not loaded since the last call (a complete sync loads every one)."""
         state = self._xrlhf_state()
+        state["record"].end_sync(self._xrlhf_model().named_parameters())
         names = {n for n, _ in self._xrlhf_model().named_parameters()}
         missing = sorted(names - state["loaded"])
         state["loaded"] = set()
         return missing
 
     def xrlhf_weight_checksums(self) -> dict[str, int]:
-        """``checksum`` of every weight by HF name, fused tensors split back into their parts.
+        """Read-back: ``checksum`` by HF name of each tensor the loader was given in the last sync.
 
-        vLLM fuses ``q_proj``/``k_proj``/``v_proj`` into ``qkv_proj`` and ``gate_proj``/
-        ``up_proj`` into ``gate_up_proj`` (rows stacked in that order); their rows are split by
-        the layer's ``output_partition_sizes`` so each part compares with the trainer's own
-        tensor. A padded vocabulary is cut back to ``num_embeddings``. Tensor-parallel size 1
-        only (with more, each worker holds slices of every tensor).
+        vLLM's loader converts what it is given (GPT-2's Conv1D weights transposed, q/k/v and
+        gate/up stacked, the vocabulary padded, tensor-parallel slices), so its parameters do
+        not compare with the trainer's tensors by name. The record (``weight_sync.LoadRecord``)
+        compares like with like: the tensors as received, by HF name, after checking that every
+        parameter still holds what the loader made of them at the end of that sync. Needs the
+        last sync to have run with verify on.
         """
-        from vllm.distributed.parallel_state import get_tensor_model_parallel_world_size
-
-        if get_tensor_model_parallel_world_size() != 1:
-            raise NotImplementedError("weight read-back needs tensor_parallel_size 1")
-        model = self._xrlhf_model()
-        packed = getattr(model, "packed_modules_mapping", {}) or {}
-        modules = dict(model.named_modules(remove_duplicate=False))
-        out: dict[str, int] = {}
-        with torch.no_grad():
-            for name, p in model.named_parameters(remove_duplicate=False):
-                prefix, _, leaf = name.rpartition(".")
-                module = modules.get(prefix)
-                parent, _, last = prefix.rpartition(".")
-                sizes = getattr(module, "output_partition_sizes", None)
-                if last in packed and sizes is not None and len(sizes) == len(packed[last]):
-                    for part, piece in zip(packed[last], p.split(list(sizes), dim=0)):
-                        out[f"{parent}.{part}.{leaf}" if parent else f"{part}.{leaf}"] = checksum(piece)
-                    continue
-                rows = getattr(module, "num_embeddings", None)
-                out[name] = checksum(p[:rows] if isinstance(rows, int) and p.shape[0] > rows else p)
-        return out
-
-    def xrlhf_gpu_uuid(self) -> str:
-        """The UUID of this worker's GPU."""
-        return str(torch.cuda.get_device_properties(self.device).uuid)
-
+        return self._xrlhf_state()["record"].read_back(self._xrlhf_model().named_parameters(), "vLLM")

@@ -1,6 +1,7 @@
-"""Weight sync across Ray workers: which worker sends, which receive, and in what order.
+"""Weight routes across Ray workers: which worker sends, which receive, and in what order.
 
-Two layouts (docs/vllm.md):
+The transports themselves (how a bucket travels) are ``xrlhf.weight_sync``; this module only
+decides who sends to whom. Two layouts (docs/vllm.md):
 
 * **co-located** (``policy.generate.resources`` unset): every policy worker hosts a train and
   a generate engine; each rank pushes its own weights to its own generator
@@ -11,9 +12,13 @@ Two layouts (docs/vllm.md):
   ``sleep_level: 2``); the sync wakes them.
 * **split** (``policy.generate.resources`` set): the generators are a handle of their own,
   ``rollout``, on their own devices. Policy rank 0 sends (every trainer rank holds the same
-  weights after a step). ``cpu``: its messages go to the object store once and every rollout
-  worker reads them from there. ``nccl``: a broadcast from rank 0 to every generator worker;
-  the receivers are started first, then the sender, because each bucket is a collective.
+  weights after a step). A message transport (``cpu``, ``disk``): rank 0's messages go to
+  the object store once and every rollout worker reads them from there (``disk``'s messages
+  are file paths, so only the paths travel). A broadcast transport (``nccl``): the receivers
+  are started first, then the sender, because each bucket is a collective.
+
+Options a transport takes beyond the shared ones (``disk``'s ``directory``) are passed only
+when set, and checked against the transport's own signature here, before any worker builds it.
 """
 
 from __future__ import annotations
@@ -25,9 +30,11 @@ import ray
 
 from xrlhf.config.schema import XConfig
 from xrlhf.coordinator.handle import ModelHandle
+from xrlhf.engines.base import engine_class, engine_options
+from xrlhf.weight_sync import WeightSyncError, check_options
 
 
-class WeightSync:
+class WeightRoutes:
     """Pushes the policy trainer's weights to the generators (see the module docstring).
 
     Args:
@@ -39,22 +46,29 @@ class WeightSync:
     def __init__(self, cfg: XConfig, policy: ModelHandle, rollout: ModelHandle | None):
         self.cfg, self.policy, self.rollout = cfg, policy, rollout
         self.transport = ""
+        self.kind = "message"
 
     def setup(self) -> str:
         """Build every worker's side of the transport; returns the transport's name."""
         ws, gen = self.cfg.policy.weight_sync, self.cfg.policy.generate
         common: dict[str, Any] = {"bucket_bytes": ws.bucket_mb << 20, "verify": ws.verify, "dtype": gen.dtype}
+        if ws.directory is not None:
+            common["directory"] = ws.directory
         if self.rollout is None:
+            if ws.transport != "auto":
+                check_options(ws.transport, common)
             names = self.policy._get([w.set_transport.remote(ws.transport, common) for w in self.policy.workers],
                                      list(range(self.policy.world_size)))
             self.transport = names[0]
             return self.transport
         gpus = gen.resources.gpus_per_rank > 0
         name = ws.transport if ws.transport != "auto" else ("nccl" if gpus else "cpu")
+        self.kind = check_options(name, common).kind
         sender, receivers = dict(common), [dict(common) for _ in self.rollout.workers]
-        if name == "nccl":
+        if self.kind == "broadcast":
             host, port = self.policy._get([self.policy.workers[0].address.remote()], [0])[0]
-            tp = gen.tensor_parallel_size if gen.engine == "vllm" else 1
+            options = engine_options(gen.engine, "generate", gen.engine_fields(), "policy.generate")
+            tp = engine_class(gen.engine, "generate").workers_per_engine(options)  # processes per generator
             group = {"host": host, "port": port, "world_size": 1 + tp * self.rollout.world_size}
             sender.update(group, rank=0)
             for r, opts in enumerate(receivers):
@@ -70,7 +84,7 @@ class WeightSync:
         t0 = time.time()
         if self.rollout is None:
             self.policy.sync_weights_local()
-        elif self.transport == "nccl":
+        elif self.kind == "broadcast":
             receiving = self.rollout.receive_weights(None, wait=False)  # they wait for the sender's buckets
             helpers = self.policy.join_weight_gather()  # a ZeRO-3 trainer's other ranks gather with rank 0
             sent = self.policy.broadcast_weights(wait=False)
@@ -89,8 +103,6 @@ class WeightSync:
     def _check(self, sent: int, received: list[int]) -> None:
         bad = [r for r, n in enumerate(received) if n != sent]
         if bad:
-            from xrlhf.engines.weight_sync import WeightSyncError
-
             raise WeightSyncError(f"weight sync ({self.transport}): rollout rank(s) {bad} received "
                                   f"{[received[r] for r in bad]} tensors of {sent} sent")
 

@@ -1,106 +1,27 @@
-"""GPU weight-sync transports: CUDA IPC (trainer and generator on one GPU) and NCCL broadcast.
+"""``nccl``: a broadcast from the trainer to every generator worker on other GPUs (split layout).
 
-``cuda_ipc`` (co-located layout). The trainer exports a CUDA IPC handle for each tensor of a
-bucket (no copy: the handles point into the trainer's own parameters) and the generator's
-process maps them and copies them into its weights. The handles are keyed by the GPU's UUID,
-because the device *index* in a handle is in the sender's ``CUDA_VISIBLE_DEVICES`` numbering
-(Ray gives every actor its own): the receiver checks the UUID is its own GPU's and rewrites
-the index. The sender keeps a bucket's tensors alive until the receiver has loaded them
-(``Transport.send``'s contract: the next bucket is asked for only then). A process cannot
-map its own handles, so an in-process vLLM engine uses ``in_process`` instead.
-
-``nccl`` (disaggregated layout). The trainer (rank 0) and every generator worker (ranks
-1..N) form a process group of their own, stateless, beside any torch.distributed world
-they are already in (vLLM's ``StatelessProcessGroup`` + ``PyNcclCommunicator``; NCCL cannot
-put two ranks on one GPU). Per bucket the trainer copies the tensors into one flat buffer,
-puts the bucket's names, shapes, dtypes and checksums in the group's TCP store, and
-broadcasts the buffer; each receiver reads the metadata, receives into an empty buffer of
-the right size and splits it into views. A ``None`` in the store ends the sync. On CPU the
-same transport runs over gloo, so its orchestration is tested without a GPU.
+The trainer (rank 0) and every generator worker (ranks 1..N) form a process group of their
+own, stateless, beside any torch.distributed world they are already in (vLLM's
+``StatelessProcessGroup`` + ``PyNcclCommunicator``; NCCL cannot put two ranks on one GPU).
+Per bucket the trainer copies the tensors into one flat buffer, puts the bucket's names,
+shapes, dtypes and checksums in the group's TCP store, and broadcasts the buffer; each
+receiver reads the metadata, receives into an empty buffer of the right size and splits it
+into views. A ``None`` in the store ends the sync. The group is opened by the first sync and
+kept (``setup_seconds`` says how long opening it took: it is not part of a sync's cost). On
+CPU the same transport runs over gloo, so its orchestration is tested without a GPU.
 """
 
 from __future__ import annotations
 
 import datetime
 import pickle
+import time
 from typing import Any, Iterable, Iterator
 
 import torch
 
-from xrlhf.engines.weight_sync import (TRANSPORTS, Message, NamedTensorList, Transport, WeightSyncError, flat_layout,
-                                       flatten, unflatten)
-
-
-def gpu_uuid(device: torch.device) -> str:
-    """The UUID of the physical GPU behind ``device`` (the same in every process)."""
-    return str(torch.cuda.get_device_properties(device).uuid)
-
-
-def _cuda_device(device: torch.device | None) -> torch.device:
-    if device is None or device.type != "cuda":
-        return torch.device("cuda", torch.cuda.current_device())
-    return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
-
-
-@TRANSPORTS.register("cuda_ipc")
-class CUDAIPCTransport(Transport):
-    """Same GPU, different processes: CUDA IPC handles, a bucket per message.
-
-    Args:
-        packed: copy each bucket into one flat buffer and send a single handle for it (one
-            IPC mapping per bucket, at the cost of a device-to-device copy) instead of one
-            zero-copy handle per tensor.
-    """
-
-    name = "cuda_ipc"
-
-    def __init__(self, bucket_bytes: int = 256 << 20, verify: bool = False, dtype: torch.dtype | None = None,
-                 packed: bool = False):
-        super().__init__(bucket_bytes, verify, dtype)
-        self.packed = packed
-
-    def send(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[Message]:
-        try:
-            for message in super().send(weights):
-                yield message
-                self._keep = None  # the receiver has loaded this bucket
-        finally:
-            self._keep = None
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-                torch.cuda.ipc_collect()
-
-    def pack(self, tensors: list[torch.Tensor]) -> Any:
-        from torch.multiprocessing.reductions import reduce_tensor
-
-        if any(t.device.type != "cuda" for t in tensors):
-            raise WeightSyncError("weight sync (cuda_ipc): the trainer's weights are not on a GPU; "
-                                  "use policy.weight_sync.transport: cpu")
-        uuid = gpu_uuid(tensors[0].device)
-        if self.packed:
-            buf, layout = flatten(tensors)
-            self._keep = buf
-            return {"uuid": uuid, "handles": [reduce_tensor(buf)[1]], "layout": layout}
-        self._keep = tensors
-        return {"uuid": uuid, "handles": [reduce_tensor(t)[1] for t in tensors]}
-
-    def unpack(self, message: Message, device: torch.device | None = None) -> list[torch.Tensor]:
-        from torch.multiprocessing.reductions import rebuild_cuda_tensor
-
-        device = _cuda_device(device)
-        mine = gpu_uuid(device)
-        if mine != message.payload["uuid"]:
-            raise WeightSyncError(f"weight sync (cuda_ipc): the trainer is on GPU {message.payload['uuid']} and "
-                                  f"the generator on GPU {mine}; CUDA IPC needs both on one GPU "
-                                  f"(use transport nccl or cpu)")
-        tensors = []
-        for args in message.payload["handles"]:
-            args = list(args)
-            args[6] = device.index  # the sender's device index means nothing here
-            tensors.append(rebuild_cuda_tensor(*args))
-        if "layout" in message.payload:
-            return unflatten(tensors[0], message.payload["layout"])
-        return tensors
+from xrlhf.weight_sync.base import (TRANSPORTS, Message, NamedTensorList, Transport, WeightSyncError, cuda_device,
+                                     flat_layout, flatten, unflatten)
 
 
 class _GlooGroup:
@@ -181,12 +102,18 @@ class NCCLTransport(Transport):
     def _connect(self, rank: int, device: torch.device):
         group = getattr(self, "_group", None)
         if group is None:
+            t0 = time.perf_counter()  # includes waiting for the other ranks to arrive
             if device.type == "cuda":
-                group = _NcclGroup(self.host, self.port, rank, self.world_size, self.timeout_s, _cuda_device(device))
+                group = _NcclGroup(self.host, self.port, rank, self.world_size, self.timeout_s, cuda_device(device))
             else:
                 group = _GlooGroup(self.host, self.port, rank, self.world_size, self.timeout_s)
-            self._group = group
+            self._group, self._setup_s = group, time.perf_counter() - t0
         return group
+
+    @property
+    def setup_seconds(self) -> float | None:
+        """How long this side took to open the group (``None`` before the first sync)."""
+        return getattr(self, "_setup_s", None)
 
     def send(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[Message]:
         """Broadcast every bucket; yields each bucket's metadata message once it has gone."""
@@ -207,18 +134,18 @@ class NCCLTransport(Transport):
         copy.rank = rank
         return copy
 
-    def pack(self, tensors: list[torch.Tensor]) -> Any:
+    def pack(self, tensors: list[torch.Tensor], names: list[str], index: int) -> Any:
         return flatten(tensors)[0]
 
     def describe(self, tensors: list[torch.Tensor]) -> dict[str, Any]:
         return flat_layout(tensors)
 
     def receive_all(self, messages: Iterable[Message] | None = None, device: torch.device | str | None = None,
-                    rank_offset: int = 0) -> Iterator[NamedTensorList]:
+                    rank_offset: int = 0, checked: dict[str, int] | None = None) -> Iterator[NamedTensorList]:
         """Receive buckets until the sender's end marker (``messages`` is ignored)."""
         device = torch.device(device) if device is not None else torch.device("cpu")
         if device.type == "cuda":
-            device = _cuda_device(device)
+            device = cuda_device(device)
         group = self._connect(self.rank + rank_offset, device)
         while True:
             message = group.broadcast_obj(None)
@@ -227,7 +154,7 @@ class NCCLTransport(Transport):
             buf = torch.empty(message.meta["nbytes"], dtype=torch.uint8, device=device)
             group.broadcast(buf)
             message.payload = buf
-            yield self.receive(message, device)
+            yield self.receive(message, device, checked)
 
     def unpack(self, message: Message, device: torch.device | None = None) -> list[torch.Tensor]:
         return unflatten(message.payload, message.meta)

@@ -1,14 +1,15 @@
-"""Weight-sync transports: how a train engine's weights reach a generate engine.
+"""What every weight-sync transport shares: buckets, flat buffers, checksums, the read-back.
 
 A transport has a sender side (``send``: the trainer's ``(name, tensor)`` pairs, grouped in
 buckets of ``bucket_bytes``, each turned into a ``Message``) and a receiver side
 (``receive``: a message back into ``(name, tensor)`` pairs that the generate engine loads).
-Buckets bound memory: no side ever holds a second full copy of the model.
+Buckets bound memory: no side ever holds a second full copy of the model on the accelerator.
 
 Two kinds:
 
-* ``message`` transports (``in_process``, ``cpu``, ``cuda_ipc``): the message carries the data
-  (tensors, CPU copies, CUDA IPC handles) and whoever runs the sync moves it to the receiver.
+* ``message`` transports (``in_process``, ``cpu``, ``cuda_ipc``, ``disk``): the message
+  carries the data (tensors, a host buffer, CUDA IPC handles, a file's path) and whoever runs
+  the sync moves it to the receiver.
 * ``broadcast`` transports (``nccl``): the message carries only names, shapes, dtypes and
   checksums; the data goes by a collective between the trainer (rank 0) and every generator
   worker, so sender and receivers must run at the same time (``receive_all`` on each
@@ -18,12 +19,27 @@ With ``verify`` on, the sender puts a checksum of every tensor (cast to the rece
 in the message and ``receive`` checks it where the tensor arrives (inside vLLM's worker for
 the vLLM engine), so a corrupted or mismatched sync stops the run with the tensor's name.
 
-The GPU transports (CUDA IPC, NCCL) live in ``xrlhf.engines.gpu_transports``, imported only
-when chosen.
+Read-back (``LoadRecord``). A test or benchmark asks the generator afterwards which weights
+it holds. A loader may change a tensor's layout (vLLM transposes GPT-2's Conv1D weights,
+stacks q/k/v into one ``qkv_proj``, pads the vocabulary), so checksums of the generator's
+parameters cannot be compared with the trainer's tensors by name: that gave 96 false
+differences for GPT-2. Undoing each loader's conversions is model-specific; running every
+tensor through the loader again into a scratch model doubles the memory. So the receiver keeps,
+for a verified sync, the checksum of each tensor *as the loader was given it*, by HF name
+(exactly the trainer's layout: compared like with like), and the checksum of every parameter
+right after the sync (what the loader made, in its own layout). The read-back first checks
+the parameters still hold what the loader made (a sleep/wake that lost weights, a later
+partial load), then returns the given checksums. What it cannot see is a loader that makes
+the wrong thing of a correct tensor: the GPU tests catch that by generating with the weights.
+
+Transports are plug-ins of the lazy ``TRANSPORTS`` registry: one module of this package per
+transport, imported when its name is asked for, so the GPU transports' imports cost nothing
+until chosen and nothing here lists them.
 """
 
 from __future__ import annotations
 
+import inspect
 import pickle
 import threading
 from abc import ABC, abstractmethod
@@ -34,7 +50,7 @@ import torch
 
 from xrlhf.utils.registry import Registry
 
-TRANSPORTS: Registry[type] = Registry("weight-sync transport")
+TRANSPORTS: Registry[type] = Registry("weight-sync transport", package="xrlhf.weight_sync", skip=("base",))
 
 NamedTensorList = list[tuple[str, torch.Tensor]]
 
@@ -64,15 +80,13 @@ def checksum(t: torch.Tensor) -> int:
     return int((words * pos).sum())  # not in place: ``words`` may be the caller's int64 tensor
 
 
-def checksums_match(got: int, want: int) -> bool:
-    """Checksums are exact: bit-equal tensors have equal checksums."""
-    return got == want
-
-
 def compare_checksums(want: dict[str, int], got: dict[str, int], where: str = "generator") -> None:
-    """Raise ``WeightSyncError`` naming the first tensors whose checksums differ or are missing."""
+    """Raise ``WeightSyncError`` naming the first tensors whose checksums differ or are missing.
+
+    Checksums are exact (bit-equal tensors, equal checksums), so they are compared with ``==``.
+    """
     missing = sorted(set(want) - set(got))
-    wrong = [n for n in want if n in got and not checksums_match(got[n], want[n])]
+    wrong = [n for n in want if n in got and got[n] != want[n]]
     if missing or wrong:
         parts = []
         if wrong:
@@ -129,14 +143,35 @@ def flat_layout(tensors: Iterable[torch.Tensor]) -> dict[str, Any]:
     return {"shapes": shapes, "dtypes": dtypes, "offsets": offsets, "nbytes": offset}
 
 
-def flatten(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Copy tensors into one contiguous ``uint8`` buffer on their device: ``(buffer, layout)``."""
+def flatten(tensors: list[torch.Tensor], out: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Copy tensors into one contiguous ``uint8`` buffer: ``(buffer, layout)``.
+
+    Args:
+        tensors: any devices and dtypes.
+        out: a ``uint8`` buffer of at least the layout's ``nbytes`` to copy into (e.g. pinned
+            host memory: GPU tensors are then copied without blocking, and waited for once at
+            the end); default: a new buffer on the first tensor's device.
+
+    Returns:
+        ``buffer``: ``[layout["nbytes"]]`` uint8 (a view of ``out`` when given); ``layout``: see
+        ``flat_layout``.
+    """
     layout = flat_layout(tensors)
-    device = tensors[0].device if tensors else torch.device("cpu")
-    buf = torch.empty(layout["nbytes"], dtype=torch.uint8, device=device)
+    if out is None:
+        device = tensors[0].device if tensors else torch.device("cpu")
+        buf = torch.empty(layout["nbytes"], dtype=torch.uint8, device=device)
+    else:
+        buf = out[:layout["nbytes"]]
+    pinned = buf.device.type == "cpu" and buf.is_pinned()
+    async_from = set()
     for t, off in zip(tensors, layout["offsets"]):
         n = t.numel() * t.element_size()
-        buf[off:off + n].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
+        non_blocking = pinned and t.device.type == "cuda"
+        buf[off:off + n].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8), non_blocking=non_blocking)
+        if non_blocking:
+            async_from.add(t.device)
+    for device in async_from:  # one wait per device instead of one per tensor
+        torch.cuda.current_stream(device).synchronize()
     return buf, layout
 
 
@@ -151,6 +186,41 @@ def unflatten(buf: torch.Tensor, layout: dict[str, Any]) -> list[torch.Tensor]:
         n = numel * torch.empty((), dtype=dtype).element_size()
         out.append(buf[off:off + n].view(dtype).view(shape))
     return out
+
+
+def cuda_device(device: torch.device | None) -> torch.device:
+    """``device`` with its index filled in (the current GPU when ``device`` is not a GPU)."""
+    if device is None or device.type != "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
+
+
+class HostBuffers:
+    """Host byte buffers reused from one sync to the next, one per bucket index.
+
+    Pinned (page-locked) when the weights are on a GPU: a device-to-host copy into pageable
+    memory goes through a driver bounce buffer at a fraction of the bus speed, and pinning a
+    buffer costs far more than a copy, so each is pinned once and kept. Holds at most one
+    model's size of host memory (what a sync's messages hold anyway).
+    """
+
+    def __init__(self) -> None:
+        self.buffers: list[torch.Tensor] = []
+
+    def get(self, index: int, nbytes: int, pin: bool) -> torch.Tensor:
+        """A ``[>= nbytes]`` uint8 CPU buffer for bucket ``index`` (a bucket's data is valid
+        until the same bucket of the next sync is packed)."""
+        while len(self.buffers) <= index:
+            self.buffers.append(torch.empty(0, dtype=torch.uint8))
+        buf = self.buffers[index]
+        if buf.numel() < nbytes or buf.is_pinned() != pin:
+            buf = self.buffers[index] = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
+        return buf
+
+    def stage(self, index: int, tensors: list[torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
+        """``flatten`` into host buffer ``index``: ``(buffer [nbytes] uint8 on CPU, layout)``."""
+        pin = torch.cuda.is_available() and any(t.device.type == "cuda" for t in tensors)
+        return flatten(tensors, self.get(index, flat_layout(tensors)["nbytes"], pin))
 
 
 @dataclass
@@ -168,7 +238,7 @@ class Transport(ABC):
 
     A transport object is picklable: the receiver side can be rebuilt from a copy in another
     process (a vLLM worker). Attributes whose names start with ``_`` are live state of one
-    side (open connections, tensors kept alive) and are not pickled.
+    side (open connections, buffers, tensors kept alive) and are not pickled.
 
     Args:
         bucket_bytes: the largest bucket sent at once.
@@ -198,17 +268,21 @@ class Transport(ABC):
         asking for the next one: transports that share memory keep a bucket's tensors alive
         only until then.
         """
-        for bucket in buckets(weights, self.bucket_bytes):
+        for index, bucket in enumerate(buckets(weights, self.bucket_bytes)):
             tensors = [t.detach() if self.dtype is None else t.detach().to(self.dtype) for _, t in bucket]
             sums = [checksum(t) for t in tensors] if self.verify else None
-            yield Message([n for n, _ in bucket], self.pack(tensors), sums, self.describe(tensors))
+            names = [n for n, _ in bucket]
+            yield Message(names, self.pack(tensors, names, index), sums, self.describe(tensors))
 
-    def receive(self, message: Message, device: torch.device | str | None = None) -> NamedTensorList:
+    def receive(self, message: Message, device: torch.device | str | None = None,
+                checked: dict[str, int] | None = None) -> NamedTensorList:
         """Receiver side: the bucket's tensors, checked against the sender's checksums.
 
         Args:
             message: one bucket from ``send``.
             device: where the receiver's weights live (transports that map memory need it).
+            checked: if given, the checksum of every tensor verified here goes in, by name
+                (the read-back's record of what the loader was given; see ``LoadRecord``).
 
         Raises:
             WeightSyncError: naming the first tensor whose checksum differs.
@@ -220,13 +294,15 @@ class Transport(ABC):
         if message.checksums is not None:
             for name, t, want in zip(message.names, tensors, message.checksums):
                 got = checksum(t)
-                if not checksums_match(got, want):
+                if got != want:
                     raise WeightSyncError(f"weight sync ({self.name}): tensor {name!r} arrived with checksum "
                                           f"{got!r}, sent {want!r}")
+            if checked is not None:
+                checked.update(zip(message.names, message.checksums))
         return list(zip(message.names, tensors))
 
     def receive_all(self, messages: Iterable[Message] | None, device: torch.device | str | None = None,
-                    rank_offset: int = 0) -> Iterator[NamedTensorList]:
+                    rank_offset: int = 0, checked: dict[str, int] | None = None) -> Iterator[NamedTensorList]:
         """Receiver side of a whole sync (or part of one), bucket by bucket.
 
         Args:
@@ -235,15 +311,17 @@ class Transport(ABC):
             device: where the receiver's weights live.
             rank_offset: added to the transport's receiver rank (tensor-parallel workers of
                 one generator engine); ``broadcast`` transports only.
+            checked: see ``receive``.
         """
         if messages is None:
             raise ValueError(f"weight sync ({self.name}): a message transport needs the messages")
         for message in messages:
-            yield self.receive(message, device)
+            yield self.receive(message, device, checked)
 
     @abstractmethod
-    def pack(self, tensors: list[torch.Tensor]) -> Any:
-        """Sender side: tensors of one bucket -> a payload the coordinator can move."""
+    def pack(self, tensors: list[torch.Tensor], names: list[str], index: int) -> Any:
+        """Sender side: bucket number ``index`` of a sync (its tensors, cast to ``dtype``, and
+        their names) -> a payload the coordinator can move."""
 
     def describe(self, tensors: list[torch.Tensor]) -> dict[str, Any]:
         """Sender side: a bucket's ``Message.meta`` (what the receiver needs besides the payload)."""
@@ -254,39 +332,87 @@ class Transport(ABC):
         """Receiver side: a message -> the bucket's tensors."""
 
 
-@TRANSPORTS.register("in_process")
-class InProcessTransport(Transport):
-    """Trainer and generator in one process: tensors are handed over as they are (no copy)."""
+def check_options(name: str, options: dict[str, Any]) -> type:
+    """The class registered as ``name``, after checking it takes every one of ``options``.
 
-    name = "in_process"
+    Each transport declares its options in its own signature (``disk``: ``directory``;
+    ``nccl``: ``host``, ``port`` ...), so one it does not take is an error that lists those it
+    does, before any worker builds it.
 
-    def pack(self, tensors: list[torch.Tensor]) -> Any:
-        return tensors
-
-    def unpack(self, message: Message, device: torch.device | None = None) -> list[torch.Tensor]:
-        return message.payload
-
-
-@TRANSPORTS.register("cpu")
-class CPUTransport(Transport):
-    """Any placement: tensors copied to CPU memory and moved by the coordinator (Ray object store)."""
-
-    name = "cpu"
-
-    def pack(self, tensors: list[torch.Tensor]) -> Any:
-        return [t.to("cpu", copy=True) for t in tensors]
-
-    def unpack(self, message: Message, device: torch.device | None = None) -> list[torch.Tensor]:
-        return message.payload
+    Raises:
+        KeyError: an unknown name (listing the valid ones).
+        ValueError: an option the transport does not take.
+    """
+    cls = TRANSPORTS.get(name)
+    params = inspect.signature(cls).parameters
+    if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        unknown = sorted(set(options) - set(params))
+        if unknown:
+            raise ValueError(f"policy.weight_sync: transport {name!r} takes no option {', '.join(map(repr, unknown))} "
+                             f"(its options: {', '.join(params)}); remove it or choose a transport that takes it")
+    return cls
 
 
-def build_transport(name: str, **kwargs) -> Transport:
-    """The transport registered as ``name`` (GPU transports are imported on demand)."""
-    if name in ("cuda_ipc", "nccl") and name not in TRANSPORTS:
-        import importlib
+def build_transport(name: str, **options) -> Transport:
+    """The transport registered as ``name`` (its module imported now), built with ``options``
+    (checked by ``check_options``)."""
+    return check_options(name, options)(**options)
 
-        importlib.import_module("xrlhf.engines.gpu_transports")
-    return TRANSPORTS.get(name)(**kwargs)
+
+class LoadRecord:
+    """A receiver's record of its last sync, for the read-back (see the module docstring).
+
+    During a sync, ``checked`` is passed to ``Transport.receive_all`` and collects the
+    checksum of every tensor verified on arrival. ``end_sync`` then keeps, for a sync whose
+    every bucket was verified, ``given`` (HF name -> checksum of the tensor handed to the
+    loader: the trainer's, in the trainer's layout) and ``made`` (parameter name -> checksum of
+    the parameter after the sync: the loader's output, in the generator's own layout). Only a
+    verified sync is recorded: its checksums come free, and an unverified one must not leave
+    a stale record behind.
+    """
+
+    def __init__(self) -> None:
+        self.checked: dict[str, int] = {}
+        self.verified = True  # every bucket of the sync under way so far had checksums
+        self.given: dict[str, int] = {}
+        self.made: dict[str, int] | None = None
+
+    def loaded(self, named: NamedTensorList) -> None:
+        """A bucket of the sync under way was handed to the loader."""
+        if any(n not in self.checked for n, _ in named):
+            self.verified = False
+
+    def unverified(self) -> None:
+        """Weights were loaded without checksums (handed to the loader directly)."""
+        self.verified = False
+
+    def end_sync(self, params: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """The sync is complete; ``params``: the generator's own parameters, by its names."""
+        ok = self.verified and bool(self.checked)
+        self.given = self.checked if ok else {}
+        self.made = {n: checksum(p) for n, p in params} if ok else None
+        self.checked, self.verified = {}, True
+
+    def read_back(self, params: Iterable[tuple[str, torch.Tensor]], where: str = "generator") -> dict[str, int]:
+        """Checksums by HF name of what the loader was given in the last sync.
+
+        Args:
+            params: the generator's parameters now, by the names ``end_sync`` saw.
+
+        Raises:
+            WeightSyncError: the last sync was not verified, or a parameter no longer holds
+                what the loader made of it (named).
+        """
+        if self.made is None:
+            raise WeightSyncError(f"weight read-back ({where}): the last sync ran without verify, and the read-back "
+                                  f"reports a verified sync's tensors; sync with verify on "
+                                  f"(policy.weight_sync.verify: true)")
+        now = {n: checksum(p) for n, p in params}
+        changed = sorted(n for n in self.made if now.get(n) != self.made[n])
+        if changed:
+            raise WeightSyncError(f"weight read-back ({where}): {len(changed)} parameter(s) changed since the last "
+                                  f"sync loaded them: {', '.join(changed[:5])}")
+        return dict(self.given)
 
 
 Receiver = Callable[[Transport, "list[Message] | None"], int]
