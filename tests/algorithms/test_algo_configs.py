@@ -62,7 +62,7 @@ def test_pair_algorithms_need_even_micro_batches_and_whole_shards(model, pairs):
     lines = errors({"env": {"name": "reasoning"}, "policy": policy,
                     "algorithm": {"name": "dpo", "dataset": pairs, "batch_size": 3}})
     assert "policy.train.micro_batch_size: 5 must be even: a micro-batch holds whole (chosen, rejected) pairs" in lines
-    assert "algorithm.batch_size: 3 must divide by policy.resources.ranks = 2" in lines
+    assert any(x.startswith("algorithm.batch_size: 3 must divide by policy.resources.ranks = 2") for x in lines)
 
 
 def test_reward_model_takes_no_reference_and_needs_a_held_out_set(model, pairs):

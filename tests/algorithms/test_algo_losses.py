@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from xrlhf.algorithms.kto import mismatch_index, unpack_sequences
+from xrlhf.algorithms.kto import mismatch_index
+from xrlhf.data.batch import unpack_sequences
 from xrlhf.algorithms.losses import DPOLoss, KTOLoss, PairwiseRewardLoss
 from xrlhf.algorithms.offline import pair_batch
 from xrlhf.data.batch import Batch, build_sequences

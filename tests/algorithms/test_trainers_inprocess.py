@@ -1,6 +1,6 @@
-"""Trainer updates on real tiny-model engines, in process (no Ray): the KTO reference point
-from mismatched pairs, the critic-free advantages against reference loops, a custom
-estimator registered here, and one DPO / reward-model step that moves the loss."""
+"""Trainer updates on real tiny-model engines, in process (no Ray, ``LocalHandles``): the KTO
+reference point from mismatched pairs, the critic-free advantages against reference loops, a
+custom estimator registered here, and one DPO / reward-model step that moves the loss."""
 
 import pytest
 import torch
@@ -8,6 +8,7 @@ import torch
 from xrlhf.algorithms import ALGORITHMS
 from xrlhf.algorithms.base import Rollout
 from xrlhf.algorithms.estimators import ADVANTAGE_ESTIMATORS
+from xrlhf.algorithms.local import LocalHandle, LocalHandles
 from xrlhf.algorithms.functional import kl_penalized_rewards, masked_whiten, sequence_logprob
 from xrlhf.algorithms.losses import SFTLoss
 from xrlhf.validation import algorithm_options, validate_dict
@@ -20,29 +21,10 @@ from xrlhf.envs import build_env
 from xrlhf.models.tiny import build_model
 
 
-class InProcessHandle:
-    """A model handle's API (infer, train_step) on one engine in this process."""
-
-    world_size = 1
-
-    def __init__(self, engine):
-        self.engine = engine
-
-    def infer(self, batch, wait=True):
-        out = self.engine.infer(batch)
-        return out if wait else _Done(out)
-
-    def train_step(self, batch, loss_fn, wait=True):
-        out = self.engine.train_step(batch, loss_fn)
-        return out if wait else _Done(out)
-
-
-class _Done:
-    def __init__(self, value):
-        self.value = value
-
-    def get(self):
-        return self.value
+def engine(handle):
+    """The one engine of a one-rank local handle."""
+    host = handle.hosts[0]
+    return host.train or host.infer_engine
 
 
 @ADVANTAGE_ESTIMATORS.register("test_row_score")
@@ -62,9 +44,10 @@ def make_trainer(model_dir, algorithm: dict, extra: dict | None = None, head="ca
                          **(extra or {})})
     options = algorithm_options(cfg)
     spec = EngineSpec(model_path=model_dir, head=head, options={"lr": 1e-3, "micro_batch_size": 8}, seed=0)
-    handles = {"policy": InProcessHandle(HFTrainEngine(spec))}
+    reference = None
     if cfg.reference is not None:
-        handles["reference"] = InProcessHandle(HFInferEngine(EngineSpec(model_path=model_dir, seed=0)))
+        reference = LocalHandle.of("reference", infer=HFInferEngine(EngineSpec(model_path=model_dir, seed=0)))
+    handles = LocalHandles(LocalHandle.of("policy", train=HFTrainEngine(spec)), reference=reference)
     env = build_env(cfg.env.name, cfg.env.options, cfg.seed)
     cls = ALGORITHMS.get(cfg.algorithm.name)
     return cls(cfg, options, handles, env, load_tokenizer(model_dir), reward=None, log=lambda m: None)
@@ -76,7 +59,7 @@ def seq_logps(engine, batch):
 
 def test_online_kto_reference_point_is_policy_kl_on_mismatched_pairs(model_dir):
     trainer = make_trainer(model_dir, {"name": "kto_online", "mini_batch_size": 8, "beta": 0.5})
-    policy, reference = trainer.policy.engine, trainer.reference.engine
+    policy, reference = engine(trainer.policy), engine(trainer.reference)
     prompts = [[1, 20, 21], [1, 20, 21], [1, 30], [1, 30]]
     completions = [[40, 2], [41, 42, 2], [43, 2], [2]]
     groups = torch.tensor([0, 0, 1, 1])  # 2 prompts x 2 samples: the mismatch is the other prompt's

@@ -74,7 +74,7 @@ def test_transports_must_fit_the_layout(base_config):
         validate_dict(with_(base_config, policy__generate=split, policy__weight_sync={"transport": t}))
     msgs = errors(with_(base_config, policy__generate={"resources": {"ranks": 3, "colocate_with": "policy"}}))
     assert any(m.startswith("policy.generate.resources.colocate_with:") for m in msgs)
-    assert any(m.startswith("policy.generate.resources.ranks: 3 must divide") for m in msgs)
+    assert not any("must divide" in m for m in msgs)  # the dispatch pads: any rank count splits a batch
     msgs = errors(with_(base_config, policy__weight_sync={"transport": "cuda_ipc"}))
     assert msgs == ["policy.weight_sync.transport: cuda_ipc needs the policy on a GPU (policy.resources.gpus_per_rank)"]
 

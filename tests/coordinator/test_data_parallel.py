@@ -45,10 +45,12 @@ def train_with_ranks(config: dict, ranks: int, batch) -> dict[str, torch.Tensor]
     return states[0]
 
 
-def test_two_ranks_equal_one_rank(base_config, tiny_model):
+@pytest.mark.parametrize("rows", [8, 5])
+def test_two_ranks_equal_one_rank(base_config, tiny_model, rows):
+    """8 rows: 4 per rank; 5 rows: 3 + (2 and a padding copy that weighs nothing)."""
     tok = load_tokenizer(tiny_model)
     base_config["policy"]["train"] = {"lr": 1e-3, "micro_batch_size": 3}
-    batch = rl_batch(tok)
+    batch = rl_batch(tok, rows)
     one = train_with_ranks(base_config, 1, batch)
     two = train_with_ranks(base_config, 2, batch)
     from transformers import AutoModelForCausalLM

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from xrlhf.validation import validate_dict
-from xrlhf.data.datasets import KTO, PREFERENCE, PROMPTS, held_out, load_rows, write_jsonl
+from xrlhf.data.datasets import (KTO, PREFERENCE, PROMPTS, EpochOrder, held_out, load_rows, split_held_out,
+                                 write_jsonl)
 from xrlhf.utils.errors import UserError
 
 PAIR = {"prompt": "2+3=", "chosen": "5", "rejected": "6"}
@@ -117,3 +118,22 @@ def test_dataset_paths_are_checked_when_the_config_is_validated(tmp_path):
     assert any(line.startswith("algorithm.dataset: no such file") and "xrlhf make-dataset" in line
                for line in lines), lines
     assert any(line.startswith("algorithm.bta: unknown key") for line in lines), lines
+
+
+def test_epoch_order_is_a_fresh_seeded_permutation_per_epoch():
+    order = EpochOrder(5, seed=3, salt="t")
+    first, second = order.take(0, 5), order.take(5, 5)
+    assert sorted(first) == sorted(second) == list(range(5))
+    assert order.take(3, 4) == first[3:] + second[:2]  # across the epoch boundary
+    assert EpochOrder(5, seed=3, salt="t").take(0, 10) == first + second
+    assert EpochOrder(5, seed=4, salt="t").take(0, 10) != first + second
+
+
+def test_split_held_out_by_key_and_names_an_empty_side():
+    keys = [f"{a}+{b}=" for a in range(10) for b in range(10)]
+    train, evals = split_held_out(list(range(100)), keys, 0.2, path="f.jsonl", section="algorithm", noun="pairs")
+    assert set(train) | set(evals) == set(range(100)) and not set(train) & set(evals)
+    assert evals == [i for i in range(100) if held_out(keys[i], 0.2)]
+    kept = next(k for k in keys if not held_out(k, 0.2))
+    with pytest.raises(UserError, match=r"f.jsonl: algorithm.eval_fraction 0.2 leaves 1 training and 0 held-out pairs"):
+        split_held_out([0], [kept], 0.2, path="f.jsonl", section="algorithm", noun="pairs")

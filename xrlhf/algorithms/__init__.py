@@ -3,8 +3,8 @@ trainer loops that use them, registered by name (``algorithm.name`` in YAML). Tr
 to model handles only; nothing here imports Ray.
 """
 
-from xrlhf.algorithms.base import ALGORITHMS, RLTrainer, Rollout, register_algorithm
+from xrlhf.algorithms.base import ALGORITHMS, RLTrainer, Rollout, Trainer, register_algorithm
 from xrlhf.algorithms import ppo  # noqa: F401  (registers "ppo")
 from xrlhf.algorithms import critic_free, dpo, kto, reward_model  # noqa: F401  (grpo & co, dpo, kto, rm)
 
-__all__ = ["ALGORITHMS", "RLTrainer", "Rollout", "register_algorithm"]
+__all__ = ["ALGORITHMS", "RLTrainer", "Rollout", "Trainer", "register_algorithm"]

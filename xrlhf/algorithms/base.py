@@ -1,9 +1,15 @@
-"""The RL trainer loop shared by every algorithm: rollout, reward, evaluation, logging.
+"""The trainer loops: ``Trainer`` (what every algorithm shares) and ``RLTrainer`` (online).
 
-An algorithm subclasses ``RLTrainer``, declares its options as a pydantic ``Config`` and
-implements ``update(rollout)``: the part that differs between PPO, GRPO, online KTO ...
-It talks to model handles only (``self.policy.generate``, ``.infer``, ``.train_step``), never
-to Ray or to engines directly.
+``Trainer`` is the outer loop of every algorithm: evaluate, ``steps`` x ``step()``, evaluate;
+the trainer state for exact resume; the one progress line (a declarative ``progress_keys``
+per class). Two siblings fill in ``step``: ``RLTrainer`` here (rollout -> reward -> ``update``
+-> weight sync; PPO, GRPO & co, online KTO implement ``update``) and ``OfflineTrainer``
+(``algorithms/offline.py``: the next rows of a dataset -> ``train_on``; DPO, offline KTO, the
+reward model). An algorithm declares its options as a pydantic ``Config``.
+
+Trainers talk to the models through the typed seam of ``algorithms/handles.py`` only
+(``self.policy.generate``, ``.infer``, ``.train_step``), never to Ray or to engines, and pass
+batches of any size: the handles' dispatch splits and pads them over the ranks.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import torch
 from loguru import logger
 from pydantic import BaseModel
 
+from xrlhf.algorithms.handles import Handles
 from xrlhf.config.schema import XConfig
 from xrlhf.data.batch import Batch, build_sequences
 from xrlhf.data.text import decode_responses, encode_prompt
@@ -30,7 +37,7 @@ ALGORITHMS: Registry[type] = Registry("algorithm")
 
 
 def register_algorithm(name: str):
-    """Decorator registering an ``RLTrainer`` subclass under ``algorithm.name: <name>``."""
+    """Decorator registering a ``Trainer`` subclass under ``algorithm.name: <name>``."""
     return ALGORITHMS.register(name)
 
 
@@ -55,22 +62,19 @@ def sampling_params(cfg: XConfig, temperature: float | None = None) -> SamplingP
 
 
 def evaluate(generate: Callable[[list[list[int]], SamplingParams], GenerationOutput], env: Env, tokenizer,
-             params: SamplingParams, limit: int | None = None, pad_to: int = 1,
+             params: SamplingParams, limit: int | None = None,
              reward: Callable | None = None) -> dict[str, float]:
     """Mean reward (and accuracy, per task) of ``generate`` on the env's held-out prompts.
 
-    ``pad_to``: the prompt count is padded to a multiple of this (data-parallel ranks); the
-    padding rows are generated but not scored. ``reward``: score with this reward source
-    ``(prompts, responses, batch) -> (scores, metrics)`` instead of ``env.score`` (envs
-    whose ``reward_source`` is ``"model"``).
+    ``reward``: score with this reward source ``(prompts, responses, batch) -> (scores,
+    metrics)`` instead of ``env.score`` (envs whose ``reward_source`` is ``"model"``).
     """
     prompts = env.eval_prompts()[:limit]
     ids = [encode_prompt(tokenizer, p.text) for p in prompts]
-    extra = (-len(ids)) % pad_to
-    out = generate(ids + ids[:extra], params)
-    texts = decode_responses(tokenizer, out.token_ids[:len(ids)])
+    out = generate(ids, params)
+    texts = decode_responses(tokenizer, out.token_ids)
     if reward is not None:
-        return _evaluate_with(reward, prompts, ids, out.token_ids[:len(ids)], texts, tokenizer.pad_token_id)
+        return _evaluate_with(reward, prompts, ids, out.token_ids, texts, tokenizer.pad_token_id)
     scores = env.score(prompts, texts)
     metrics = {"eval/reward_mean": sum(s.reward for s in scores) / len(scores)}
     if all(s.correct is not None for s in scores):
@@ -91,13 +95,14 @@ def _evaluate_with(reward: Callable, prompts: list[Prompt], ids: list[list[int]]
     return metrics
 
 
-class RLTrainer(ABC):
-    """The outer loop: ``fit`` = evaluate, then ``steps`` x (rollout -> update -> sync), evaluate.
+class Trainer(ABC):
+    """The outer loop of every algorithm: ``fit`` = evaluate, ``steps`` x ``step()``, evaluate.
 
     Args:
         cfg: the whole run's config.
-        options: this algorithm's validated ``Config``.
-        handles: the coordinator (``handles["policy"]`` ...) and ``sync_weights()``.
+        options: this algorithm's validated ``Config`` (``self.options``).
+        handles: the run's models (``Handles``: ``policy``, ``generator``, ``critic``,
+            ``reference``, ``reward``, ``sync_weights()``, ``end_rollout()``).
         env: the environment.
         tokenizer: the policy's tokenizer.
         reward: ``(prompts, responses, batch) -> (scores [B], metrics)``.
@@ -110,16 +115,19 @@ class RLTrainer(ABC):
     """The head of the trained model (``"score"`` for a reward model), read by the coordinator."""
     uses_generation: ClassVar[bool] = True
     """Whether the policy handle needs a generate engine (not for a reward model)."""
+    progress_keys: ClassVar[tuple[tuple[str, str], ...]] = ()
+    """``(metric key, short name)`` shown in the progress line when a step's metrics have them
+    (then ``eval/reward_mean`` as ``eval``, generation tokens/s and the step time)."""
 
-    def __init__(self, cfg: XConfig, options: BaseModel, handles, env: Env, tokenizer,
+    def __init__(self, cfg: XConfig, options: BaseModel, handles: Handles, env: Env, tokenizer,
                  reward: Callable[[list[Prompt], list[str], Batch], tuple[torch.Tensor, dict]],
                  log: Callable[[dict[str, Any]], None]):
-        self.cfg, self.opt, self.handles, self.env, self.tok = cfg, options, handles, env, tokenizer
+        self.cfg, self.options, self.handles, self.env, self.tok = cfg, options, handles, env, tokenizer
         self.reward, self.log = reward, log
-        self.policy = handles["policy"]
-        self.gen_handle = getattr(handles, "generator", self.policy)  # split layout: the 'rollout' handle
-        self.critic = handles.get("critic")
-        self.reference = handles.get("reference")
+        self.policy = handles.policy
+        self.gen_handle = handles.generator  # split layout: the 'rollout' handle
+        self.critic = handles.critic
+        self.reference = handles.reference
         self.data_pos = 0
         self.step_idx = 0
         self.bad_steps = 0
@@ -143,8 +151,12 @@ class RLTrainer(ABC):
         return {"policy": cfg.trainer.steps, "critic": cfg.trainer.steps}
 
     # -- the loop ---------------------------------------------------------------------------
+    @abstractmethod
+    def step(self) -> dict[str, float]:
+        """One training step (one or more optimizer steps); returns its metrics."""
+
     def fit(self, on_step_end: Callable[[int], bool] | None = None) -> dict[str, Any] | None:
-        """Run the RL steps from ``step_idx + 1``; returns eval rewards before and after.
+        """Run the steps from ``step_idx + 1``; returns eval rewards before and after.
 
         ``on_step_end(step)`` runs after each step (checkpoints, signals); when it returns
         True the loop stops early and ``fit`` returns ``None``.
@@ -152,7 +164,7 @@ class RLTrainer(ABC):
         t = self.cfg.trainer
         if self.initial_eval is None:
             self.initial_eval = self.evaluate()
-            logger.info(f"eval before RL: reward {self.initial_eval['eval/reward_mean']:.3f}")
+            logger.info(f"eval before training: reward {self.initial_eval['eval/reward_mean']:.3f}")
             self.log({"step": 0, **self.initial_eval})
         for step in range(self.step_idx + 1, t.steps + 1):
             t0 = time.time()
@@ -168,10 +180,17 @@ class RLTrainer(ABC):
         final = self.evaluate()
         self.log({"step": t.steps, **final})
         initial = self.initial_eval
-        logger.info(f"eval after RL: reward {final['eval/reward_mean']:.3f} "
+        logger.info(f"eval after training: reward {final['eval/reward_mean']:.3f} "
                     f"(before {initial['eval/reward_mean']:.3f})")
         return {"eval_reward_initial": initial["eval/reward_mean"], "eval_reward_final": final["eval/reward_mean"],
                 "eval_initial": initial, "eval_final": final, "steps": t.steps}
+
+    def evaluate(self) -> dict[str, float]:
+        """The generator's answers to the env's held-out prompts, scored (``evaluate``)."""
+        t = self.cfg.trainer
+        reward = self.reward if self.env.reward_source == "model" else None
+        return evaluate(self.gen_handle.generate, self.env, self.tok, sampling_params(self.cfg, t.eval_temperature),
+                        t.eval_size, reward=reward)
 
     def state_dict(self) -> dict[str, Any]:
         """The trainer's own state for exact resume (handles save theirs separately)."""
@@ -184,11 +203,19 @@ class RLTrainer(ABC):
         self.initial_eval, self.bad_steps = state["initial_eval"], state["bad_steps"]
 
     def progress_line(self, step: int, m: dict[str, float]) -> str:
-        keys = [("reward/mean", "reward"), ("kl/mean", "kl"), ("policy/loss", "pg_loss"),
-                ("critic/loss", "vf_loss"), ("policy/entropy", "entropy"), ("eval/reward_mean", "eval")]
-        parts = [f"{short} {m[k]:.3f}" for k, short in keys if k in m]
-        return (f"step {step}/{self.cfg.trainer.steps} | " + " | ".join(parts) +
-                f" | {m.get('perf/gen_tokens_per_s', 0):.0f} tok/s | {m['time/step_s']:.2f}s")
+        """``step i/n | <short> <value> ... | eval <value> | <tok/s> | <seconds>``, from ``progress_keys``."""
+        keys = (*self.progress_keys, ("eval/reward_mean", "eval"))
+        parts = [f"step {step}/{self.cfg.trainer.steps}"] + [f"{short} {m[k]:.3f}" for k, short in keys if k in m]
+        if "perf/gen_tokens_per_s" in m:
+            parts.append(f"{m['perf/gen_tokens_per_s']:.0f} tok/s")
+        return " | ".join(parts + [f"{m['time/step_s']:.2f}s"])
+
+
+class RLTrainer(Trainer):
+    """Online RL: each ``step`` = rollout -> reward -> ``update`` (the algorithm) -> weight sync."""
+
+    progress_keys = (("reward/mean", "reward"), ("kl/mean", "kl"), ("policy/loss", "pg_loss"),
+                     ("critic/loss", "vf_loss"), ("policy/entropy", "entropy"))
 
     def step(self) -> dict[str, float]:
         """One RL step: rollout, then the algorithm's update, then weight sync.
@@ -204,10 +231,9 @@ class RLTrainer(ABC):
         rollout = self.rollout(prompts, t.samples_per_prompt, timings)
         if not torch.isfinite(rollout.batch["scores"]).all():
             return self._bad_step("rewards", {**rollout.metrics, **timings})
-        if hasattr(self.handles, "end_rollout"):  # (not before a skipped step: no sync would wake it)
-            t0 = time.time()
-            self.handles.end_rollout()  # co-located vLLM sleeps until sync_weights wakes it
-            timings["time/sleep_s"] = time.time() - t0
+        t0 = time.time()  # (not before a skipped step: no sync would wake it)
+        self.handles.end_rollout()  # co-located vLLM sleeps until sync_weights wakes it
+        timings["time/sleep_s"] = time.time() - t0
         t0 = time.time()
         metrics = self.update(rollout, timings)
         timings["time/update_s"] = time.time() - t0
@@ -250,12 +276,6 @@ class RLTrainer(ABC):
     def update(self, rollout: Rollout, timings: dict[str, float]) -> dict[str, float]:
         """The algorithm: from a scored rollout to updated policy (and critic) weights."""
 
-    def evaluate(self) -> dict[str, float]:
-        t = self.cfg.trainer
-        reward = self.reward if self.env.reward_source == "model" else None
-        return evaluate(self.gen_handle.generate, self.env, self.tok, sampling_params(self.cfg, t.eval_temperature),
-                        t.eval_size, pad_to=self.gen_handle.world_size, reward=reward)
-
     def minibatches(self, batch: Batch, size: int) -> list[Batch]:
         """A seeded shuffle of ``batch`` cut into mini-batches of ``size`` rows."""
         perm = torch.randperm(len(batch), generator=self.generator)
@@ -263,20 +283,16 @@ class RLTrainer(ABC):
         return list(shuffled.chunks(size))
 
 
-def check_mini_batch(cfg: XConfig, mini_batch_size: int, handles: tuple[str, ...]) -> list[str]:
+def check_mini_batch(cfg: XConfig, mini_batch_size: int) -> list[str]:
     """Checks of an ``algorithm.mini_batch_size`` that cuts each rollout into optimizer steps:
-    it must divide the rollout batch (``trainer.prompts_per_step * trainer.samples_per_prompt``)
-    and split evenly over the ranks of each of ``handles`` that the config has."""
+    it must divide the rollout batch (``trainer.prompts_per_step * trainer.samples_per_prompt``),
+    so that every optimizer step sees as many samples. (The ranks need not divide it: the
+    handles' dispatch pads.)"""
     errors = []
     batch = cfg.trainer.prompts_per_step * cfg.trainer.samples_per_prompt
     if batch % mini_batch_size:
         errors.append(f"algorithm.mini_batch_size: {mini_batch_size} must divide the rollout batch "
                       f"(trainer.prompts_per_step * trainer.samples_per_prompt = {batch})")
-    for h in handles:
-        sec = getattr(cfg, h, None)
-        if sec is not None and mini_batch_size % sec.resources.ranks:
-            errors.append(f"algorithm.mini_batch_size: {mini_batch_size} must divide by {h}.resources.ranks "
-                          f"= {sec.resources.ranks}")
     return errors
 
 

@@ -68,7 +68,7 @@ class CriticFreeTrainer(PolicyGradientTrainer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.estimator_name = estimator_name(self.opt, self.cfg.algorithm.name)
+        self.estimator_name = estimator_name(self.options, self.cfg.algorithm.name)
         self.estimator: Callable = ADVANTAGE_ESTIMATORS.get(self.estimator_name)
 
     @classmethod
@@ -92,7 +92,7 @@ class CriticFreeTrainer(PolicyGradientTrainer):
 
     def advantages(self, rollout: Rollout) -> torch.Tensor:
         """``[B, R]`` advantages of the rollout (``old_logprobs`` / ``kl`` already in its batch)."""
-        batch, o = rollout.batch, self.opt
+        batch, o = rollout.batch, self.options
         mask = batch["response_mask"]
         token_rewards = None
         if o.kl_in_reward and self.kl_ctl.value > 0:

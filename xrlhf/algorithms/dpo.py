@@ -39,8 +39,8 @@ class DPOTrainer(OfflineTrainer):
     Config = DPOConfig
     schema = PREFERENCE
     rows_per_item = 2
-    progress_keys = [("policy/loss", "loss"), ("dpo/reward_accuracy", "acc"), ("dpo/reward_margin", "margin"),
-                     ("dpo/chosen_logp_change", "d_chosen"), ("dpo/rejected_logp_change", "d_rejected")]
+    progress_keys = (("policy/loss", "loss"), ("dpo/reward_accuracy", "acc"), ("dpo/reward_margin", "margin"),
+                     ("dpo/chosen_logp_change", "d_chosen"), ("dpo/rejected_logp_change", "d_rejected"))
 
     def encode_row(self, row: dict[str, Any]) -> tuple[list[int], list[int], list[int]]:
         return (self.encode_prompt(row["prompt"]), self.encode_response(row["chosen"]),
@@ -50,4 +50,4 @@ class DPOTrainer(OfflineTrainer):
         prompts, chosen, rejected = zip(*items)
         batch = pair_batch(prompts, chosen, rejected, self.tok.pad_token_id)
         batch["ref_logps"] = sequence_logps(self.reference, batch)
-        return prefixed(self.policy.train_step(batch, DPOLoss(self.opt.beta, self.opt.nll_weight)))
+        return prefixed(self.policy.train_step(batch, DPOLoss(self.options.beta, self.options.nll_weight)))

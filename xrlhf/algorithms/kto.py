@@ -35,7 +35,6 @@ push up other tokens.
 
 from __future__ import annotations
 
-import math
 import time
 import zlib
 from typing import Any
@@ -48,7 +47,7 @@ from xrlhf.algorithms.base import RLTrainer, Rollout, check_mini_batch, register
 from xrlhf.algorithms.losses import KTOLoss
 from xrlhf.algorithms.offline import OfflineConfig, OfflineTrainer, prefixed, sequence_logps
 from xrlhf.config.schema import Strict, XConfig
-from xrlhf.data.batch import Batch, build_sequences, response_width
+from xrlhf.data.batch import Batch, build_sequences, unpack_sequences
 from xrlhf.data.datasets import KTO
 
 TRAIN_KEYS = ("input_ids", "attention_mask", "response_mask", "ref_logps", "labels", "desirable_weight", "z_ref")
@@ -122,15 +121,6 @@ def mismatch_index(group_ids: torch.Tensor) -> torch.Tensor:
     return (rows + 1) % max(b, 1)
 
 
-def unpack_sequences(batch: Batch) -> tuple[list[list[int]], list[list[int]]]:
-    """Inverse of ``build_sequences``: the prompt and response token ids of every row."""
-    ids, attn, rmask = batch["input_ids"], batch["attention_mask"].bool(), batch["response_mask"].bool()
-    p = ids.shape[1] - response_width(batch)
-    prompts = [ids[i, :p][attn[i, :p]].tolist() for i in range(len(batch))]
-    responses = [ids[i, p:][rmask[i]].tolist() for i in range(len(batch))]
-    return prompts, responses
-
-
 class KTOMixin:
     """The KTO update shared by the offline and online trainers (needs ``policy``, ``reference``)."""
 
@@ -147,7 +137,7 @@ class KTOMixin:
         train["labels"] = labels.float()
         # w_d from the class counts of all the rows (the whole rollout online), not of each
         # mini-batch: a mini-batch holds a random part of a prompt's samples
-        train["desirable_weight"] = torch.as_tensor(self.opt.desirable_weights(labels.bool(), group_ids),
+        train["desirable_weight"] = torch.as_tensor(self.options.desirable_weights(labels.bool(), group_ids),
                                                     dtype=torch.float32).expand(b).clone()
         return train, kl
 
@@ -155,7 +145,7 @@ class KTOMixin:
         """One optimizer step on ``train``, with ``z_ref`` from the current policy on ``kl``."""
         z = F.kto_reference_point(sequence_logps(self.policy, kl), kl["ref_logps"])
         train["z_ref"] = z.expand(len(train)).clone()
-        loss = KTOLoss(self.opt.beta, self.opt.desirable_weight, self.opt.undesirable_weight)
+        loss = KTOLoss(self.options.beta, self.options.desirable_weight, self.options.undesirable_weight)
         metrics = prefixed(self.policy.train_step(train.select(*TRAIN_KEYS), loss))
         labels = train["labels"].bool()
         metrics["kto/desirable_fraction"] = float(labels.float().mean())
@@ -197,11 +187,12 @@ class OnlineKTOTrainer(KTOMixin, RLTrainer):
     """Online KTO: the policy's samples, labelled by reward >= threshold, trained with KTO."""
 
     Config = KTOOnlineConfig
+    progress_keys = (("kto/kl", "z_ref"), ("kto/desirable_fraction", "desirable"), *RLTrainer.progress_keys)
 
     @classmethod
     def check_config(cls, cfg: XConfig, o: KTOOnlineConfig) -> list[str]:
         errors = super().check_config(cfg, o)
-        errors += check_mini_batch(cfg, o.mini_batch_size, ("policy", "reference"))
+        errors += check_mini_batch(cfg, o.mini_batch_size)
         if cfg.reference is None:
             errors.append("reference: kto_online needs a frozen reference model (reference: {} uses the "
                           "policy's initial model)")
@@ -218,7 +209,7 @@ class OnlineKTOTrainer(KTOMixin, RLTrainer):
     def update(self, rollout: Rollout, timings: dict[str, float]) -> dict[str, float]:
         t0 = time.time()
         batch = rollout.batch
-        labels = batch["scores"] >= self.opt.threshold
+        labels = batch["scores"] >= self.options.threshold
         keep = self.kept_rows(labels, batch["group_ids"])
         metrics = {"kto/desirable_fraction": float(labels.float().mean()),
                    "kto/kept_fraction": len(keep) / len(batch)}
@@ -231,10 +222,10 @@ class OnlineKTOTrainer(KTOMixin, RLTrainer):
         t0 = time.time()
         sums: dict[str, float] = {}
         n = 0
-        for _ in range(self.opt.epochs):
+        for _ in range(self.options.epochs):
             perm = torch.randperm(len(train), generator=self.generator)
-            for idx in perm.split(self.opt.mini_batch_size):
-                idx = idx[:len(idx) - len(idx) % self._row_multiple()]
+            for idx in perm.split(self.options.mini_batch_size):
+                idx = idx[:len(idx) - len(idx) % self.policy.world_size]
                 if len(idx) == 0:
                     continue
                 for k, v in self.kto_step(train.index(idx), kl.index(idx)).items():
@@ -243,25 +234,16 @@ class OnlineKTOTrainer(KTOMixin, RLTrainer):
         timings["time/train_s"] = time.time() - t0
         return {**{k: v / max(n, 1) for k, v in sums.items()}, **metrics}
 
-    def _row_multiple(self) -> int:
-        """Batches given to the handles must split evenly over the ranks of both."""
-        return math.lcm(self.policy.world_size, self.reference.world_size)
-
     def kept_rows(self, labels: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
         """Indices of the rows to train on: all of them, or with ``filter_uniform_groups`` only
         the prompts whose samples got both labels (at least two such prompts, for the
-        mismatched pairs); the count is trimmed to a multiple of the handles' ranks."""
+        mismatched pairs); the count is trimmed to a multiple of the policy's ranks: KTO's loss
+        is a mean over rows, so a train step cannot be padded (``data.dispatch``)."""
         rows = torch.arange(len(labels))
-        if self.opt.filter_uniform_groups:
+        if self.options.filter_uniform_groups:
             mixed = torch.tensor([bool(labels[group_ids == g].any() and not labels[group_ids == g].all())
                                   for g in group_ids.tolist()])
             rows = rows[mixed]
             if len(group_ids[rows].unique()) < 2:
                 return rows[:0]
-        return rows[:len(rows) - len(rows) % self._row_multiple()]
-
-    def progress_line(self, step: int, m: dict[str, float]) -> str:
-        extra = " | ".join(f"{short} {m[k]:.3f}" for k, short in
-                           (("kto/kl", "z_ref"), ("kto/desirable_fraction", "desirable"))
-                           if k in m)
-        return super().progress_line(step, m).replace(" | ", f" | {extra} | ", 1)
+        return rows[:len(rows) - len(rows) % self.policy.world_size]

@@ -1,11 +1,11 @@
-"""The offline trainer: the RL loop with a dataset where the rollout would be.
+"""The offline trainer: the shared loop with a dataset where the rollout would be.
 
 DPO, offline KTO and reward-model training learn from a fixed table of rows instead of
-sampled responses. They reuse ``RLTrainer.fit`` unchanged (evaluate, ``steps`` x ``step()``,
-evaluate) and override only ``step``: take the next ``batch_size`` rows of a seeded shuffle of
-the dataset, and run the algorithm's ``train_on(rows)``. The position in the shuffled stream is
-``self.data_pos``, one integer, as for the online trainers, so a resumed run continues where
-it stopped.
+sampled responses. ``OfflineTrainer`` is ``RLTrainer``'s sibling under ``Trainer`` (the same
+``fit``: evaluate, ``steps`` x ``step()``, evaluate) whose ``step`` takes the next
+``batch_size`` rows of a seeded shuffle of the dataset (``data.datasets.EpochOrder``) and runs
+the algorithm's ``train_on(rows)``. The position in the shuffled stream is ``self.data_pos``,
+one integer, as for the online trainers, so a resumed run continues where it stopped.
 
 Sequence layout helpers used by all three live here too: pairs are interleaved
 ``[chosen_0, rejected_0, chosen_1, ...]`` so that any even-sized micro-batch or data-parallel
@@ -16,16 +16,17 @@ from __future__ import annotations
 
 import time
 from abc import abstractmethod
+from functools import cached_property
 from typing import Any, ClassVar, Sequence
 
 import torch
 from pydantic import Field
 
 from xrlhf.algorithms import functional as F
-from xrlhf.algorithms.base import RLTrainer, Rollout
+from xrlhf.algorithms.base import Trainer
 from xrlhf.config.schema import Strict, XConfig
 from xrlhf.data.batch import Batch, build_sequences
-from xrlhf.data.datasets import DatasetPath, RowSchema, Rows, load_rows
+from xrlhf.data.datasets import DatasetPath, EpochOrder, RowSchema, Rows, load_rows
 from xrlhf.data.text import encode_prompt, encode_target
 from xrlhf.utils.errors import UserError
 
@@ -52,8 +53,8 @@ def pair_batch(prompts: Sequence[list[int]], chosen: Sequence[list[int]], reject
     return build_sequences(doubled, responses, pad_id)
 
 
-class OfflineTrainer(RLTrainer):
-    """``RLTrainer`` whose step trains on dataset rows instead of a rollout.
+class OfflineTrainer(Trainer):
+    """A ``Trainer`` whose step trains on dataset rows instead of a rollout.
 
     Subclasses set ``schema`` (the row format), implement ``encode_row`` (text -> token ids,
     once, at start) and ``train_on(items)`` (one optimizer step on encoded rows).
@@ -64,22 +65,23 @@ class OfflineTrainer(RLTrainer):
     """Sequences per dataset row in a training batch (2 for preference pairs)."""
     needs_reference: ClassVar[bool] = True
     """Whether the algorithm scores rows with the frozen reference model."""
+    progress_keys = (("policy/loss", "loss"),)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.rows: Rows = load_rows(self.opt.dataset, self.schema)
+        self.rows: Rows = load_rows(self.options.dataset, self.schema)
         self.items = [self._encode_checked(i) for i in range(len(self.rows))]
-        self._perms: dict[int, list[int]] = {}
         self._stale = False
 
     @classmethod
     def check_config(cls, cfg: XConfig, o) -> list[str]:
         errors = super().check_config(cfg, o)
-        for h in ("policy", "reference"):
-            sec = getattr(cfg, h, None)
-            if sec is not None and (h == "policy" or cls.needs_reference) and o.batch_size % sec.resources.ranks:
-                errors.append(f"algorithm.batch_size: {o.batch_size} must divide by {h}.resources.ranks = "
-                              f"{sec.resources.ranks}")
+        # The losses count rows: a padding copy would weigh in the mean, so the dispatch cannot
+        # pad a train step, and each rank must get whole pairs (``data.dispatch``).
+        if o.batch_size % cfg.policy.resources.ranks:
+            errors.append(f"algorithm.batch_size: {o.batch_size} must divide by policy.resources.ranks = "
+                          f"{cfg.policy.resources.ranks} (the loss is a mean over rows: every rank trains on "
+                          f"as many whole rows)")
         if cls.rows_per_item == 2 and cfg.policy.train.micro_batch_size % 2:
             errors.append(f"policy.train.micro_batch_size: {cfg.policy.train.micro_batch_size} must be even: "
                           f"a micro-batch holds whole (chosen, rejected) pairs")
@@ -118,29 +120,23 @@ class OfflineTrainer(RLTrainer):
     def encode_response(self, text: str) -> list[int]:
         return encode_target(self.tok, text)
 
+    @cached_property
+    def order(self) -> EpochOrder:
+        """The epoch-wise seeded shuffle of ``items`` (built at first use: subclasses may hold
+        some rows out in their ``__init__``)."""
+        return EpochOrder(len(self.items), self.cfg.seed, "offline")
+
     def next_indices(self, n: int) -> list[int]:
         """The next ``n`` row indices of the epoch-wise seeded shuffle; advances ``data_pos``."""
-        out: list[int] = []
-        total = len(self.items)
-        while len(out) < n:
-            epoch, pos = divmod(self.data_pos, total)
-            perm = self._perm(epoch)
-            take = min(n - len(out), total - pos)
-            out += perm[pos:pos + take]
-            self.data_pos += take
+        out = self.order.take(self.data_pos, n)
+        self.data_pos += n
         return out
-
-    def _perm(self, epoch: int) -> list[int]:
-        if epoch not in self._perms:
-            g = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + epoch)
-            self._perms = {epoch: torch.randperm(len(self.items), generator=g).tolist()}
-        return self._perms[epoch]
 
     # -- the loop ---------------------------------------------------------------------------
     def step(self) -> dict[str, float]:
         """One optimizer step on the next ``batch_size`` rows."""
         t0 = time.time()
-        items = [self.items[i] for i in self.next_indices(self.opt.batch_size)]
+        items = [self.items[i] for i in self.next_indices(self.options.batch_size)]
         metrics = self.train_on(items)
         self._stale = True
         return {**metrics, "time/update_s": time.time() - t0}
@@ -149,21 +145,12 @@ class OfflineTrainer(RLTrainer):
     def train_on(self, items: list[Any]) -> dict[str, float]:
         """One optimizer step of the algorithm on encoded rows; returns its metrics."""
 
-    def update(self, rollout: Rollout, timings: dict[str, float]) -> dict[str, float]:
-        raise TypeError(f"{type(self).__name__} trains from a dataset (train_on); it takes no rollouts")
-
     def evaluate(self) -> dict[str, float]:
         """The generate engine gets the new weights only when they are needed: before an eval."""
         if self._stale and self.uses_generation:
             self.handles.sync_weights()
             self._stale = False
         return super().evaluate()
-
-    progress_keys: ClassVar[list[tuple[str, str]]] = [("policy/loss", "loss")]
-
-    def progress_line(self, step: int, m: dict[str, float]) -> str:
-        parts = [f"{short} {m[k]:.3f}" for k, short in self.progress_keys + [("eval/reward_mean", "eval")] if k in m]
-        return f"step {step}/{self.cfg.trainer.steps} | " + " | ".join(parts) + f" | {m['time/step_s']:.2f}s"
 
 
 def prefixed(metrics: dict[str, float], prefix: str = "policy/") -> dict[str, float]:

@@ -54,7 +54,7 @@ class PolicyGradientTrainer(RLTrainer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        o = self.opt
+        o = self.options
         self.kl_ctl = (F.AdaptiveKLController(o.kl_coef, o.kl_target, o.kl_horizon) if o.kl_target
                        else F.FixedKLController(o.kl_coef))
 
@@ -68,7 +68,7 @@ class PolicyGradientTrainer(RLTrainer):
     @classmethod
     def check_config(cls, cfg: XConfig, o) -> list[str]:
         errors = super().check_config(cfg, o)
-        errors += check_mini_batch(cfg, o.mini_batch_size, ("policy", "critic") if cls.needs_critic else ("policy",))
+        errors += check_mini_batch(cfg, o.mini_batch_size)
         if o.kl_coef > 0 and cfg.reference is None:
             errors.append("reference: algorithm.kl_coef > 0 needs a reference section (reference: {} uses the "
                           "policy's initial model); or set algorithm.kl_coef: 0")
@@ -81,7 +81,7 @@ class PolicyGradientTrainer(RLTrainer):
         return {"policy": n, "critic": n}
 
     def policy_loss(self) -> PolicyLoss:
-        o = self.opt
+        o = self.options
         return PolicyLoss(o.clip_eps, o.clip_eps_high, o.entropy_coef,
                           0.0 if o.kl_in_reward else self.kl_ctl.value, o.kl_estimator, o.tis_cap)
 
@@ -89,7 +89,7 @@ class PolicyGradientTrainer(RLTrainer):
         """Old logprobs, reference logprobs (and critic values) for ``batch``, in parallel."""
         t0 = time.time()
         old = self.policy.infer(batch.select("input_ids", "attention_mask", "response_mask"), wait=False)
-        ref = self.reference.infer(batch, wait=False) if self.reference is not None and self.opt.kl_coef > 0 else None
+        ref = self.reference.infer(batch, wait=False) if self.reference is not None and self.options.kl_coef > 0 else None
         val = self.critic.infer(batch, wait=False) if with_values else None
         batch["old_logprobs"] = old.get()["logprobs"]
         mask = batch["response_mask"]
@@ -100,7 +100,7 @@ class PolicyGradientTrainer(RLTrainer):
             metrics["mismatch/logprob_abs_diff_max"] = float(diff.max())
         if ref is not None:
             batch["ref_logprobs"] = ref.get()["logprobs"]
-            kl = F.kl_estimate(batch["old_logprobs"], batch["ref_logprobs"], self.opt.kl_estimator)
+            kl = F.kl_estimate(batch["old_logprobs"], batch["ref_logprobs"], self.options.kl_estimator)
             batch["kl"] = kl * mask
             metrics["kl/mean"] = float((batch["kl"].sum(-1)).mean())
         else:
@@ -114,12 +114,12 @@ class PolicyGradientTrainer(RLTrainer):
     def train_epochs(self, batch: Batch, with_critic: bool) -> dict[str, float]:
         """``ppo_epochs`` passes of mini-batch steps; policy and critic step side by side."""
         policy_loss = self.policy_loss()
-        value_loss = ValueLoss(getattr(self.opt, "value_clip_eps", None))
+        value_loss = ValueLoss(self.options.value_clip_eps) if with_critic else None
         sums: dict[str, float] = {}
         n = 0
         keys = [k for k in batch.keys() if k != "group_ids"]
-        for _ in range(self.opt.ppo_epochs):
-            for mb in self.minibatches(batch.select(*keys), self.opt.mini_batch_size):
+        for _ in range(self.options.ppo_epochs):
+            for mb in self.minibatches(batch.select(*keys), self.options.mini_batch_size):
                 pending = self.critic.train_step(mb, value_loss, wait=False) if with_critic else None
                 metrics = self.policy.train_step(mb, policy_loss)
                 metrics = {("policy/" + k if "/" not in k else k): v for k, v in metrics.items()}
@@ -139,7 +139,7 @@ class PPOTrainer(PolicyGradientTrainer):
     needs_critic = True
 
     def update(self, rollout: Rollout, timings: dict[str, float]) -> dict[str, float]:
-        batch, o = rollout.batch, self.opt
+        batch, o = rollout.batch, self.options
         metrics = self.score_logprobs(batch, timings, with_values=True)
         mask = batch["response_mask"]
         kl_coef = self.kl_ctl.value if o.kl_in_reward else 0.0

@@ -26,8 +26,7 @@ from xrlhf.algorithms.base import register_algorithm
 from xrlhf.algorithms.losses import PairwiseRewardLoss
 from xrlhf.algorithms.offline import OfflineConfig, OfflineTrainer, pair_batch, prefixed
 from xrlhf.config.schema import XConfig
-from xrlhf.data.datasets import PREFERENCE, DatasetPath, Rows, held_out, load_rows
-from xrlhf.utils.errors import UserError
+from xrlhf.data.datasets import PREFERENCE, DatasetPath, load_rows, split_held_out
 
 
 class RewardModelConfig(OfflineConfig):
@@ -56,23 +55,19 @@ class RewardModelTrainer(OfflineTrainer):
     needs_reference = False
     policy_head = "score"
     uses_generation = False
-    progress_keys = [("policy/loss", "loss"), ("rm/accuracy", "acc"), ("rm/margin", "margin"),
-                     ("eval/accuracy", "eval_acc")]
+    progress_keys = (("policy/loss", "loss"), ("rm/accuracy", "acc"), ("rm/margin", "margin"),
+                     ("eval/accuracy", "eval_acc"))
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        o = self.opt
+        o = self.options
         if o.eval_dataset is not None:
             eval_rows = load_rows(o.eval_dataset, PREFERENCE)
             self.eval_items = [self.encode_row(r) for r in eval_rows.rows]
         else:
-            out = [held_out(row["prompt"], o.eval_fraction) for row in self.rows.rows]
-            self.eval_items = [item for item, h in zip(self.items, out) if h]
-            self.items = [item for item, h in zip(self.items, out) if not h]
-            if not self.items or not self.eval_items:
-                raise UserError(f"{self.rows.path}: eval_fraction {o.eval_fraction} leaves "
-                                f"{len(self.items)} training and {len(self.eval_items)} held-out pairs; "
-                                f"change algorithm.eval_fraction or give algorithm.eval_dataset")
+            self.items, self.eval_items = split_held_out(self.items, [row["prompt"] for row in self.rows.rows],
+                                                         o.eval_fraction, path=self.rows.path, section="algorithm",
+                                                         noun="pairs")
         self.eval_items = self.eval_items[:o.eval_size]
 
     @classmethod
@@ -94,15 +89,13 @@ class RewardModelTrainer(OfflineTrainer):
 
     def evaluate(self) -> dict[str, float]:
         """Pairwise accuracy and mean margin on the held-out pairs (``eval/reward_mean`` = accuracy)."""
-        ranks = self.policy.world_size
         chosen, rejected = [], []
-        size = 64 * ranks
+        size = 64 * self.policy.world_size  # pairs per call: bounds the padded width of a batch
         for start in range(0, len(self.eval_items), size):
             part = self.eval_items[start:start + size]
-            pad = (-len(part)) % ranks
-            scores = self.policy.infer(pair_batch(*zip(*(part + (part * ranks)[:pad])), self.tok.pad_token_id))["scores"]
-            chosen.append(scores[0::2][:len(part)])
-            rejected.append(scores[1::2][:len(part)])
+            scores = self.policy.infer(pair_batch(*zip(*part), self.tok.pad_token_id))["scores"]
+            chosen.append(scores[0::2])
+            rejected.append(scores[1::2])
         diff = torch.cat(chosen) - torch.cat(rejected)
         acc = float((diff > 0).float().mean())
         return {"eval/reward_mean": acc, "eval/accuracy": acc, "eval/margin": float(diff.mean()),

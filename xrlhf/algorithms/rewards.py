@@ -9,6 +9,7 @@ from typing import Callable
 
 import torch
 
+from xrlhf.algorithms.handles import Handle, Handles
 from xrlhf.config.schema import XConfig
 from xrlhf.data.batch import Batch
 from xrlhf.envs import Env, Prompt
@@ -74,15 +75,11 @@ class EnvReward:
 class ModelReward:
     """Scores from the reward handle (a sequence-score model) on the full prompt+response."""
 
-    def __init__(self, handle):
+    def __init__(self, handle: Handle):
         self.handle = handle
 
     def __call__(self, prompts: list[Prompt], responses: list[str], batch: Batch):
-        batch = batch.select("input_ids", "attention_mask", "response_mask")
-        n, ranks = len(batch), self.handle.world_size
-        if n % ranks:  # the reward model's data-parallel ranks need equal shares: pad, then drop
-            batch = Batch.cat([batch, batch.index(torch.arange(ranks - n % ranks) % n)])
-        return self.handle.infer(batch)["scores"][:n], {}
+        return self.handle.infer(batch.select("input_ids", "attention_mask", "response_mask"))["scores"], {}
 
 
 class FunctionReward:
@@ -108,10 +105,11 @@ class FunctionReward:
         return torch.tensor(values, dtype=torch.float32), {"reward/errors": float(errors)}
 
 
-def build_reward(cfg: XConfig, env: Env, handles) -> Callable:
+def build_reward(cfg: XConfig, env: Env, handles: Handles) -> Callable:
+    """The reward source ``cfg.reward.source`` names: the reward handle, a function or the env's rule."""
     on_error = cfg.fault_tolerance.reward_errors
     if cfg.reward.source == "model":
-        return ModelReward(handles["reward"])
+        return ModelReward(handles.reward)
     if cfg.reward.source == "function":
         return FunctionReward(cfg.reward.function, on_error)
     return EnvReward(env, on_error)

@@ -252,10 +252,6 @@ class XConfig(Strict):
             if sec is not None and sec.resources.colocate_with not in (None, *handles - {h}):
                 raise ValueError(f"{h}.resources.colocate_with: unknown handle "
                                  f"{sec.resources.colocate_with!r}; valid: {', '.join(sorted(handles - {h}))}")
-        batch = self.trainer.prompts_per_step * self.trainer.samples_per_prompt
-        if batch % self.policy.resources.ranks:
-            raise ValueError(f"trainer.prompts_per_step * trainer.samples_per_prompt = {batch} must divide by "
-                             f"policy.resources.ranks = {self.policy.resources.ranks}")
         errors = layout_errors(self)
         if errors:
             raise ValueError("\n".join(errors))
@@ -275,10 +271,6 @@ def layout_errors(cfg: XConfig) -> list[str]:
         if t in ("in_process", "cuda_ipc"):
             errors.append(f"policy.weight_sync.transport: {t} needs the generator in the trainer's worker (co-located "
                           f"layout); with {where} set use nccl (GPUs), cpu or auto")
-        batch = cfg.trainer.prompts_per_step * cfg.trainer.samples_per_prompt
-        if batch % g.resources.ranks:
-            errors.append(f"{where}.ranks: {g.resources.ranks} must divide trainer.prompts_per_step * "
-                          f"trainer.samples_per_prompt = {batch}")
     else:
         if t == "nccl":
             errors.append("policy.weight_sync.transport: nccl broadcasts between GPUs, but the co-located layout puts "

@@ -1,7 +1,8 @@
 """``Coordinator``: starts Ray, places the handles, builds their engines, wires weight sync.
 
 The algorithm layer gets ready ``ModelHandle`` objects (``policy``, ``critic``,
-``reference``, ``reward``) and calls ``sync_weights()`` after each policy update.
+``reference``, ``reward``, ``generator``; the ``algorithms.handles.Handles`` Protocol) and calls
+``sync_weights()`` after each policy update.
 """
 
 from __future__ import annotations
@@ -170,10 +171,28 @@ class Coordinator:
         logger.info(f"weight sync: {self.transport} ({'split' if 'rollout' in self.handles else 'co-located'} "
                     f"layout, verify {'on' if self.cfg.policy.weight_sync.verify else 'off'})")
 
+    # -- the handles, as ``algorithms.handles.Handles`` names them ---------------------------------
+    @property
+    def policy(self) -> ModelHandle:
+        """The trained model's handle."""
+        return self.handles["policy"]
+
     @property
     def generator(self) -> ModelHandle:
         """The handle that generates: ``rollout`` in the split layout, else ``policy``."""
         return self.handles.get("rollout") or self.handles["policy"]
+
+    @property
+    def critic(self) -> ModelHandle | None:
+        return self.handles.get("critic")
+
+    @property
+    def reference(self) -> ModelHandle | None:
+        return self.handles.get("reference")
+
+    @property
+    def reward(self) -> ModelHandle | None:
+        return self.handles.get("reward")
 
     def end_rollout(self) -> None:
         """Generation is over until the next sync: co-located generators free their memory."""

@@ -3,8 +3,11 @@
 Each method declares once how its inputs are split across ranks and how results come back
 (the ``dispatch`` decorator), in the manner of verl's ``@register(dispatch_mode=...)``:
 
-* ``DP``: the first argument (a ``Batch`` or a list) is split into equal consecutive parts,
-  one per rank; results are concatenated in rank order (metrics dicts are averaged).
+* ``DP``: the first argument (a ``Batch`` or a list) is split into consecutive parts, one
+  per rank, padded to equal length; results are concatenated in rank order, padding dropped
+  (``xrlhf.data.dispatch``, shared with the in-process ``LocalHandle``).
+* ``DP_TRAIN``: ``DP`` for a train step: padding rows weigh nothing; the ranks' metrics are
+  averaged weighted by their loss units (tokens or rows).
 * ``ALL``: every rank gets the same arguments; a list of per-rank results comes back.
 * ``RANK0``: only rank 0 runs it.
 
@@ -23,35 +26,11 @@ from typing import Any, Callable, Sequence
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from xrlhf.data.batch import Batch
-from xrlhf.engines.base import GenerationOutput, merge_rank_states
+from xrlhf.data.dispatch import ALL, DP, DP_TRAIN, RANK0, plan
+from xrlhf.engines.base import merge_rank_states
 from xrlhf.utils.errors import WorkerDiedError
 
-DP, ALL, RANK0 = "dp", "all", "rank0"
-
-
-def _split(x: Any, n: int) -> list[Any]:
-    if isinstance(x, Batch):
-        return x.split(n)
-    if isinstance(x, (list, tuple)):
-        if len(x) % n:
-            raise ValueError(f"{len(x)} items do not split into {n} equal parts")
-        k = len(x) // n
-        return [list(x[i * k:(i + 1) * k]) for i in range(n)]
-    raise TypeError(f"cannot split a {type(x).__name__} across ranks")
-
-
-def _gather(parts: list[Any]) -> Any:
-    first = parts[0]
-    if isinstance(first, Batch):
-        return Batch.cat(parts)
-    if isinstance(first, GenerationOutput):
-        return GenerationOutput([t for p in parts for t in p.token_ids], [lp for p in parts for lp in p.logprobs])
-    if isinstance(first, dict):
-        return {k: sum(float(p[k]) for p in parts) / len(parts) for k in first}
-    if isinstance(first, list):
-        return [x for p in parts for x in p]
-    return parts
+__all__ = ["ALL", "DP", "DP_TRAIN", "RANK0", "ModelHandle", "Pending", "dispatch"]
 
 
 @dataclass
@@ -80,14 +59,8 @@ def dispatch(mode: str, gather: Callable[[list[Any]], Any] | None = None):
 
         @functools.wraps(fn)
         def wrapper(self: "ModelHandle", *args, wait: bool = True, **kwargs):
-            ranks = list(range(self.world_size)) if mode != RANK0 else [0]
-            if mode == DP:
-                pieces = _split(args[0], self.world_size)
-                refs = [getattr(w, method).remote(p, *args[1:], **kwargs) for w, p in zip(self.workers, pieces)]
-                gather = _gather
-            else:
-                refs = [getattr(self.workers[r], method).remote(*args, **kwargs) for r in ranks]
-                gather = (lambda parts: parts[0]) if mode == RANK0 else list
+            ranks, calls, gather = plan(mode, self.world_size, args, kwargs)
+            refs = [getattr(self.workers[r], method).remote(*a, **kw) for r, (a, kw) in zip(ranks, calls)]
             pending = Pending(self, refs, ranks, combine or gather)
             return pending.get() if wait else pending
 
@@ -163,9 +136,10 @@ class ModelHandle:
     def infer(self, batch):
         """Logprobs / values / scores of ``batch`` -> ``Batch``."""
 
-    @dispatch(DP)
+    @dispatch(DP_TRAIN)
     def train_step(self, batch, loss_fn):
-        """One optimizer step on a global mini-batch, data-parallel -> metrics averaged over ranks."""
+        """One optimizer step on a global mini-batch, data-parallel -> metrics, unit-weighted mean
+        over ranks."""
 
     @dispatch(ALL)
     def sync_weights_local(self):

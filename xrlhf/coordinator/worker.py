@@ -1,27 +1,20 @@
 """``EngineWorker``: the Ray actor that hosts one rank of a model handle.
 
-A worker holds the engines of its handle for one rank (the policy: a train and a generate
-engine; the critic: a train engine; the reference and reward: an infer engine) and exposes
-them as plain methods. It knows nothing about algorithms: losses arrive as picklable
-callables built by the algorithm layer.
+The engines and every call on them are ``xrlhf.engines.host.EngineHost``'s (no Ray there, so
+the in-process ``LocalHandle`` runs the very same code); this subclass adds what only a Ray
+actor needs: the address of its node, where rank 0 hosts the torch.distributed rendezvous.
 """
 
 from __future__ import annotations
 
-import os
 import socket
-from typing import Any
 
 import ray
-import torch
 
-from xrlhf.data.batch import Batch
-from xrlhf.engines.base import (DistInfo, EngineSpec, GenerateEngine, GenerationOutput, InferEngine, LossFn,
-                                SamplingParams, TrainEngine, build_engine)
-from xrlhf.weight_sync import Message, build_transport, checksum, push_weights
+from xrlhf.engines.host import EngineHost
 
 
-class EngineWorker:
+class EngineWorker(EngineHost):
     """One rank of a handle. Created by ``ModelHandle`` as ``ray.remote(EngineWorker)``.
 
     Args:
@@ -30,146 +23,9 @@ class EngineWorker:
         threads: torch CPU threads for this worker.
     """
 
-    def __init__(self, handle: str, rank: int, threads: int = 1):
-        self.handle = handle
-        self.rank = rank
-        torch.set_num_threads(max(1, threads))
-        self.train: TrainEngine | None = None
-        self.infer_engine: InferEngine | None = None
-        self.gen: GenerateEngine | None = None
-        self.transport = None
-
-    # -- set-up ---------------------------------------------------------------------------
     def address(self) -> tuple[str, int]:
         """This node's IP and a free TCP port (rank 0 hosts the torch.distributed rendezvous)."""
         with socket.socket() as s:
             s.bind(("", 0))
             port = s.getsockname()[1]
         return ray.util.get_node_ip_address(), port
-
-    def setup(self, engines: dict[str, tuple[str, EngineSpec]], dist: DistInfo) -> dict[str, Any]:
-        """Build the engines: ``engines`` maps a role (train / infer / generate) to (name, spec)."""
-        for role, (name, spec) in engines.items():
-            spec.dist = dist
-            if spec.device == "cuda" and not torch.cuda.is_available():
-                raise RuntimeError(f"{self.handle} rank {self.rank}: a GPU was asked for but CUDA is not available")
-            engine = build_engine(name, spec, role)  # type: ignore[arg-type]
-            setattr(self, {"train": "train", "infer": "infer_engine", "generate": "gen"}[role], engine)
-        return {"pid": os.getpid(), "device": str(next(iter(engines.values()))[1].device)}
-
-    def set_transport(self, name: str, options: dict[str, Any]) -> str:
-        """Build this worker's side of the weight-sync transport; returns its name.
-
-        ``auto`` (co-located layout) is decided here: ``in_process`` when the generator's weights
-        live in this process, else ``cuda_ipc`` on a GPU (vLLM's engine process), else ``cpu``.
-        """
-        if name == "auto":
-            on_gpu = self.train is not None and self.train.spec.device.startswith("cuda")
-            name = "in_process" if self.gen.shares_trainer_process else "cuda_ipc" if on_gpu else "cpu"
-        opts = dict(options)
-        if isinstance(opts.get("dtype"), str):
-            opts["dtype"] = getattr(torch, opts["dtype"])
-        self.transport = build_transport(name, **opts)
-        return name
-
-    def pid(self) -> int:
-        return os.getpid()
-
-    # -- compute --------------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
-        return self.gen.generate(prompts, params)
-
-    def infer(self, batch: Batch) -> Batch:
-        engine = self.infer_engine or self.train
-        return engine.infer(batch)
-
-    def train_step(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
-        return self.train.train_step(batch, loss_fn)
-
-    # -- weights --------------------------------------------------------------------------
-    def sync_weights_local(self) -> int:
-        """Train engine -> generate engine of this worker, through the configured transport."""
-        n = push_weights(self.transport, self.train.named_weights(), self.gen.receive_weights)
-        self._end_sync()
-        return n
-
-    def send_weights(self) -> list[Message]:
-        """Sender side of a message transport to other workers: every bucket's message."""
-        return list(self.transport.send(self.train.named_weights()))
-
-    def broadcast_weights(self) -> int:
-        """Sender side of a broadcast transport (the receivers run ``receive_weights`` meanwhile)."""
-        return sum(len(m.names) for m in self.transport.send(self.train.named_weights()))
-
-    def receive_weights(self, messages: list[Message] | None = None) -> int:
-        """Receiver side: load a message transport's buckets, or a broadcast's (``None``)."""
-        n = self.gen.receive_weights(self.transport, messages)
-        self._end_sync()
-        return n
-
-    def _end_sync(self) -> None:
-        if torch.cuda.is_available() and self.gen.frees_memory_when_asleep:
-            torch.cuda.empty_cache()  # this process's cached blocks go back before vLLM's KV cache does
-        self.gen.end_sync()
-
-    def join_weight_gather(self) -> int:
-        """A rank > 0 of a sharded trainer (ZeRO-3) takes part in gathering the full weights
-        while rank 0 sends them; nothing to do where ``named_weights`` is not a collective."""
-        if not self.train.collective_weights:
-            return 0
-        return sum(1 for _ in self.train.named_weights())
-
-    def weight_checksums(self, role: str) -> dict[str, int]:
-        """Checksums by HF name: the trainer's (``"train"``, in the generator's dtype) or the generator's."""
-        if role == "generate":
-            return self.gen.weight_checksums()
-        dtype = getattr(self.transport, "dtype", None)
-        return {n: checksum(t if dtype is None else t.to(dtype)) for n, t in self.train.named_weights()}
-
-    def memory_stats(self, reset: bool = True) -> dict[str, float]:
-        """This process's peak allocated and reserved GPU memory (GiB), and the device's use."""
-        if not torch.cuda.is_available():
-            return {}
-        free, total = torch.cuda.mem_get_info()
-        stats = {"max_allocated_gb": torch.cuda.max_memory_allocated() / 2**30,
-                 "reserved_gb": torch.cuda.memory_reserved() / 2**30, "device_used_gb": (total - free) / 2**30}
-        if reset:
-            torch.cuda.reset_peak_memory_stats()
-        return stats
-
-    def save_pretrained(self, path: str) -> str:
-        self.train.save_pretrained(path)
-        return path
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.train.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.train.load_state_dict(state)
-
-    def rng_state(self) -> dict[str, Any]:
-        return {"torch": torch.get_rng_state(), "gen": self.gen.rng_state() if self.gen is not None else {}}
-
-    def set_rng_state(self, state: dict[str, Any]) -> None:
-        torch.set_rng_state(state["torch"])
-        if self.gen is not None:
-            self.gen.set_rng_state(state["gen"])
-
-    # -- memory phases (co-located layouts) -------------------------------------------------
-    def sleep_generator(self) -> None:
-        if self.gen is not None:
-            self.gen.sleep()
-
-    def wake_generator(self) -> None:
-        if self.gen is not None:
-            self.gen.wake_up()
-
-    def offload(self) -> None:
-        for e in (self.train, self.infer_engine):
-            if e is not None:
-                e.offload()
-
-    def reload(self) -> None:
-        for e in (self.train, self.infer_engine):
-            if e is not None:
-                e.reload()

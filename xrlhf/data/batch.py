@@ -124,6 +124,15 @@ def build_sequences(prompts: Sequence[Sequence[int]], responses: Sequence[Sequen
     return Batch(out)
 
 
+def unpack_sequences(batch: Batch) -> tuple[list[list[int]], list[list[int]]]:
+    """Inverse of ``build_sequences``: the prompt and response token ids of every row."""
+    ids, attn, rmask = batch["input_ids"], batch["attention_mask"].bool(), batch["response_mask"].bool()
+    p = ids.shape[1] - response_width(batch)
+    prompts = [ids[i, :p][attn[i, :p]].tolist() for i in range(len(batch))]
+    responses = [ids[i, p:][rmask[i]].tolist() for i in range(len(batch))]
+    return prompts, responses
+
+
 def response_width(batch: Batch) -> int:
     """``R``: the number of response columns of a batch in the layout above."""
     return batch["response_mask"].shape[1]

@@ -18,14 +18,17 @@ Extra fields are allowed and ignored. ``xrlhf make-dataset`` writes all three fo
 from __future__ import annotations
 
 import json
+import random
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Sequence, TypeVar
 
 from pydantic import AfterValidator
 
 from xrlhf.utils.errors import UserError
+
+T = TypeVar("T")
 
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 """File suffix -> ``datasets`` builder."""
@@ -203,6 +206,56 @@ def held_out(text: str, fraction: float) -> bool:
     file is shuffled or the seed changes, and duplicate prompts land on the same side.
     """
     return zlib.crc32(text.encode()) % 10_000 < round(fraction * 10_000)
+
+
+def split_held_out(items: Sequence[T], keys: Sequence[str], fraction: float, *, path: str, section: str,
+                   noun: str) -> tuple[list[T], list[T]]:
+    """``items`` cut into (training, held-out) by ``held_out(key, fraction)`` of each item's key.
+
+    Args:
+        items: the rows (or their encodings); keys: one text per item (its prompt).
+        path, section, noun: for the message when a side is empty: the dataset file, the YAML
+            section holding ``eval_fraction`` / ``eval_dataset`` (``env.options``,
+            ``algorithm``) and what the rows are (``prompts``, ``pairs``).
+    Raises:
+        UserError: when either side is empty.
+    """
+    train = [x for x, k in zip(items, keys) if not held_out(k, fraction)]
+    evals = [x for x, k in zip(items, keys) if held_out(k, fraction)]
+    if not train or not evals:
+        raise UserError(f"{path}: {section}.eval_fraction {fraction} leaves {len(train)} training and "
+                        f"{len(evals)} held-out {noun}; change it or give {section}.eval_dataset")
+    return train, evals
+
+
+class EpochOrder:
+    """An endless stream over ``n`` rows: position ``i`` is row ``order(i // n)[i % n]``, each
+    epoch a fresh shuffle seeded by ``(seed, salt, epoch)``.
+
+    Why: a run's data position is then one integer (saved in checkpoints), and the row at any
+    position is a pure function of the seed, so a resumed run reads what an uninterrupted run
+    would. One epoch's order is cached at a time.
+    """
+
+    def __init__(self, n: int, seed: int, salt: str):
+        if n < 1:
+            raise ValueError("EpochOrder needs at least one row")
+        self.n, self.seed, self.salt = n, seed, salt
+        self._epoch, self._order = -1, []
+
+    def order(self, epoch: int) -> list[int]:
+        """The row indices of ``epoch`` in the order they are visited."""
+        if epoch != self._epoch:
+            self._order = list(range(self.n))
+            random.Random(f"{self.seed}/{self.salt}/{epoch}").shuffle(self._order)
+            self._epoch = epoch
+        return self._order
+
+    def take(self, start: int, count: int) -> list[int]:
+        """The rows at positions ``start .. start + count - 1``."""
+        if start < 0 or count < 0:
+            raise ValueError(f"EpochOrder.take(start={start}, count={count}) needs both >= 0")
+        return [self.order(i // self.n)[i % self.n] for i in range(start, start + count)]
 
 
 def write_jsonl(rows: list[dict[str, Any]], path: str | Path) -> Path:

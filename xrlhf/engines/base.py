@@ -31,6 +31,7 @@ See docs/extending.md.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 from abc import ABC, abstractmethod
@@ -180,9 +181,9 @@ class Engine(ABC):
     its KV cache from the GPU memory it sees free while it starts)."""
 
     def __init__(self, spec: EngineSpec):
-        if not isinstance(spec.options, self.Options):
+        if not isinstance(spec.options, self.Options):  # a copy: one spec may serve engines of two roles
             given = spec.options.model_dump() if isinstance(spec.options, BaseModel) else spec.options
-            spec.options = self.Options.model_validate(given or {})
+            spec = dataclasses.replace(spec, options=self.Options.model_validate(given or {}))
         self.spec = spec
         self.options = spec.options
 

@@ -411,7 +411,7 @@ class DeepSpeedTrainEngine(_DSModel, TrainEngine):
         super().__init__(spec)
         o = self.options
         schedule = lr_lambda(o.lr_warmup_steps, spec.total_steps, o.lr_schedule)
-        self._init_engine(spec, "train", lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule))
+        self._init_engine(self.spec, "train", lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule))
         self.gather_bucket_bytes = int(o.gather_bucket_mb * (1 << 20))
         self.gather_stats: dict[str, int] = {}
         self.engine.train()
@@ -502,6 +502,6 @@ class DeepSpeedInferEngine(_DSModel, InferEngine):
 
     def __init__(self, spec: EngineSpec):
         super().__init__(spec)
-        self._init_engine(spec, "infer")
+        self._init_engine(self.spec, "infer")
         self.engine.eval()
         self.module.requires_grad_(False)

@@ -82,7 +82,7 @@ class HFInferEngine(InferEngine):
 
     def __init__(self, spec: EngineSpec):
         super().__init__(spec)
-        self.hf = HFModel(spec)
+        self.hf = HFModel(self.spec)
         self.hf.model.eval().requires_grad_(False)
 
     def forward(self, batch: Batch, need_entropy: bool = False) -> ForwardOutput:
@@ -97,7 +97,7 @@ class HFTrainEngine(TrainEngine):
     def __init__(self, spec: EngineSpec):
         super().__init__(spec)
         spec.dist.init_process_group()
-        self.hf = HFModel(spec)
+        self.hf = HFModel(self.spec)
         self.model = self.hf.model
         self.device = self.hf.device
         o = self.options
@@ -201,7 +201,7 @@ class HFGenerateEngine(GenerateEngine):
 
     def __init__(self, spec: EngineSpec):
         super().__init__(spec)
-        self.hf = HFModel(spec)
+        self.hf = HFModel(self.spec)
         self.model = self.hf.model.eval().requires_grad_(False)
         cfg = self.model.config
         self.pad_id = cfg.pad_token_id if cfg.pad_token_id is not None else 0

@@ -143,7 +143,7 @@ class VLLMGenerateEngine(GenerateEngine):
 
     def __init__(self, spec: EngineSpec):
         super().__init__(spec)
-        kwargs, env = llm_kwargs(spec)
+        kwargs, env = llm_kwargs(self.spec)
         os.environ.update(env)
         for k, v in ENV_DEFAULTS.items():
             os.environ.setdefault(k, v)

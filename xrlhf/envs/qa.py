@@ -15,14 +15,12 @@ a fresh seeded order each epoch; prompt ``i`` is a function of ``(seed, i)``.
 
 from __future__ import annotations
 
-import random
 from functools import cached_property
 
 from pydantic import Field, model_validator
 
-from xrlhf.data.datasets import PROMPTS, DatasetPath, Rows, held_out, load_rows
+from xrlhf.data.datasets import PROMPTS, DatasetPath, EpochOrder, load_rows, split_held_out
 from xrlhf.envs.base import Env, EnvOptions, Prompt, register_env
-from xrlhf.utils.errors import UserError
 
 
 class QAOptions(EnvOptions):
@@ -56,9 +54,8 @@ class QAEnv(Env):
         if o.eval_dataset is not None:
             train, evals = rows.rows, load_rows(o.eval_dataset, PROMPTS).rows
         else:
-            train = [r for r in rows.rows if not held_out(r["prompt"], o.eval_fraction)]
-            evals = [r for r in rows.rows if held_out(r["prompt"], o.eval_fraction)]
-            _check_split(rows, len(train), len(evals), o.eval_fraction)
+            train, evals = split_held_out(rows.rows, [r["prompt"] for r in rows.rows], o.eval_fraction,
+                                          path=rows.path, section="env.options", noun="prompts")
         evals = evals[:o.eval_size]
         return [_prompt(r, i) for i, r in enumerate(train)], [_prompt(r, i) for i, r in enumerate(evals)]
 
@@ -67,21 +64,12 @@ class QAEnv(Env):
         if start < 0 or n < 0:
             raise ValueError(f"qa: train_prompts(start={start}, n={n}) needs both >= 0")
         rows = self._splits[0]
-        out = []
-        for i in range(start, start + n):
-            epoch, pos = divmod(i, len(rows))
-            p = rows[self._order(epoch)[pos]]
-            out.append(Prompt(text=p.text, answer=p.answer, task=p.task, index=i))
-        return out
+        return [Prompt(text=rows[j].text, answer=rows[j].answer, task=rows[j].task, index=start + k)
+                for k, j in enumerate(self._order.take(start, n))]
 
-    def _order(self, epoch: int) -> list[int]:
-        cache = self.__dict__.setdefault("_orders", {})
-        if epoch not in cache:
-            order = list(range(len(self._splits[0])))
-            random.Random(f"{self.seed}/qa/{epoch}").shuffle(order)
-            cache.clear()
-            cache[epoch] = order
-        return cache[epoch]
+    @cached_property
+    def _order(self) -> EpochOrder:
+        return EpochOrder(len(self._splits[0]), self.seed, "qa")
 
     def eval_prompts(self) -> list[Prompt]:
         """The held-out prompts (``eval_dataset``, or the hashed ``eval_fraction`` of ``dataset``)."""
@@ -91,8 +79,3 @@ class QAEnv(Env):
 def _prompt(row: dict, index: int) -> Prompt:
     return Prompt(text=row["prompt"], answer=row["answer"], task="qa", index=index)
 
-
-def _check_split(rows: Rows, n_train: int, n_eval: int, fraction: float) -> None:
-    if n_train == 0 or n_eval == 0:
-        raise UserError(f"{rows.path}: env.options.eval_fraction {fraction} leaves {n_train} training and "
-                        f"{n_eval} held-out prompts; change it or give env.options.eval_dataset")

@@ -1,0 +1,191 @@
+"""Data-parallel dispatch: split any batch over ranks, gather the results, weight the metrics.
+
+Why a module: a handle with ``R`` ranks must accept a batch of any size ``N`` (an eval set of
+53 prompts, the rows online KTO keeps, a reward model's batch), and every rank must get the
+*same* number of rows, because some engines run collectives per micro-batch (DeepSpeed
+ZeRO-3's forward gathers parameters: a rank with one micro-batch fewer hangs its peers).
+Padding and unpadding belong here, once, not in each algorithm (STYLE principle 13). The
+module is Ray-free: the Ray handle (``coordinator/handle.py``) and the in-process handle
+(``algorithms/local.py``) both dispatch through ``plan``, so they split alike.
+
+How a batch is split (``split``): ``N`` rows into ``R`` consecutive parts of ``ceil(N / R)``
+or ``floor(N / R)`` rows (the first ``N mod R`` parts get one more, as ``numpy.array_split``);
+each short part is padded to ``ceil(N / R)`` with copies of its own first rows (of row 0 when
+it has none). When ``R`` divides ``N`` nothing is padded and the parts are exactly the old
+equal consecutive split. ``gather`` drops each part's padding and concatenates in rank order.
+
+Training (``split_train``): a padded copy must not count in the loss or the gradient. The loss
+contract (``engines.base.LossFn``) sums per-unit losses and divides by the global number of
+units, a unit being a response token (``response_mask`` ones) or a row:
+
+* token-unit losses (PPO's policy and value losses, SFT): padding rows get an all-zero
+  ``response_mask``. Every token-level term is masked, and the engine's unit count is the
+  mask's sum, so they add nothing to the loss, the denominator, the gradient or the engine's
+  token-weighted metrics. 2 ranks on 5 rows step exactly as 1 rank on 5 rows (tested).
+* sequence-unit losses (DPO, KTO, the reward model): the engine counts rows, padding rows
+  included, so there is no way to weight a copy by zero without changing the engines'
+  contract; ``split_train`` refuses an uneven split with a ``ValueError`` saying so. The
+  configs of those algorithms check ``batch_size`` against the policy's ranks, and online KTO
+  trains on a multiple of the policy's ranks.
+
+Metrics (``gather_metrics``): each rank's ``train_step`` metrics are means over its units;
+the gather weights rank ``r`` by its real units ``u_r`` (tokens or rows of the part it was
+sent, padding excluded, computed here from the part: engines need not report it), so the
+result is the mean over the global mini-batch: ``sum_r u_r m_r / sum_r u_r``. Values that are
+the same on every rank (``grad_norm``, ``lr``) come back exactly as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from xrlhf.data.batch import Batch
+
+DP, DP_TRAIN, ALL, RANK0 = "dp", "dp_train", "all", "rank0"
+"""Dispatch modes: split the first argument over the ranks (``DP``), the same for a train step
+(``DP_TRAIN``: padding rows weigh nothing, metrics weighted by units), the same call on every
+rank (``ALL``, a list of per-rank results back), rank 0 only (``RANK0``)."""
+
+
+@dataclass(frozen=True)
+class Split:
+    """A batch cut into one equal-sized part per rank.
+
+    Attributes:
+        parts: ``R`` parts (``Batch`` or list), each of ``ceil(N / R)`` rows.
+        real: ``R`` counts of real rows; part ``r``'s rows ``real[r]:`` are padding copies.
+    """
+
+    parts: list[Any]
+    real: list[int]
+
+    @property
+    def padded(self) -> bool:
+        """Whether some part holds padding copies (``R`` does not divide ``N``)."""
+        return any(len(p) != k for p, k in zip(self.parts, self.real))
+
+
+def part_sizes(n: int, ranks: int) -> list[int]:
+    """Real rows per rank: ``n`` over ``ranks`` as evenly as possible, larger parts first."""
+    if ranks < 1:
+        raise ValueError(f"cannot split over {ranks} ranks")
+    k, extra = divmod(n, ranks)
+    return [k + (r < extra) for r in range(ranks)]
+
+
+def split(x: Batch | Sequence[Any], ranks: int) -> Split:
+    """Cut ``x`` (a ``Batch`` or a list of per-row items, e.g. prompts) into ``ranks`` parts of
+    equal length, padding short parts with copies of real rows (see the module docstring)."""
+    if not isinstance(x, (Batch, list, tuple)):
+        raise TypeError(f"cannot split a {type(x).__name__} across ranks")
+    n = len(x)
+    if n == 0:
+        raise ValueError("cannot split an empty batch across ranks")
+    sizes = part_sizes(n, ranks)
+    width = sizes[0]
+    parts, start = [], 0
+    for size in sizes:
+        rows = list(range(start, start + size))
+        pad = [rows[i % size] if size else 0 for i in range(width - size)]
+        parts.append(_take(x, rows + pad, contiguous=not pad, start=start, size=size))
+        start += size
+    return Split(parts, sizes)
+
+
+def _take(x: Batch | Sequence[Any], rows: list[int], contiguous: bool, start: int, size: int) -> Any:
+    if isinstance(x, Batch):
+        # a slice when nothing is padded: the very tensors (views) of the old equal split
+        return x.index(slice(start, start + size)) if contiguous else x.index(torch.tensor(rows, dtype=torch.long))
+    return [x[i] for i in rows]
+
+
+def split_train(batch: Batch, ranks: int, unit: str) -> Split:
+    """``split`` for a train step: padding rows get an all-zero ``response_mask`` so they add
+    nothing to a token-unit loss. A sequence-unit loss (``unit == "sequence"``) needs ``ranks``
+    to divide the rows: raises ``ValueError`` otherwise (the engines count every row)."""
+    if not isinstance(batch, Batch):
+        raise TypeError(f"train_step takes a Batch, got {type(batch).__name__}")
+    if unit != "token" and len(batch) % ranks:
+        raise ValueError(f"train_step: a {unit}-unit loss needs a batch whose rows divide by the handle's "
+                         f"ranks, got {len(batch)} rows for {ranks} ranks (a padding copy would count in the "
+                         f"mean over rows); make the batch size a multiple of the ranks")
+    out = split(batch, ranks)
+    for part, real in zip(out.parts, out.real):
+        if len(part) > real:
+            mask = part["response_mask"].clone()
+            mask[real:] = 0
+            part["response_mask"] = mask
+    return out
+
+
+def units(part: Batch, real: int, unit: str) -> float:
+    """A part's real loss units: response tokens of its first ``real`` rows, or ``real``."""
+    if unit == "token":
+        return float(part["response_mask"][:real].sum())
+    return float(real)
+
+
+def gather(results: list[Any], real: Sequence[int]) -> Any:
+    """Concatenate the ranks' per-row results in rank order, dropping each part's padding.
+
+    ``Batch``, lists and dataclasses whose fields are all per-row lists (``GenerationOutput``)
+    are concatenated; anything else comes back as the list of per-rank results.
+    """
+    first = results[0]
+    if isinstance(first, Batch):
+        return Batch.cat([r.index(slice(0, k)) if len(r) != k else r for r, k in zip(results, real)])
+    if isinstance(first, list):
+        return [x for r, k in zip(results, real) for x in r[:k]]
+    if dataclasses.is_dataclass(first) and all(isinstance(getattr(first, f.name), list)
+                                               for f in dataclasses.fields(first)):
+        return type(first)(**{f.name: [x for r, k in zip(results, real) for x in getattr(r, f.name)[:k]]
+                              for f in dataclasses.fields(first)})
+    return results
+
+
+def gather_metrics(metrics: list[dict[str, float]], weights: Sequence[float]) -> dict[str, float]:
+    """Per-rank metric means -> their mean weighted by each rank's units (``sum w m / sum w``).
+
+    Ranks with no units (all padding) are left out; with no units anywhere, a plain mean. A key
+    missing on some rank is averaged over the ranks that have it.
+    """
+    keep = [(m, float(w)) for m, w in zip(metrics, weights) if w > 0] or [(m, 1.0) for m in metrics]
+    out: dict[str, float] = {}
+    for k in metrics[0]:
+        pairs = [(float(m[k]), w) for m, w in keep if k in m] or [(float(metrics[0][k]), 1.0)]
+        if all(v == pairs[0][0] for v, _ in pairs):  # the same on every rank (lr, grad_norm): exactly it
+            out[k] = pairs[0][0]
+        else:
+            out[k] = sum(v * w for v, w in pairs) / sum(w for _, w in pairs)
+    return out
+
+
+Call = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+def plan(mode: str, ranks: int, args: tuple[Any, ...], kwargs: dict[str, Any]
+         ) -> tuple[list[int], list[Call], Callable[[list[Any]], Any]]:
+    """How a handle method's call is spread: the ranks to call, each one's ``(args, kwargs)``
+    and the function that combines their results (in the order of those ranks).
+
+    ``DP`` / ``DP_TRAIN`` split ``args[0]`` (``DP_TRAIN`` reads the loss unit from ``args[1]``).
+    """
+    if mode in (DP, DP_TRAIN):
+        if mode == DP_TRAIN:
+            unit = args[1].unit
+            s = split_train(args[0], ranks, unit)
+            weights = [units(p, k, unit) for p, k in zip(s.parts, s.real)]
+            combine = lambda results: gather_metrics(results, weights)  # noqa: E731
+        else:
+            s = split(args[0], ranks)
+            combine = lambda results: gather(results, s.real)  # noqa: E731
+        return list(range(ranks)), [((p, *args[1:]), kwargs) for p in s.parts], combine
+    if mode == ALL:
+        return list(range(ranks)), [(args, kwargs)] * ranks, list
+    if mode == RANK0:
+        return [0], [(args, kwargs)], lambda results: results[0]
+    raise ValueError(f"unknown dispatch mode {mode!r}; valid: {DP}, {DP_TRAIN}, {ALL}, {RANK0}")
