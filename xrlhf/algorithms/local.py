@@ -115,6 +115,11 @@ class LocalHandle:
                 host.set_transport("in_process", {})
         return self._call(ALL, "sync_weights_local", wait=wait)
 
+    def shutdown(self) -> None:
+        """Free every rank's engines now (a vLLM generator's processes and GPU memory)."""
+        for host in self.hosts:
+            host.shutdown()
+
     def sleep_generator(self, *, wait: bool = True) -> Any:
         return self._call(ALL, "sleep_generator", wait=wait)
 

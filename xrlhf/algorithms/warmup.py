@@ -2,11 +2,12 @@
 
 A tiny model built from random weights cannot discover an answer format by sampling alone;
 a few hundred supervised steps give RL a policy that is sometimes right, which is what the
-papers' SFT stage does too. Runs in the driver process (no Ray) on the policy's own engines:
-its train engine (``policy.train``: backend, device, dtype; with the warm-up's learning rate,
-batch size and a cosine schedule) and, for the evaluation before it, its generate engine
-(``policy.generate``). It writes the result in HF format: the RL policy, reference and critic
-start from it.
+papers' SFT stage does too. Runs in the driver process without Ray, through ``LocalHandle``
+(the code a Ray worker runs), on the policy's own engines: its train engine (``policy.train``:
+backend, device, dtype; with the warm-up's learning rate, batch size and a cosine schedule)
+and, for the evaluation before it, its generate engine (``policy.generate``). No second
+execution path: a DeepSpeed or vLLM policy warms up on DeepSpeed or vLLM. It writes the result
+in HF format: the RL policy, reference and critic start from it.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from pathlib import Path
 from loguru import logger
 
 from xrlhf.algorithms.base import evaluate, sampling_params
+from xrlhf.algorithms.local import LocalHandle
 from xrlhf.algorithms.losses import SFTLoss
 from xrlhf.config.schema import XConfig
 from xrlhf.data.batch import build_sequences
 from xrlhf.data.text import encode_prompt, encode_target
-from xrlhf.engines.base import EngineSpec, build_engine, engine_options
+from xrlhf.engines.base import EngineSpec, engine_options
 from xrlhf.envs import Env
 
 
@@ -53,25 +55,25 @@ def supervised_warmup(cfg: XConfig, env: Env, tokenizer, model_dir: str, out_dir
     train_spec, gen_spec = warmup_specs(cfg, model_dir)
     before: dict[str, float] = {}
     if env.reward_source != "model":  # a reward-model env is scored once the reward handle runs
-        gen = build_engine(cfg.policy.generate.engine, gen_spec, "generate")
+        gen = LocalHandle.build("policy", {"generate": (cfg.policy.generate.engine, gen_spec)})
         params = sampling_params(cfg, cfg.trainer.eval_temperature)
         try:
             before = evaluate(gen.generate, env, tokenizer, params, cfg.trainer.eval_size)
         finally:
-            gen.shutdown()
+            gen.shutdown()  # before training starts: a vLLM generator gives its GPU memory back
         logger.info(f"warm-up: eval reward before {before['eval/reward_mean']:.3f}")
     logger.info(f"warm-up: {w.steps} SFT steps")
-    engine = build_engine(cfg.policy.train.engine, train_spec, "train")
+    policy = LocalHandle.build("policy", {"train": (cfg.policy.train.engine, train_spec)})
     t0 = time.time()
     for step in range(w.steps):
         examples = env.sft_examples(step * w.batch_size, w.batch_size)
         batch = build_sequences([encode_prompt(tokenizer, p) for p, _ in examples],
                                 [encode_target(tokenizer, c) for _, c in examples], tokenizer.pad_token_id)
-        m = engine.train_step(batch, SFTLoss())
+        m = policy.train_step(batch, SFTLoss())
         if (step + 1) % max(1, w.steps // 10) == 0 or step + 1 == w.steps:
             logger.info(f"warm-up step {step + 1}/{w.steps} | nll {m['loss']:.3f} | "
                         f"token acc {m['sft/token_accuracy']:.2f} | {time.time() - t0:.0f}s")
             log({"warmup_step": step + 1, "warmup/nll": m["loss"], "warmup/token_accuracy": m["sft/token_accuracy"]})
     path = out_dir / "warmup"
-    engine.save_pretrained(str(path))
+    policy.save_pretrained(str(path))
     return str(path), before

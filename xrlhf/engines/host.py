@@ -152,6 +152,11 @@ class EngineHost:
             self.gen.set_rng_state(state["gen"])
 
     # -- memory phases (co-located layouts) -------------------------------------------------
+    def shutdown(self) -> None:
+        """Free what the engines hold outside Python's reach (a vLLM engine's processes and memory)."""
+        if self.gen is not None:
+            self.gen.shutdown()
+
     def sleep_generator(self) -> None:
         if self.gen is not None:
             self.gen.sleep()
