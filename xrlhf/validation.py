@@ -67,6 +67,8 @@ def _validate_registered(section: str, raw: Any) -> tuple[list[str], BaseModel |
     """The options of the named env or algorithm, validated by the class's own ``Config``."""
     from xrlhf.envs import ENVS
 
+    if raw is None and section == "algorithm":
+        raw = {"name": "ppo"}  # the schema's default section
     if not isinstance(raw, dict) or not isinstance(raw.get("name", "ppo" if section == "algorithm" else None), str):
         return [], None  # the schema already reported it
     registry = ENVS if section == "env" else _algorithms()
