@@ -44,7 +44,7 @@ def validate_dict(data: dict[str, Any]) -> XConfig:
         lines, parsed[section] = _validate_registered(section, data.get(section))
         errors += lines
     if cfg is not None:
-        errors += engine_errors(cfg) + _reward_function_errors(cfg)
+        errors += engine_errors(cfg) + _transport_errors(cfg) + _reward_function_errors(cfg)
     if not errors and cfg is not None:
         errors += _algorithms().get(cfg.algorithm.name).check_config(cfg, parsed["algorithm"])
     if errors:
@@ -134,6 +134,16 @@ def _backends_with_option(role: str, key: str) -> list[str]:
     from xrlhf.engines.base import engine_class, engine_names
 
     return [n for n in engine_names(role) if key in engine_class(n, role).Options.model_fields]  # type: ignore[arg-type]
+
+
+def _transport_errors(cfg: XConfig) -> list[str]:
+    """``policy.weight_sync.transport`` names a registered transport (or ``auto``)."""
+    from xrlhf.weight_sync import TRANSPORTS
+
+    name = cfg.policy.weight_sync.transport
+    if name == "auto" or name in TRANSPORTS:
+        return []
+    return [f"policy.weight_sync.transport: unknown transport {name!r}; valid: auto, {', '.join(TRANSPORTS.names())}"]
 
 
 def _reward_function_errors(cfg: XConfig) -> list[str]:

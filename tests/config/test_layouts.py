@@ -109,3 +109,9 @@ def test_colocated_handles_run_on_their_anchors_gpu(base_config):
     cfg = XConfig.model_validate(with_(base_config, critic={"resources": {"ranks": 1}}, reference={}))
     devices = {s.name: [e[1].device for e in s.engines.values()] for s in handle_specs(cfg, "model", {})}
     assert devices == {"policy": ["cpu", "cpu"], "critic": ["cpu"], "reference": ["cpu"]}
+
+
+def test_unknown_transport_lists_the_registered_ones(base_config):
+    msgs = errors(with_(base_config, policy__weight_sync={"transport": "carrier_pigeon"}))
+    assert msgs == ["policy.weight_sync.transport: unknown transport 'carrier_pigeon'; valid: auto, cpu, cuda_ipc, "
+                    "disk, in_process, nccl"]

@@ -45,7 +45,9 @@ class CriticFreeConfig(PolicyGradientConfig):
                                                               "default: the algorithm's name")
     gamma: float = Field(1.0, ge=0, le=1, description="discount of the REINFORCE++ returns")
     kl_coef: float = Field(0.0, ge=0, description="KL to the reference (0: no reference needed)")
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_estimator: Literal["k1", "k2", "k3"] = Field(
+        "k3", description="per-token KL estimator of d = log pi_ref - log pi: k1 -d, k2 d^2/2 (both unclamped), "
+        "k3 exp(d)-d-1 with d clamped to [-20, 20] (verl/OpenRLHF clamp the estimate itself to +-10)")
     kl_in_reward: bool = Field(False, description="KL as a per-token reward (REINFORCE++) or a loss term (GRPO)")
     whiten_advantages: bool = Field(False, description="whiten the estimator's advantages over the batch")
 

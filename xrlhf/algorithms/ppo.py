@@ -32,9 +32,13 @@ class PolicyGradientConfig(Strict):
     clip_eps: float = Field(0.2, gt=0)
     clip_eps_high: float | None = Field(None, gt=0, description="upper clip (DAPO clip-higher); default clip_eps")
     kl_coef: float = Field(0.05, ge=0, description="initial KL coefficient (0: no reference needed)")
-    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
-    kl_target: float | None = Field(None, gt=0, description="adaptive KL controller target (None: fixed)")
-    kl_horizon: int = Field(10000, ge=1)
+    kl_estimator: Literal["k1", "k2", "k3"] = Field(
+        "k1", description="per-token KL estimator of d = log pi_ref - log pi: k1 -d, k2 d^2/2 (both unclamped), "
+        "k3 exp(d)-d-1 with d clamped to [-20, 20] (verl/OpenRLHF clamp the estimate itself to +-10)")
+    kl_target: float | None = Field(None, gt=0, description="adaptive KL controller target in nats per SEQUENCE "
+                                    "(the summed per-token KL, batch mean: kl/mean); verl and OpenRLHF use a "
+                                    "per-token mean, smaller by about the response length. None: fixed kl_coef")
+    kl_horizon: int = Field(10000, ge=1, description="samples over which a full-size KL coefficient correction acts")
     kl_in_reward: bool = Field(True, description="KL as a per-token reward penalty (True) or a loss term")
     entropy_coef: float = Field(0.0, ge=0)
     whiten_advantages: bool = True

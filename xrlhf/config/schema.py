@@ -107,9 +107,10 @@ class GenerateConfig(Section):
 class WeightSyncConfig(Strict):
     """How new policy weights reach the generate engine."""
 
-    transport: Literal["auto", "in_process", "cpu", "cuda_ipc", "nccl", "disk"] = Field(
-        "auto", description="auto: co-located -> in_process (HF) or cuda_ipc (vLLM on a GPU); "
-        "split -> nccl on GPUs, cpu otherwise; disk: safetensors files in a shared directory")
+    transport: str = Field(
+        "auto", description="a registered transport (in_process, cpu, disk, cuda_ipc, nccl; checked against "
+        "xrlhf.weight_sync's registry) or auto: co-located -> in_process (HF) or cuda_ipc (vLLM on a GPU); "
+        "split -> nccl on GPUs, cpu otherwise")
     bucket_mb: int = Field(256, ge=1, description="weights move in buckets of at most this size")
     verify: bool = Field(False, description="checksum every tensor on both sides; a mismatch stops the run")
     directory: str | None = Field(None, description="disk: where the trainer writes and the generators read "
