@@ -8,9 +8,10 @@ through what the ``cpu`` transport does outside the GPU, each step timed on its 
 * ``new``: ``CPUTransport``: the bucket flattened into one reused host buffer, sent as a numpy
   ``uint8`` array (one ``bytes`` in a pickle), unpickled, split into views (``unflatten``).
 
-``pickle`` is the protocol vLLM's engine process gets (``pickle.dumps`` in
-``VLLMGenerateEngine.receive_weights``); ``pickle5`` passes buffers out of band, as Ray's object
-store does. What a GPU adds (device-to-host copies into pageable vs pinned memory) is measured
+``pickle`` is in-band pickling (what vLLM's engine process got first); ``pickle5`` passes
+buffers out of band, as Ray's object store does; ``shm`` is what ``VLLMGenerateEngine`` sends
+vLLM's engine process now (``vllm_ext.to_payload``: buffers through ``/dev/shm`` files reused
+from one sync to the next, mapped by the receiver; the RPC itself, metadata only, is not timed). What a GPU adds (device-to-host copies into pageable vs pinned memory) is measured
 on the GPU machine by ``benchmarks/weight_sync_bench.py``.
 
     python benchmarks/weight_sync_cpu_bench.py [--gib 1] [--repeats 3] [--out benchmarks/results]
@@ -67,7 +68,16 @@ def new_path(transport, named, protocol: int) -> dict[str, float]:
     return {"pack": pack, "pickle": dumps, "unpickle": loads, "unpack": unpack}
 
 
-def _dumps(obj, protocol: int):
+_POOL = None
+
+
+def _dumps(obj, protocol):
+    if protocol == "shm":
+        from xrlhf.engines.vllm_ext import ShmPool, to_payload
+
+        global _POOL
+        _POOL = _POOL or ShmPool()  # one pool for the run, as the engine keeps one
+        return "shm", to_payload(obj, _POOL)
     if protocol < 5:
         return pickle.dumps(obj, protocol=protocol)
     buffers: list = []
@@ -75,6 +85,10 @@ def _dumps(obj, protocol: int):
 
 
 def _loads(blob):
+    if isinstance(blob, tuple) and blob[0] == "shm":
+        from xrlhf.engines.vllm_ext import from_payload
+
+        return from_payload(blob[1])
     if isinstance(blob, tuple):
         data, buffers = blob
         return pickle.loads(data, buffers=[b.raw() for b in buffers])
@@ -98,9 +112,11 @@ def main() -> None:
     result = {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
               "bytes": nbytes, "tensors": len(named), "bucket_mb": args.bucket_mb, "repeats": args.repeats}
     rows = []
-    for protocol, label in ((4, "pickle"), (5, "pickle5")):
+    for protocol, label in ((4, "pickle"), (5, "pickle5"), ("shm", "shm")):
         for name, run in (("old", lambda: old_path(named, protocol)),
                           ("new", lambda: new_path(transport, named, protocol))):
+            if name == "old" and protocol == "shm":
+                continue
             runs = [run() for _ in range(args.repeats)]
             steps = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
             total = statistics.median(sum(r.values()) for r in runs)

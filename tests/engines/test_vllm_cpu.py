@@ -292,3 +292,39 @@ def test_worker_resolves_auto_where_the_generator_lives(vllm_module, tiny_model,
     assert worker.set_transport("auto", {}) == "cuda_ipc"
     worker.gen = HFGenerateEngine(EngineSpec(tiny_model))
     assert worker.set_transport("auto", {}) == "in_process"
+
+
+def test_large_buffers_cross_to_vllm_through_shared_memory(tmp_path):
+    """The cpu transport's buckets reach vLLM's engine process through shared-memory files, not the
+    RPC: the RPC carries metadata only, msgpack's lists-for-tuples are accepted, the files are
+    reused by the next sync and removed with the pool (and a dead process's by the next pool);
+    without shared memory everything goes in band."""
+    import os
+
+    from xrlhf.engines.vllm_ext import ShmPool, from_payload, to_payload
+
+    pool = ShmPool(str(tmp_path))
+    transport = build_transport("cpu", verify=True)
+    weights = [("big", torch.randn(1024, 1024)), ("small", torch.randn(8))]
+    for step in range(2):
+        weights[0][1].add_(1.0)
+        messages = list(transport.send(weights))
+        payload = to_payload((transport, messages), pool)
+        (path, nbytes), = payload[1]
+        assert os.path.exists(path) and nbytes >= 4 << 20 and len(payload[0]) < 64 << 10
+        assert path == pool.files[0]  # the same file every sync
+        got_transport, got_messages = from_payload([payload[0], [list(f) for f in payload[1]]])  # as msgpack gives it
+        received = dict(got_transport.receive(got_messages[0]))  # checksums verified on the mapped bytes
+        assert all(torch.equal(received[n], t) for n, t in weights)
+    pool.close()
+    assert not os.path.exists(path)
+
+    stale = tmp_path / "xrlhf-999999999-0"  # no such process
+    stale.write_bytes(b"x")
+    ShmPool(str(tmp_path)).close()
+    assert not stale.exists()
+
+    inband = to_payload((transport, messages), ShmPool(str(tmp_path / "missing")))
+    assert inband[1] == [] and len(inband[0]) > 4 << 20
+    got_transport, got_messages = from_payload(inband)
+    assert dict(got_transport.receive(got_messages[0]))["big"].equal(weights[0][1])

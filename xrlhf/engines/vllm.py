@@ -28,13 +28,13 @@ verl and OpenRLHF). See docs/vllm.md.
 from __future__ import annotations
 
 import os
-import pickle
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from xrlhf.engines.base import (ENGINES, EngineSpec, GenerateEngine, GenerateOptions, GenerationOutput, NamedTensors,
                                 SamplingParams)
+from xrlhf.engines.vllm_ext import ShmPool, to_payload
 from xrlhf.weight_sync import Message, Transport, WeightSyncError, build_transport
 
 EXTENSION = "xrlhf.engines.vllm_ext.XrlhfWorkerExtension"
@@ -158,6 +158,7 @@ class VLLMGenerateEngine(GenerateEngine):
         self._weights_valid = True  # False after a level-2 sleep until weights are loaded again
         self._verify = False
         self._reset_cache = False
+        self._shm: ShmPool | None = None  # buffers for vLLM's engine process (cpu transport)
 
     # -- generation ---------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
@@ -197,10 +198,11 @@ class VLLMGenerateEngine(GenerateEngine):
         n = 0
         for part in [None] if messages is None else [[m] for m in messages]:  # one bucket per call
             if self.shares_trainer_process:  # no process boundary: hand the objects over as they are
-                payload: Any = (transport, part)
-            else:
-                payload = pickle.dumps((transport, part), protocol=5)  # numpy buffers in-band in one copy
-            n += int(self._rpc("xrlhf_receive", payload)[0])
+                n += int(self._rpc("xrlhf_receive", (transport, part))[0])
+                continue
+            if self._shm is None:
+                self._shm = ShmPool()
+            n += int(self._rpc("xrlhf_receive", to_payload((transport, part), self._shm))[0])  # vllm_ext
         self._weights_valid = True
         self._reset_cache = True
         return n
@@ -260,6 +262,8 @@ class VLLMGenerateEngine(GenerateEngine):
                 self._asleep.discard(tag)
 
     def shutdown(self) -> None:
+        if getattr(self, "_shm", None) is not None:
+            self._shm.close()
         llm = getattr(self, "llm", None)
         if llm is not None:
             llm.llm_engine.engine_core.shutdown()
