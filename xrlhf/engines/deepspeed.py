@@ -68,8 +68,14 @@ DERIVED = {
 _QUIET = {"steps_per_print": 1 << 30, "wall_clock_breakdown": False}
 
 
-def _yaml_path(info: ValidationInfo, default: str) -> str:
-    return (info.context or {}).get("path", default) if info is not None else default
+def _without_conflicts(o: BaseModel, info: ValidationInfo | None, role: str) -> BaseModel:
+    """``o`` if its ``deepspeed:`` block has no conflicts, else every conflict in one error, each
+    line named by the YAML path that validation passes in its context (``{"path": ...}``)."""
+    path = ((info.context or {}).get("path") if info is not None else None) or "deepspeed engine"
+    errors = conflicts(o, path, role)
+    if errors:
+        raise ValueError("\n".join(errors))
+    return o
 
 
 class DeepSpeedTrainOptions(TrainOptions):
@@ -89,10 +95,7 @@ class DeepSpeedTrainOptions(TrainOptions):
 
     @model_validator(mode="after")
     def _conflicts(self, info: ValidationInfo):
-        errors = conflicts(self, _yaml_path(info, "deepspeed engine"), "train")
-        if errors:
-            raise ValueError("\n".join(errors))
-        return self
+        return _without_conflicts(self, info, "train")
 
 
 class DeepSpeedInferOptions(InferOptions):
@@ -104,10 +107,7 @@ class DeepSpeedInferOptions(InferOptions):
 
     @model_validator(mode="after")
     def _conflicts(self, info: ValidationInfo):
-        errors = conflicts(self, _yaml_path(info, "deepspeed engine"), "infer")
-        if errors:
-            raise ValueError("\n".join(errors))
-        return self
+        return _without_conflicts(self, info, "infer")
 
 
 def _offload(flag: bool) -> dict[str, Any]:
