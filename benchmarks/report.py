@@ -156,6 +156,7 @@ def weight_sync(r: dict | None) -> list[str]:
         out += ["", "NCCL group set-up, once per run and not part of a sync: "
                 + ", ".join(f"{fmt(v)} s ({k.replace('_', ' ')})" for k, v in setup.items()) + "."]
     note = f" NCCL: {r['nccl_note']}." if r.get("nccl_note") else ""
+    note += f" cpu: {r['cpu_note']}." if r.get("cpu_note") else ""
     out += ["", "Targets: CUDA IPC < 0.2 s, NCCL < 0.5 s, cpu >= 2 GiB/s." + note, ""]
     return out
 
