@@ -63,8 +63,8 @@ def _report_loading(model: torch.nn.Module, spec: EngineSpec, info: dict[str, An
     missing, unexpected = sorted(info.get("missing_keys") or ()), sorted(info.get("unexpected_keys") or ())
     head = [k for k in missing if spec.head != "causal_lm" and k.split(".")[0] in ("score", "classifier")]
     if head:
-        logger.info(f"{spec.head} head {', '.join(head)} is new (the checkpoint is a language model): "
-                    f"initialised randomly, as expected")
+        logger.info(f"new {spec.head} head ({', '.join(head)}) on a language model checkpoint: initialised "
+                    f"randomly, as expected for a critic or a reward model")
     other = [k for k in missing if k not in head]
     if other or unexpected:
         logger.warning(f"{spec.model_path}: weights not in the checkpoint (initialised randomly): "
