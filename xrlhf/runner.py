@@ -50,6 +50,8 @@ class StopRequest:
 
     def __init__(self):
         self.signum: int | None = None
+        self.doing = "the current step, then checkpoint and exit"
+        """What a first signal waits for (the runner updates it: warm-up, Ray start-up, RL steps)."""
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> "StopRequest":
@@ -74,8 +76,8 @@ class StopRequest:
             raise KeyboardInterrupt
         self.signum = signum
         # Straight to stderr: the signal may interrupt a logger call that holds loguru's lock.
-        os.write(2, f"{datetime.now():%H:%M:%S} | WARNING | {signal.Signals(signum).name}: finishing the current "
-                    f"step, then checkpoint and exit (again to abort now, without saving)\n".encode())
+        os.write(2, f"{datetime.now():%H:%M:%S} | WARNING | {signal.Signals(signum).name}: finishing {self.doing} "
+                    f"(again to abort now, without saving)\n".encode())
 
 
 def default_output_dir(cfg: XConfig) -> Path:
@@ -183,6 +185,7 @@ def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resu
     from xrlhf.coordinator import Coordinator
 
     t_start = time.time()
+    stop.doing = "the current warm-up step, then stop (nothing to save before the first RL step)"
     env = build_env(cfg.env.name, cfg.env.options, cfg.seed)
     tokenizer = load_tokenizer(cfg.policy.model)
     ckpts = list_checkpoints(out) if resume else []
@@ -204,9 +207,11 @@ def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resu
     coord = Coordinator(cfg, model_dir, trainer_cls.train_steps(cfg, options),
                         policy_head=trainer_cls.policy_head, generate=trainer_cls.uses_generation)
     try:
+        stop.doing = "the Ray start-up, then stop (nothing to save before the first RL step)"
         coord.start()
         stop.install()
         _stop_before_rl(stop, out)
+        stop.doing = "the current step, then checkpoint and exit"
         trainer = trainer_cls(cfg, options, coord, env, tokenizer, build_reward(cfg, env, coord), tracker)
         if state is not None:
             restore_handles(ckpts[-1], coord.handles)

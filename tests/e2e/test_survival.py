@@ -136,6 +136,7 @@ def test_sigint_during_warmup_stops_there_saying_nothing_was_saved(survival_conf
     out = "".join(lines) + out
     assert proc.returncode == 130, out
     assert time.time() - t0 < 20  # not after the warm-up, the Ray start-up and a step
+    assert "SIGINT: finishing the current warm-up step, then stop (nothing to save" in out
     assert "before the first RL step; nothing was saved; run it again in a new --output-dir" in out
     assert "Ray" not in out and "--resume" not in out and "Traceback" not in out
 
