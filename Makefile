@@ -1,6 +1,7 @@
 # Two commands set up a fresh machine (Python >= 3.10, no GPU needed):
 #   make quickstart   create .venv, install, build a tiny model, run configs/quickstart.yaml
 #   make test         create .venv, install with test extras, run the test suite
+#   make data         build the tiny model and the datasets the offline configs read (dpo, kto_offline, rm, qa_ppo)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -9,7 +10,7 @@ TORCH ?= torch==2.13.0
 EXTRAS ?= test
 MODEL ?= artifacts/tiny-char
 
-.PHONY: install quickstart test clean
+.PHONY: install quickstart test data clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +28,9 @@ $(MODEL)/config.json: | install
 
 quickstart: install $(MODEL)/config.json
 	$(BIN)/xrlhf run configs/quickstart.yaml
+
+data: install $(MODEL)/config.json
+	$(BIN)/xrlhf prepare-data
 
 test: install
 	$(BIN)/python -m pytest -q --durations=15

@@ -63,3 +63,25 @@ def base_config(tiny_model) -> dict:
         "algorithm": {"name": "ppo", "mini_batch_size": 8, "kl_coef": 0.05},
         "trainer": {"steps": 2, "prompts_per_step": 16},
     }
+
+
+def build_gpt2(out_dir, *, positions: int = 64, dropout: float = 0.1) -> str:
+    """A 2-layer, 32-wide GPT-2 (learned positions, dropout as GPT-2's defaults have it) with the
+    char tokenizer, saved like a hub checkpoint: another architecture than the tiny Llama."""
+    from transformers import GenerationConfig, GPT2Config, GPT2LMHeadModel
+
+    from xrlhf.models.tiny import build_tokenizer
+
+    tok = build_tokenizer("char")
+    config = GPT2Config(vocab_size=128, n_positions=positions, n_embd=32, n_layer=2, n_head=2,
+                        resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
+                        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    import torch
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(config)
+    model.generation_config = GenerationConfig(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                                               pad_token_id=tok.pad_token_id)
+    model.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    return str(out_dir)

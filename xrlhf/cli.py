@@ -1,4 +1,4 @@
-"""``xrlhf`` command line: run, validate, make-tiny-model, make-dataset.
+"""``xrlhf`` command line: run, validate, make-tiny-model, make-dataset, prepare-data.
 
 User errors (config, paths, data) print one line each and exit 2, without a traceback.
 """
@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
+from pathlib import Path
 
 from loguru import logger
 
@@ -34,12 +36,15 @@ def _parser() -> argparse.ArgumentParser:
 
     synthetic.add_arguments(sub.add_parser("make-dataset", help="write a preference / KTO / Q&A dataset "
                                                                 "built from the reasoning env"))
+    synthetic.add_prepare_arguments(sub.add_parser("prepare-data", help="build the datasets the shipped configs "
+                                                                        "read (configs/*.yaml)"))
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # per-worker "Loading weights" bars: noise
     logger.remove()
     logger.add(sys.stderr, level=os.environ.get("XRLHF_LOG_LEVEL", "INFO"),
                format="<green>{time:HH:mm:ss}</green> | <level>{level: <7}</level> | {message}")
@@ -77,22 +82,44 @@ def _dispatch(args: argparse.Namespace) -> int:
         from xrlhf.envs import synthetic
 
         return synthetic.run(args)
+    if args.command == "prepare-data":
+        from xrlhf.envs import synthetic
+
+        return synthetic.prepare(args)
     from xrlhf.validation import load_config
 
     cfg = load_config(args.config, args.overrides)
     if args.command == "validate":
         print(f"{args.config}: ok")
         return 0
-    from xrlhf.runner import Interrupted, run
+    from xrlhf.runner import Interrupted, default_output_dir, run
 
     if args.resume and not args.output_dir:
         raise UserError("--resume needs --output-dir: the run directory to continue")
+    out = args.output_dir or str(default_output_dir(cfg))
     try:
-        run(cfg, args.output_dir, resume=args.resume)
+        run(cfg, out, resume=args.resume)
     except Interrupted as e:
-        logger.warning(f"{e}; resume with: xrlhf run {args.config} --output-dir {e.out} --resume")
+        if e.saved:
+            logger.warning(f"{e}; resume with: {resume_command(args.config, out, args.overrides)}")
+        else:
+            logger.warning(f"{e}; run it again in a new --output-dir (or delete {out})")
         return e.code
+    except WorkerDiedError as e:
+        from xrlhf.checkpoint import list_checkpoints
+
+        how = (f"continue from {list_checkpoints(Path(out))[-1].name} with: "
+               f"{resume_command(args.config, out, args.overrides)}" if list_checkpoints(Path(out))
+               else "no checkpoint was written (checkpoint.every); start it again in a new --output-dir")
+        logger.error(f"{e}; {how}. fault_tolerance.max_restarts: N restarts dead workers from the last "
+                     f"checkpoint on its own (now {cfg.fault_tolerance.max_restarts})")
+        return 1
     return 0
+
+
+def resume_command(config: str, out: str, overrides: list[str]) -> str:
+    """The command that continues the run in ``out``: the same config and overrides, ``--resume``."""
+    return shlex.join(["xrlhf", "run", config, *overrides, "--output-dir", str(out), "--resume"])
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ stops the run naming it, or restarts from the last checkpoint (``fault_tolerance
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from datetime import datetime
@@ -31,12 +32,17 @@ from xrlhf.utils.errors import UserError, WorkerDiedError
 
 
 class Interrupted(Exception):
-    """The run stopped on a signal after writing a checkpoint; ``code`` is the exit status."""
+    """The run stopped on a signal; ``code`` is the exit status.
 
-    def __init__(self, signum: int, out: Path):
+    ``saved``: whether a checkpoint was written (a signal during the warm-up or the Ray
+    start-up stops before the first RL step: there is nothing to resume).
+    """
+
+    def __init__(self, signum: int, out: Path, saved: bool = True):
         self.code = 130 if signum == signal.SIGINT else 0
-        self.out = out
-        super().__init__(f"stopped by signal {signal.Signals(signum).name}")
+        self.out, self.saved = out, saved
+        where = "" if saved else " before the first RL step; nothing was saved"
+        super().__init__(f"stopped by signal {signal.Signals(signum).name}{where}")
 
 
 class StopRequest:
@@ -44,6 +50,8 @@ class StopRequest:
 
     def __init__(self):
         self.signum: int | None = None
+        self.doing = "the current step, then checkpoint and exit"
+        """What a first signal waits for (the runner updates it: warm-up, Ray start-up, RL steps)."""
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> "StopRequest":
@@ -60,16 +68,45 @@ class StopRequest:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
+    def __bool__(self) -> bool:
+        return self.signum is not None
+
     def _handle(self, signum, frame) -> None:
         if self.signum is not None:
             raise KeyboardInterrupt
         self.signum = signum
-        logger.warning(f"{signal.Signals(signum).name}: finishing the current step, then checkpoint and exit "
-                       f"(again to abort now)")
+        # Straight to stderr: the signal may interrupt a logger call that holds loguru's lock.
+        os.write(2, f"{datetime.now():%H:%M:%S} | WARNING | {signal.Signals(signum).name}: finishing {self.doing} "
+                    f"(again to abort now, without saving)\n".encode())
 
 
 def default_output_dir(cfg: XConfig) -> Path:
     return Path("runs") / f"{cfg.name or 'run'}-{datetime.now():%Y%m%d-%H%M%S}"
+
+
+def check_output_dir(out: Path, cfg: XConfig, resume: bool) -> None:
+    """Refuse to overwrite a run, and to "resume" one that cannot be resumed.
+
+    Without ``--resume`` the directory must hold no run (no ``config.yaml``): a finished run's
+    ``final/``, metrics and TensorBoard events are never replaced or mixed with a new run's.
+    With it, the directory must be a run with a checkpoint whose config matches, and unfinished.
+    """
+    started = (out / "config.yaml").is_file()
+    if not resume:
+        if started:
+            what = "a finished run" if (out / "summary.json").is_file() else "a run"
+            raise UserError(f"--output-dir: {out} already holds {what}; choose another directory"
+                            + ("" if what == "a finished run" else ", or add --resume to continue it"))
+        return
+    _check_resume_config(out, cfg)
+    ckpts = list_checkpoints(out)
+    if not ckpts:
+        raise UserError(f"--resume: {out} has no checkpoint: the run stopped before its first one "
+                        f"(checkpoint.every: {cfg.checkpoint.every}); start it again in another --output-dir "
+                        f"(or delete {out})")
+    if (out / "summary.json").is_file() and int(ckpts[-1].name[len("step-"):]) >= cfg.trainer.steps:
+        raise UserError(f"--resume: {out} is a finished run ({cfg.trainer.steps} steps, summary.json); nothing "
+                        f"to resume")
 
 
 def _check_resume_config(out: Path, cfg: XConfig) -> None:
@@ -100,11 +137,7 @@ def run(cfg: XConfig, output_dir: str | Path | None = None, resume: bool = False
         WorkerDiedError: a worker died and no restart was left.
     """
     out = Path(output_dir) if output_dir else default_output_dir(cfg)
-    if resume:
-        _check_resume_config(out, cfg)
-    elif list_checkpoints(out):
-        raise UserError(f"--output-dir: {out} already holds a run with checkpoints; add --resume to continue it "
-                        f"or choose another directory")
+    check_output_dir(out, cfg, resume)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(dump_config(cfg))
     sink = logger.add(out / "train.log", level="DEBUG")
@@ -122,6 +155,11 @@ def run(cfg: XConfig, output_dir: str | Path | None = None, resume: bool = False
                     logger.warning(f"{e}; restarting the workers from the last checkpoint "
                                    f"({restarts}/{cfg.fault_tolerance.max_restarts})")
                     resume = True
+    except KeyboardInterrupt:
+        ckpts = list_checkpoints(out)
+        logger.warning(f"aborted by a second signal: nothing of the current step was saved; "
+                       + (f"the last checkpoint is {ckpts[-1]}" if ckpts else "there is no checkpoint to resume from"))
+        raise
     finally:
         tracker.close()
         if cfg.logging.report and (out / "metrics.jsonl").is_file():
@@ -134,6 +172,12 @@ def run(cfg: XConfig, output_dir: str | Path | None = None, resume: bool = False
         logger.remove(sink)
 
 
+def _stop_before_rl(stop: StopRequest, out: Path) -> None:
+    """A signal during the warm-up or the Ray start-up stops the run there, not one RL step later."""
+    if stop:
+        raise Interrupted(stop.signum, out, saved=bool(list_checkpoints(out)))
+
+
 def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resume: bool) -> dict[str, Any]:
     from xrlhf.algorithms import ALGORITHMS
     from xrlhf.algorithms.rewards import build_reward
@@ -141,6 +185,7 @@ def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resu
     from xrlhf.coordinator import Coordinator
 
     t_start = time.time()
+    stop.doing = "the current warm-up step, then stop (nothing to save before the first RL step)"
     env = build_env(cfg.env.name, cfg.env.options, cfg.seed)
     tokenizer = load_tokenizer(cfg.policy.model)
     ckpts = list_checkpoints(out) if resume else []
@@ -153,16 +198,20 @@ def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resu
         truncate_metrics(tracker.path, 0)
         model_dir, extra = cfg.policy.model, {}
         if cfg.warmup.steps:
-            model_dir, before = supervised_warmup(cfg, env, tokenizer, model_dir, out, tracker)
+            model_dir, before = supervised_warmup(cfg, env, tokenizer, model_dir, out, tracker, stop=lambda: bool(stop))
             if "eval/reward_mean" in before:
                 extra["eval_reward_before_warmup"] = before["eval/reward_mean"]
+    _stop_before_rl(stop, out)
     trainer_cls = ALGORITHMS.get(cfg.algorithm.name)
     options = algorithm_options(cfg)
     coord = Coordinator(cfg, model_dir, trainer_cls.train_steps(cfg, options),
                         policy_head=trainer_cls.policy_head, generate=trainer_cls.uses_generation)
     try:
+        stop.doing = "the Ray start-up, then stop (nothing to save before the first RL step)"
         coord.start()
         stop.install()
+        _stop_before_rl(stop, out)
+        stop.doing = "the current step, then checkpoint and exit"
         trainer = trainer_cls(cfg, options, coord, env, tokenizer, build_reward(cfg, env, coord), tracker)
         if state is not None:
             restore_handles(ckpts[-1], coord.handles)
@@ -176,9 +225,9 @@ def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resu
 
         def on_step_end(step: int) -> bool:
             every = cfg.checkpoint.every
-            if stop.signum is not None or (every and step % every == 0 and step < cfg.trainer.steps):
-                checkpoint(step)
-            return stop.signum is not None
+            if stop or step == cfg.trainer.steps or (every and step % every == 0):
+                checkpoint(step)  # the last step too: a run killed during the final eval resumes there
+            return bool(stop)
 
         result = trainer.fit(on_step_end)
         if result is None:

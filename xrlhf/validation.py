@@ -8,8 +8,13 @@ as ``dotted.yaml.path: message``:
 * every engine section by the chosen engine's own ``Options`` (unknown keys rejected; a key
   that belongs to another backend of the role says which), the packages it needs, and where
   it can run (``GenerateEngine.placement_errors``);
-* a reward function's import path;
-* then, once all of that is valid, the algorithm's cross-section checks.
+* a reward function: importable, callable, with a signature it can be called with;
+* then, once all of that is valid, the algorithm's cross-section checks;
+* then what the run will read, so that nothing fails after Ray has started: every model's
+  ``config.json`` (valid JSON, an architecture Transformers knows, with the head the role
+  needs), every row of every dataset (all bad rows of a file, capped), the env itself, and
+  the longest prompt plus ``policy.generate.max_new_tokens`` against each model's positions.
+  Prompt text the tokenizer cannot read (``<unk>``) is a warning.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from loguru import logger
 from pydantic import BaseModel, ValidationError
 
 from xrlhf.config.loader import apply_overrides, format_errors, read_yaml
@@ -44,9 +50,11 @@ def validate_dict(data: dict[str, Any]) -> XConfig:
         lines, parsed[section] = _validate_registered(section, data.get(section))
         errors += lines
     if cfg is not None:
-        errors += engine_errors(cfg) + _transport_errors(cfg) + _reward_function_errors(cfg)
+        errors += engine_errors(cfg) + _transport_errors(cfg) + _reward_function_errors(cfg) + file_errors(cfg, parsed)
     if not errors and cfg is not None:
         errors += _algorithms().get(cfg.algorithm.name).check_config(cfg, parsed["algorithm"])
+    if not errors and cfg is not None:
+        errors += env_errors(cfg)
     if errors:
         raise UserError(*errors)
     return cfg
@@ -147,11 +155,154 @@ def _transport_errors(cfg: XConfig) -> list[str]:
 
 
 def _reward_function_errors(cfg: XConfig) -> list[str]:
-    from xrlhf.utils.registry import import_path
+    from xrlhf.algorithms.rewards import load_reward_function
 
     if cfg.reward.source == "function" and cfg.reward.function:
         try:
-            import_path(cfg.reward.function)
-        except KeyError as e:
-            return [f"reward.function: {e.args[0]}"]
+            load_reward_function(cfg.reward.function)
+        except UserError as e:
+            return e.messages
     return []
+
+
+def file_errors(cfg: XConfig, parsed: dict[str, BaseModel | None]) -> list[str]:
+    """Every model's ``config.json`` and every row of every dataset the run will read."""
+    try:
+        head = _algorithms().get(cfg.algorithm.name).policy_head
+    except KeyError:
+        head = "causal_lm"  # the unknown name is reported by itself
+    errors = [e for path, model_dir, head in _models(cfg, head) for e in model_errors(path, model_dir, head)]
+    return errors + _dataset_errors(cfg, parsed)
+
+
+def env_errors(cfg: XConfig) -> list[str]:
+    """The env built as the run builds it, and its longest prompt against the models' positions."""
+    from xrlhf.envs import build_env
+
+    trainer = _algorithms().get(cfg.algorithm.name)
+    models = _models(cfg, trainer.policy_head)
+
+    try:
+        env = build_env(cfg.env.name, cfg.env.options, cfg.seed)
+        tokenizer = _tokenizer(cfg.policy.model)
+        _warn_unknown_text(env, tokenizer, cfg.env.name)
+        if not trainer.uses_generation:
+            return []
+        longest = env.max_prompt_tokens(tokenizer)
+    except UserError as e:
+        return e.messages
+    from xrlhf.data.lengths import length_error
+
+    lines = [length_error(d, longest, cfg.policy.generate.max_new_tokens, f"the longest prompt of env {cfg.env.name!r}")
+             for _, d, _ in models]
+    return list(dict.fromkeys(x for x in lines if x))
+
+
+def _models(cfg: XConfig, policy_head: str) -> list[tuple[str, str, str]]:
+    """``(yaml path, directory, head)`` of every model the run loads (defaults are the policy's)."""
+    out = [("policy.model", cfg.policy.model, policy_head)]
+    if cfg.critic is not None and cfg.critic.model:
+        out.append(("critic.model", cfg.critic.model, "value"))
+    if cfg.reference is not None and cfg.reference.model:
+        out.append(("reference.model", cfg.reference.model, "causal_lm"))
+    if cfg.reward.source == "model" and cfg.reward.model:
+        out.append(("reward.model", cfg.reward.model, "score"))
+    return out
+
+
+HEAD_CLASSES = {"causal_lm": "AutoModelForCausalLM", "value": "AutoModelForTokenClassification",
+                "score": "AutoModelForSequenceClassification"}
+
+
+def model_errors(path: str, model_dir: str, head: str) -> list[str]:
+    """One line if ``model_dir/config.json`` is not a config Transformers can load with ``head``."""
+    import json
+
+    from transformers import AutoConfig
+    from transformers.models.auto import configuration_auto, modeling_auto
+
+    file = Path(model_dir) / "config.json"
+    try:
+        raw = json.loads(file.read_text())
+    except ValueError as e:
+        return [f"{path}: {file} is not valid JSON ({e})"]
+    if not isinstance(raw, dict):
+        return [f"{path}: {file} must hold a JSON object, got {type(raw).__name__}"]
+    model_type = raw.get("model_type")
+    if model_type not in configuration_auto.CONFIG_MAPPING_NAMES:
+        import transformers
+
+        return [f"{path}: model_type {model_type!r} in {file} is not an architecture Transformers "
+                f"{transformers.__version__} knows (e.g. llama, qwen2, mistral, gemma2, gpt2)"]
+    names = {"causal_lm": modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+             "value": modeling_auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
+             "score": modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES}[head]
+    if model_type not in names:
+        return [f"{path}: Transformers has no {HEAD_CLASSES[head]} for model_type {model_type!r} ({file}); the "
+                f"{head} head needs one"]
+    try:
+        AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - Transformers raises many kinds; the first line says which
+        return [f"{path}: {file}: {_first_line(e)}"]
+    return []
+
+
+def _tokenizer(model_dir: str):
+    from xrlhf.data.text import load_tokenizer
+
+    try:
+        return load_tokenizer(model_dir)
+    except Exception as e:  # noqa: BLE001
+        raise UserError(f"policy.model: cannot load the tokenizer saved in {model_dir} ({_first_line(e)})") from None
+
+
+def _dataset_errors(cfg: XConfig, parsed: dict[str, BaseModel | None]) -> list[str]:
+    """Every bad row of every dataset an option of the env or the algorithm names."""
+    from xrlhf.data.datasets import dataset_errors
+    from xrlhf.envs import ENVS
+
+    errors = []
+    for section, registry, name in (("env.options", ENVS, cfg.env.name),
+                                    ("algorithm", _algorithms(), cfg.algorithm.name)):
+        options = parsed["env" if section == "env.options" else "algorithm"]
+        if options is None:  # invalid options: reported by themselves
+            continue
+        schema = getattr(registry.get(name), "schema", None)
+        if schema is None:
+            continue
+        for field, info in type(options).model_fields.items():
+            value = getattr(options, field)
+            if value and _is_dataset_path(info.annotation, info.metadata):
+                errors += [f"{section}.{field}: {line}" for line in dataset_errors(value, schema)]
+    return errors
+
+
+def _is_dataset_path(annotation: Any, metadata: list) -> bool:
+    """Whether a field is typed ``DatasetPath`` (or ``DatasetPath | None``)."""
+    import typing
+
+    from xrlhf.data.datasets import DatasetPath
+
+    check = typing.get_args(DatasetPath)[1].func
+    if any(getattr(m, "func", None) is check for m in metadata):
+        return True
+    return any(getattr(m, "func", None) is check for a in typing.get_args(annotation)
+               for m in getattr(a, "__metadata__", ()))
+
+
+def _warn_unknown_text(env, tokenizer, name: str, sample: int = 256) -> None:
+    """A warning when prompts hold characters the tokenizer maps to ``<unk>`` (the model cannot read them)."""
+    unk = tokenizer.unk_token_id
+    if unk is None:
+        return
+    for p in [*env.eval_prompts(), *env.train_prompts(0, sample)]:
+        if unk in tokenizer.encode(p.text, add_special_tokens=False):
+            chars = sorted({c for c in p.text if tokenizer.encode(c, add_special_tokens=False) == [unk]})
+            logger.warning(f"env {name!r}: prompt {p.text[:60]!r} has characters the policy's tokenizer maps to "
+                           f"{tokenizer.unk_token} ({''.join(chars)!r}): the model cannot tell them apart")
+            return
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__

@@ -74,7 +74,7 @@ def test_reward_model_takes_no_reference_and_needs_a_held_out_set(model, pairs):
     assert validate_dict(base(model, {"name": "rm", "dataset": pairs}, reference=None)).reference is None
 
 
-def test_kto_options(model, pairs):
+def test_kto_options(model, tmp_path):
     lines = errors(base(model, {"name": "kto_online", "threshold": 0.5, "beta": -1, "mini_batch_size": 5},
                         reference=None, trainer={"prompts_per_step": 1, "samples_per_prompt": 4}))
     assert "algorithm.beta: must be > 0, got -1" in lines
@@ -88,5 +88,6 @@ def test_kto_options(model, pairs):
                         reference={}))
     assert lines == ["algorithm.desirable_weight: not used with algorithm.balance_ratio = 1.0 (w_d then follows "
                      "each step's class counts); remove one of them"], lines
-    lines = errors(base(model, {"name": "kto", "dataset": pairs, "balance_per_prompt": True}, reference={}))
+    rows = str(write_jsonl([{"prompt": "1+1=", "completion": "2", "label": True}], tmp_path / "k.jsonl"))
+    lines = errors(base(model, {"name": "kto", "dataset": rows, "balance_per_prompt": True}, reference={}))
     assert lines == ["algorithm.balance_per_prompt: needs algorithm.balance_ratio (e.g. 1.0)"], lines

@@ -19,3 +19,19 @@ def flaky_reward(prompts, responses):
             raise ValueError(f"cannot score {r!r}")
         out.append(1.0)
     return out
+
+
+def answer_reward(prompts, responses, answers):
+    """1 where the response is the prompt's reference answer (a dataset env's ``answer``)."""
+    return [float(r.strip() == a) for r, a in zip(responses, answers)]
+
+
+def one_argument(responses):
+    return [0.0 for _ in responses]
+
+
+not_callable = [1.0, 2.0]
+
+
+def string_reward(prompts, responses):
+    return ["0.5" for _ in responses]

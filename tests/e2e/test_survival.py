@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -17,8 +18,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from xrlhf.validation import validate_dict
-from xrlhf.runner import run
+from xrlhf.runner import check_output_dir, run
+from xrlhf.validation import load_config, validate_dict
 from xrlhf.utils.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("ray_session")  # runs handles in this process
@@ -104,8 +105,7 @@ def test_resume_refuses_a_different_config(survival_config, tmp_path):
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
 def test_signal_checkpoints_and_exits(survival_config, tmp_path, sig, code):
-    survival_config["trainer"]["steps"] = 50
-    proc = start(survival_config, tmp_path, tmp_path / "run")
+    proc = start(survival_config, tmp_path, tmp_path / "run", "trainer.steps=50", "algorithm.kl_coef=0.1")
     wait_for_step(tmp_path / "run", 1, proc)
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=120)
@@ -114,7 +114,31 @@ def test_signal_checkpoints_and_exits(survival_config, tmp_path, sig, code):
     ckpts = sorted((tmp_path / "run" / "checkpoints").glob("step-*"))
     assert ckpts, out
     assert_no_leftovers(proc.pid)
-    assert "--resume" in out
+    # the printed command keeps the overrides, so it resumes instead of failing the config check
+    (hint,) = [line.split("resume with: ")[1] for line in out.splitlines() if "resume with: " in line]
+    argv = shlex.split(hint)
+    assert argv[:3] == ["xrlhf", "run", str(tmp_path / "cfg.yaml")] and argv[-1] == "--resume"
+    overrides = [a for a in argv[3:] if "=" in a]
+    assert overrides == ["trainer.steps=50", "algorithm.kl_coef=0.1"]
+    check_output_dir(tmp_path / "run", load_config(argv[2], overrides), resume=True)
+
+
+def test_sigint_during_warmup_stops_there_saying_nothing_was_saved(survival_config, tmp_path):
+    survival_config["warmup"] = {"steps": 100000, "batch_size": 16}
+    proc = start(survival_config, tmp_path, tmp_path / "run")
+    lines = []
+    while not any("SFT steps" in x for x in lines):
+        lines.append(proc.stdout.readline())
+        assert lines[-1] or proc.poll() is None, "".join(lines)
+    t0 = time.time()
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    out = "".join(lines) + out
+    assert proc.returncode == 130, out
+    assert time.time() - t0 < 20  # not after the warm-up, the Ray start-up and a step
+    assert "SIGINT: finishing the current warm-up step, then stop (nothing to save" in out
+    assert "before the first RL step; nothing was saved; run it again in a new --output-dir" in out
+    assert "Ray" not in out and "--resume" not in out and "Traceback" not in out
 
 
 def test_dead_worker_stops_the_run_naming_it(survival_config, tmp_path):
@@ -130,6 +154,8 @@ def test_dead_worker_stops_the_run_naming_it(survival_config, tmp_path):
     assert proc.returncode == 1, out
     assert time.time() - t0 < 60
     assert " rank " in out and " died" in out
+    assert "fault_tolerance.max_restarts" in out  # how to go on: --resume, or start again if nothing was saved
+    assert "--output-dir" in out and ("--resume" in out or "no checkpoint was written" in out)
     assert_no_leftovers(proc.pid)
 
 

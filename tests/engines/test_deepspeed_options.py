@@ -9,10 +9,8 @@ from xrlhf.utils.errors import UserError
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("m")
-    (d / "config.json").write_text("{}")
-    return str(d)
+def model_dir(tiny_model):
+    return tiny_model  # validation reads its config and tokenizer; nothing loads the weights here
 
 
 def config(model_dir, train=None, reference=None):
@@ -66,7 +64,7 @@ def test_conflicts_name_the_yaml_path(model_dir):
     assert "policy.train.deepspeed.bf16.enabled: conflicts with policy.train.dtype ('float32')" in text
     for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "optimizer"):
         assert f"policy.train.deepspeed.{key}: set by xrlhf" in text
-    assert len(msgs) == 7  # all reported together
+    assert len(msgs) == 7, msgs  # all reported together
 
 
 def test_deepspeed_options_with_the_hf_engine_are_errors(model_dir):

@@ -26,6 +26,7 @@ from pydantic import BaseModel
 from xrlhf.algorithms.handles import Handles
 from xrlhf.config.schema import XConfig
 from xrlhf.data.batch import Batch, build_sequences
+from xrlhf.data.lengths import check_prompt_lengths
 from xrlhf.data.text import decode_responses, encode_prompt
 from xrlhf.engines.base import GenerationOutput, Head, SamplingParams
 from xrlhf.envs import Env, Prompt, clean_response
@@ -163,6 +164,7 @@ class Trainer(ABC):
         """
         t = self.cfg.trainer
         if self.initial_eval is None:
+            logger.info("eval before RL on the held-out split ...")
             self.initial_eval = self.evaluate()
             logger.info(f"eval before training: reward {self.initial_eval['eval/reward_mean']:.3f}")
             self.log({"step": 0, **self.initial_eval})
@@ -256,6 +258,8 @@ class RLTrainer(Trainer):
         """Generate ``n`` samples per prompt and score them."""
         expanded = [p for p in prompts for _ in range(n)]
         ids = [encode_prompt(self.tok, p.text) for p in expanded]
+        check_prompt_lengths(ids, [p.text for p in expanded], self.cfg.policy.generate.max_new_tokens,
+                             self.cfg.policy.model)
         t0 = time.time()
         out = self.gen_handle.generate(ids, sampling_params(self.cfg))
         timings["time/generate_s"] = dt = time.time() - t0

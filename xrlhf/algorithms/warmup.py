@@ -44,8 +44,11 @@ def warmup_specs(cfg: XConfig, model_dir: str) -> tuple[EngineSpec, EngineSpec]:
 
 
 def supervised_warmup(cfg: XConfig, env: Env, tokenizer, model_dir: str, out_dir: Path,
-                      log=lambda m: None) -> tuple[str, dict[str, float]]:
+                      log=lambda m: None, stop=lambda: False) -> tuple[str, dict[str, float]]:
     """Train ``model_dir`` on ``cfg.warmup.steps`` batches of ``env.sft_examples``.
+
+    ``stop()`` is asked between steps (a signal was received): when true, the warm-up ends
+    there without saving, and the caller stops the run.
 
     Returns:
         the directory of the warmed-up model and eval metrics before it (``eval/...``; empty
@@ -66,6 +69,9 @@ def supervised_warmup(cfg: XConfig, env: Env, tokenizer, model_dir: str, out_dir
     policy = LocalHandle.build("policy", {"train": (cfg.policy.train.engine, train_spec)})
     t0 = time.time()
     for step in range(w.steps):
+        if stop():
+            logger.warning(f"warm-up stopped at step {step}/{w.steps}")
+            return model_dir, before
         examples = env.sft_examples(step * w.batch_size, w.batch_size)
         batch = build_sequences([encode_prompt(tokenizer, p) for p, _ in examples],
                                 [encode_target(tokenizer, c) for _, c in examples], tokenizer.pad_token_id)

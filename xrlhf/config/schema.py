@@ -24,6 +24,9 @@ def _check_model_dir(v: str | None) -> str | None:
         return v
     p = Path(v).expanduser()
     if not p.is_dir():
+        if p.name == "final":
+            raise ValueError(f"no such model directory {v!r}: a run writes it; run the config that trains it "
+                             f"first (this config's header names it)")
         raise ValueError(f"no such model directory {v!r} (build one with: xrlhf make-tiny-model {v})")
     if not (p / "config.json").is_file():
         raise ValueError(f"{v!r} is not an HF-format model directory (no config.json)")
@@ -80,6 +83,8 @@ class TrainConfig(Section):
     lr_warmup_steps: int = Field(0, ge=0)
     lr_schedule: Literal["constant", "cosine"] = "constant"
     gradient_checkpointing: bool = False
+    dropout: bool = Field(False, description="train with the checkpoint's dropout; off by default (TRL's "
+                          "disable_dropout): dropout makes the PPO ratio, the KL and the reference comparison noisy")
 
 
 class InferConfig(Section):

@@ -7,6 +7,7 @@ The algorithm layer gets ready ``ModelHandle`` objects (``policy``, ``critic``,
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -95,8 +96,11 @@ def init_ray(cfg: XConfig) -> bool:
     if ray.is_initialized():
         return False
     path = os.pathsep.join([os.getcwd()] + [p for p in sys.path if p and os.path.isdir(p)])
+    # Workers load quietly: no per-worker "Loading weights" bars (xrlhf says what it loads).
     env = {"PYTHONPATH": path, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-           "RAY_DEDUP_LOGS": "1"}
+           "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    # Ray's notice that token authentication is on (it stays on) is not the user's business here.
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env}, "log_to_driver": cfg.ray.log_to_driver,
                               "logging_level": "WARNING", "configure_logging": True}
     if cfg.ray.address:
@@ -128,6 +132,8 @@ class Coordinator:
 
     def start(self) -> "Coordinator":
         t0 = time.time()
+        logger.info("starting Ray and the workers (" + ", ".join(f"{s.name} x{s.resources.ranks}" for s in self.specs)
+                    + "); this takes 20-40 s on a laptop CPU")
         self._owns_ray = init_ray(self.cfg)
         slots = place({s.name: s.resources for s in self.specs})
         self.placement_groups = list({id(s.pg): s.pg for s in slots.values()}.values())

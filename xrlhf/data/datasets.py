@@ -86,6 +86,8 @@ def _check_dataset_file(v: str | None) -> str | None:
     if p.suffix not in FORMATS:
         raise ValueError(f"{v!r}: a dataset must be a .jsonl, .json or .parquet file")
     if not p.is_file():
+        if Path(v).parts[:2] == ("artifacts", "data"):  # where the shipped configs' datasets are built
+            raise ValueError(f"no such file {v!r} (build the datasets of the shipped configs with: xrlhf prepare-data)")
         raise ValueError(f"no such file {v!r} (generate one with: xrlhf make-dataset "
                          f"{{preferences,kto,qa}} {v}, see docs/algorithms.md)")
     return str(p.resolve())
@@ -131,8 +133,35 @@ def _read_table(path: str, builder: str, schema: RowSchema) -> list[dict[str, An
     return ds.to_list()
 
 
-def _jsonl_lines(path: str, schema: RowSchema) -> list[int]:
-    """The line number of each row, checking every line against ``schema`` on the way.
+def dataset_errors(path: str | Path, schema: RowSchema, limit: int = 10) -> list[str]:
+    """Every problem of the file, one line each (``path:LINE: ...``), at most ``limit`` of them
+    and then a count of the rest: what ``xrlhf validate`` reports, where ``load_rows`` stops
+    at the first."""
+    path = str(path)
+    builder = FORMATS.get(Path(path).suffix)
+    if builder is None or not Path(path).is_file():
+        return []  # the config's DatasetPath check reported it
+    errors: list[str] = []
+    try:
+        if builder == "json":
+            if not _jsonl_lines(path, schema, errors) and not errors:
+                errors.append(f"{path}: no rows (a {schema.kind} row looks like {_example(schema)})")
+        else:
+            for i, raw in enumerate(_read_table(path, builder, schema)):
+                try:
+                    _validate_row(raw, schema, lambda: f"{path}: row {i}")  # noqa: B023 - called right away
+                except UserError as e:
+                    errors.append(e.messages[0])
+    except UserError as e:
+        errors += e.messages
+    if len(errors) > limit:
+        errors = errors[:limit] + [f"{path}: ... and {len(errors) - limit} more bad rows"]
+    return errors
+
+
+def _jsonl_lines(path: str, schema: RowSchema, errors: list[str] | None = None) -> list[int]:
+    """The line number of each row, checking every line against ``schema`` on the way
+    (``errors``: collect every problem there instead of raising at the first).
 
     Trailing blank lines are allowed (``datasets`` skips them), blank lines between rows are
     not. The check is done here, before ``datasets`` reads the file, so that a malformed line
@@ -149,20 +178,30 @@ def _jsonl_lines(path: str, schema: RowSchema) -> list[int]:
             if not line.strip():
                 blank = blank or n
                 continue
-            if blank:
-                raise UserError(f"{path}:{blank}: blank line between rows; remove it (JSONL is one "
-                                f"object per line)")
             try:
-                value = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(f"{path}:{n}: not valid JSON ({e.msg}, column {e.colno}); each line "
-                                f"must be one object like {_example(schema)}") from None
-            if not isinstance(value, dict):
-                raise UserError(f"{path}:{n}: a row must be a JSON object like {_example(schema)}, "
-                                f"got {type(value).__name__}")
-            _validate_row(value, schema, lambda: f"{path}:{n}")  # noqa: B023 - called right away
-            lines.append(n)
+                _check_line(path, n, line, blank, schema)
+                lines.append(n)
+            except UserError as e:
+                if errors is None:
+                    raise
+                errors += e.messages
+            blank = 0
     return lines
+
+
+def _check_line(path: str, n: int, line: str, blank: int, schema: RowSchema) -> None:
+    if blank:
+        raise UserError(f"{path}:{blank}: blank line between rows; remove it (JSONL is one "
+                        f"object per line)")
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}:{n}: not valid JSON ({e.msg}, column {e.colno}); each line "
+                        f"must be one object like {_example(schema)}") from None
+    if not isinstance(value, dict):
+        raise UserError(f"{path}:{n}: a row must be a JSON object like {_example(schema)}, "
+                        f"got {type(value).__name__}")
+    _validate_row(value, schema, lambda: f"{path}:{n}")
 
 
 def _validate_row(raw: dict[str, Any], schema: RowSchema, where) -> dict[str, Any]:

@@ -5,6 +5,10 @@ forward pass that returns per-token logprobs (and entropy), values, or sequence 
 the response part of a batch (layout in ``xrlhf.data.batch``). The DeepSpeed backend reuses
 it and only swaps the optimizer/parallelism. The train step's loop is ``TrainEngine``'s
 template; this backend gives it ``backward`` and ``optimizer_step``.
+
+Dropout is off unless the train section says ``dropout: true``: RL compares the policy with
+itself (the PPO ratio, the KL to the sampler and to the reference), and dropout noise makes
+that ratio differ from 1 where nothing changed.
 """
 
 from __future__ import annotations
@@ -28,18 +32,60 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def load_hf_model(spec: EngineSpec) -> torch.nn.Module:
-    """Load ``spec.model_path`` with the head ``spec.head`` on ``spec.device``, in ``spec.options.dtype``."""
+    """Load ``spec.model_path`` with the head ``spec.head`` on ``spec.device``, in ``spec.options.dtype``.
+
+    Transformers' own load report is replaced by one line in xrlhf's words: a value or score
+    head that the checkpoint lacks is expected (a critic or reward model started from a language
+    model) and said so; any other missing or unexpected weight is a warning.
+    """
     from transformers import (AutoModelForCausalLM, AutoModelForSequenceClassification,
                               AutoModelForTokenClassification)
+    from transformers.utils import logging as hf_logging
 
-    kwargs: dict[str, Any] = {"dtype": DTYPES[spec.options.dtype]}
-    if spec.head == "causal_lm":
-        model = AutoModelForCausalLM.from_pretrained(spec.model_path, **kwargs)
-    elif spec.head == "value":
-        model = AutoModelForTokenClassification.from_pretrained(spec.model_path, num_labels=1, **kwargs)
-    else:
-        model = AutoModelForSequenceClassification.from_pretrained(spec.model_path, num_labels=1, **kwargs)
+    kwargs: dict[str, Any] = {"dtype": DTYPES[spec.options.dtype], "output_loading_info": True}
+    auto = {"causal_lm": AutoModelForCausalLM, "value": AutoModelForTokenClassification,
+            "score": AutoModelForSequenceClassification}[spec.head]
+    if spec.head != "causal_lm":
+        kwargs["num_labels"] = 1
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        model, info = auto.from_pretrained(spec.model_path, **kwargs)
+    finally:
+        hf_logging.set_verbosity(level)
+    _report_loading(model, spec, info)
     return model.to(spec.device)
+
+
+def _report_loading(model: torch.nn.Module, spec: EngineSpec, info: dict[str, Any]) -> None:
+    from loguru import logger
+
+    missing, unexpected = sorted(info.get("missing_keys") or ()), sorted(info.get("unexpected_keys") or ())
+    head = [k for k in missing if spec.head != "causal_lm" and k.split(".")[0] in ("score", "classifier")]
+    if head:
+        logger.info(f"new {spec.head} head ({', '.join(head)}) on a language model checkpoint: initialised "
+                    f"randomly, as expected for a critic or a reward model")
+    other = [k for k in missing if k not in head]
+    if other or unexpected:
+        logger.warning(f"{spec.model_path}: weights not in the checkpoint (initialised randomly): "
+                       f"{', '.join(other) or 'none'}; weights of the checkpoint not used: {', '.join(unexpected) or 'none'}")
+
+
+def disable_dropout(model: torch.nn.Module) -> int:
+    """Set every dropout probability of ``model`` to 0: ``nn.Dropout`` modules and the float
+    ``*dropout*`` attributes attention layers read (``attention_dropout`` of Llama, Qwen2,
+    Mistral, Gemma2). The config is left as it is, so a saved model keeps its own. Returns how
+    many were non-zero."""
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd):
+            changed += module.p > 0
+            module.p = 0.0
+        for name, value in list(vars(module).items()):
+            if "dropout" in name and isinstance(value, float):
+                changed += value > 0
+                setattr(module, name, 0.0)
+    return changed
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -56,6 +102,9 @@ class HFModel:
         torch.manual_seed(spec.seed)
         self.model = load_hf_model(spec)
         self.device = torch.device(spec.device)
+        opts = spec.options  # a train engine's option; frozen engines run in eval mode anyway
+        if not (opts.get("dropout", False) if isinstance(opts, dict) else getattr(opts, "dropout", False)):
+            disable_dropout(self.model)
 
     def forward(self, batch: Batch, need_entropy: bool = False) -> ForwardOutput:
         """Forward over ``batch`` (layout of ``xrlhf.data.batch``); response part only."""

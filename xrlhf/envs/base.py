@@ -125,6 +125,19 @@ class Env(ABC):
             f"{type(self).__name__} has no rule reward (reward_source={self.reward_source!r}); "
             f"rewards come from the reward model, or override score()")
 
+    def max_prompt_tokens(self, tokenizer, sample: int = 1024) -> int:
+        """The longest prompt in tokens as the trainer encodes it (BOS included).
+
+        ``xrlhf validate`` checks it plus ``policy.generate.max_new_tokens`` against the
+        models' positions before anything starts (the trainer checks each rollout too). The
+        default measures the held-out prompts and the first ``sample`` training prompts; an env
+        that can say its longest prompt exactly and cheaply overrides it.
+        """
+        from xrlhf.data.text import encode_prompt
+
+        texts = {p.text for p in self.eval_prompts()} | {p.text for p in self.train_prompts(0, sample)}
+        return max(len(encode_prompt(tokenizer, t)) for t in texts)
+
     def sft_examples(self, start: int, n: int) -> list[tuple[str, str]]:
         """``(prompt text, target completion)`` pairs for a supervised warm-up.
 

@@ -46,6 +46,15 @@ class QAEnv(Env):
     Config = QAOptions
     config: QAOptions
     reward_source = "model"
+    schema = PROMPTS
+    """The row format of the dataset options (``xrlhf validate`` checks every row)."""
+
+    def max_prompt_tokens(self, tokenizer, sample: int = 0) -> int:
+        """The longest prompt of every row, training and held-out."""
+        from xrlhf.data.text import encode_prompt
+
+        train, evals = self._splits
+        return max(len(encode_prompt(tokenizer, p.text)) for p in {*train, *evals})
 
     @cached_property
     def _splits(self) -> tuple[list[Prompt], list[Prompt]]:

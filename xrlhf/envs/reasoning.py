@@ -204,6 +204,15 @@ class ReasoningEnv(Env):
         text, answer = task.render(number, opts)
         return Prompt(text=text, answer=answer, task=name, index=index)
 
+    def max_prompt_tokens(self, tokenizer, sample: int = 64) -> int:
+        """The longest of the widest problem of each task (largest operands, all digits) and of
+        a sample of the prompts (a BPE may merge some numbers less well than the widest)."""
+        from xrlhf.data.text import encode_prompt
+
+        o = self.config
+        widest = [TASKS[t].render(TASKS[t].size(o) - 1, o)[0] for t in o.tasks]
+        return max(super().max_prompt_tokens(tokenizer, sample), *(len(encode_prompt(tokenizer, t)) for t in widest))
+
     def score(self, prompts: list[Prompt], responses: list[str]) -> list[Score]:
         """Exact match of the cleaned response against ``prompt.answer``."""
         check_pairs(prompts, responses)

@@ -9,7 +9,9 @@ from the env's training stream and those of ``--split eval`` from its held-out p
 eval file never shares a problem with a training file or with the RL eval split's complement.
 
 ``xrlhf make-dataset {preferences,kto,qa} OUT.jsonl [--rows N] [--seed S] [--split train|eval]``
-is :func:`add_arguments` + :func:`run`.
+is :func:`add_arguments` + :func:`run`. ``xrlhf prepare-data`` builds every dataset the shipped
+configs read, with the recipes of :data:`SHIPPED`: the one place those recipes are written
+(the configs' comments and docs/algorithms.md point here).
 """
 
 from __future__ import annotations
@@ -130,4 +132,45 @@ def run(args: argparse.Namespace) -> int:
     rows = make_rows(args.kind, prompts, opts, args.seed, args.desirable_fraction)
     path = write_jsonl(rows, args.out)
     logger.info(f"wrote {len(rows)} {args.kind} rows ({args.split} split, tasks {','.join(opts.tasks)}) to {path}")
+    return 0
+
+
+SHIPPED: dict[str, list[str]] = {
+    "artifacts/data/preferences.jsonl": ["preferences", "--rows", "10000", "--seed", "1"],      # dpo, rm
+    "artifacts/data/preferences_eval.jsonl": ["preferences", "--rows", "512", "--seed", "2", "--split", "eval"],  # rm
+    "artifacts/data/kto.jsonl": ["kto", "--rows", "4000", "--seed", "3"],                       # kto_offline
+    "artifacts/data/qa.jsonl": ["qa", "--rows", "4000", "--seed", "4"],                         # qa_ppo
+    "artifacts/data/qa_eval.jsonl": ["qa", "--rows", "256", "--seed", "5", "--split", "eval"],  # qa_ppo
+}
+"""The datasets the shipped configs read -> ``xrlhf make-dataset`` arguments (all on tasks
+add, compare, sort with operands up to 20, as the configs' env sections)."""
+
+SHIPPED_TASKS = ["--tasks", "add,compare,sort", "--max-operand", "20"]
+
+
+def shipped_command(path: str) -> str:
+    """The ``xrlhf make-dataset`` command line that builds the shipped dataset ``path``."""
+    kind, *rest = SHIPPED[path]
+    return " ".join(["xrlhf make-dataset", kind, path, *rest, *SHIPPED_TASKS])
+
+
+def add_prepare_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``xrlhf prepare-data``."""
+    parser.add_argument("--root", default=".", help="the directory the configs run from (default: here)")
+    parser.add_argument("--force", action="store_true", help="rebuild files that exist")
+
+
+def prepare(args: argparse.Namespace) -> int:
+    """Build every dataset of :data:`SHIPPED` under ``args.root`` that is missing; returns 0."""
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    for path, recipe in SHIPPED.items():
+        out = Path(args.root) / path
+        if out.is_file() and not args.force:
+            logger.info(f"{out}: exists (--force rebuilds it)")
+            continue
+        kind, *rest = recipe
+        run(parser.parse_args([kind, str(out), *rest, *SHIPPED_TASKS]))
     return 0
