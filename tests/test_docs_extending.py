@@ -29,8 +29,8 @@ def mypkg(tmp_path_factory):
     root = tmp_path_factory.mktemp("plugins")
     (root / "mypkg").mkdir()
     (root / "mypkg" / "__init__.py").write_text("")
-    blocks = re.findall(r"```python\n(# mypkg/(\w+)\.py\n.*?)```", DOC.read_text(), re.S)
-    assert {name for _, name in blocks} == {"engines", "algos", "envs"}
+    blocks = re.findall(r"```python\n(# mypkg/(\w+)\.py[^\n]*\n.*?)```", DOC.read_text(), re.S)
+    assert {name for _, name in blocks} == {"engines", "algos", "envs", "rewards"}
     for code, name in blocks:
         (root / "mypkg" / f"{name}.py").write_text(code)
     sys.path.insert(0, str(root))

@@ -50,7 +50,8 @@ def validate_dict(data: dict[str, Any]) -> XConfig:
         lines, parsed[section] = _validate_registered(section, data.get(section))
         errors += lines
     if cfg is not None:
-        errors += engine_errors(cfg) + _transport_errors(cfg) + _reward_function_errors(cfg) + file_errors(cfg, parsed)
+        errors += engine_errors(cfg) + _transport_errors(cfg) + _reward_function_errors(cfg)
+        errors += file_errors(cfg, parsed)
     if not errors and cfg is not None:
         errors += _algorithms().get(cfg.algorithm.name).check_config(cfg, parsed["algorithm"])
     if not errors and cfg is not None:
