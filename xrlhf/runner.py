@@ -24,11 +24,11 @@ from loguru import logger
 
 from xrlhf.checkpoint import list_checkpoints, load_driver_state, restore_handles, save_checkpoint
 from xrlhf.config import XConfig, dump_config
-from xrlhf.validation import algorithm_options
 from xrlhf.data.text import load_tokenizer
 from xrlhf.envs import build_env
 from xrlhf.tracking import Tracker, truncate_metrics
 from xrlhf.utils.errors import UserError, WorkerDiedError
+from xrlhf.validation import algorithm_options
 
 
 class Interrupted(Exception):
