@@ -125,7 +125,9 @@ class KTOLoss:
 class DPOLoss:
     """DPO sigmoid loss (``functional.dpo_loss``) on interleaved chosen / rejected rows, plus
     optionally ``nll_weight`` times the chosen response's mean token NLL (RPO, Pang et al.
-    2024, "Iterative Reasoning Preference Optimization"; TRL's ``rpo_alpha``).
+    2024, "Iterative Reasoning Preference Optimization"): a per-response token mean averaged
+    over pairs. TRL 1.16 has no ``rpo_alpha``; its RPO is ``loss_type=["sigmoid", "sft"]``, whose
+    SFT term is a token mean over all chosen tokens of the batch (docs/algorithms.md, DPO).
 
     Reads ``ref_logps`` ``[2N]`` (reference sequence log-probs, interleaved like the rows)
     and ``response_mask``.
