@@ -3,6 +3,8 @@ and rotary (Llama) positions alike, in the trainer as in validation; never an In
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from tests.conftest import build_gpt2
@@ -51,7 +53,9 @@ def test_a_rollout_with_a_too_long_prompt_stops_with_one_line(short_model):
                          "reference": None, "algorithm": {"name": "grpo", "kl_coef": 0, "mini_batch_size": 4},
                          "trainer": {"prompts_per_step": 2, "samples_per_prompt": 2}})
     env = build_env(cfg.env.name, cfg.env.options, cfg.seed)
-    trainer = ALGORITHMS.get("grpo")(cfg, algorithm_options(cfg), {"policy": NoGenerate()}, env,
+    policy = NoGenerate()
+    handles = SimpleNamespace(policy=policy, generator=policy, critic=None, reference=None, reward=None)
+    trainer = ALGORITHMS.get("grpo")(cfg, algorithm_options(cfg), handles, env,
                                      load_tokenizer(path), reward=None, log=lambda m: None)
     with pytest.raises(UserError, match=r"the prompt 'sort 1 2 3 4 5 6 7 8 9 0 1 2:' \(30 tokens\) \+ max_new_tokens 8"):
         trainer.rollout([Prompt("2+2="), Prompt("sort 1 2 3 4 5 6 7 8 9 0 1 2:")], 2, {})
