@@ -304,7 +304,7 @@ def test_large_buffers_cross_to_vllm_through_shared_memory(tmp_path):
     from xrlhf.engines.vllm_ext import ShmPool, from_payload, to_payload
 
     pool = ShmPool(str(tmp_path))
-    transport = build_transport("cpu", verify=True)
+    transport = build_transport("cpu", verify=True)  # sent as is (not ``local``): its numpy buffer out of band
     weights = [("big", torch.randn(1024, 1024)), ("small", torch.randn(8))]
     for step in range(2):
         weights[0][1].add_(1.0)
@@ -312,7 +312,7 @@ def test_large_buffers_cross_to_vllm_through_shared_memory(tmp_path):
         payload = to_payload((transport, messages), pool)
         (path, nbytes), = payload[1]
         assert os.path.exists(path) and nbytes >= 4 << 20 and len(payload[0]) < 64 << 10
-        assert path == pool.files[0]  # the same file every sync
+        assert path == pool.slots[0][0]  # the same file every sync
         got_transport, got_messages = from_payload([payload[0], [list(f) for f in payload[1]]])  # as msgpack gives it
         received = dict(got_transport.receive(got_messages[0]))  # checksums verified on the mapped bytes
         assert all(torch.equal(received[n], t) for n, t in weights)
@@ -328,3 +328,31 @@ def test_large_buffers_cross_to_vllm_through_shared_memory(tmp_path):
     assert inband[1] == [] and len(inband[0]) > 4 << 20
     got_transport, got_messages = from_payload(inband)
     assert dict(got_transport.receive(got_messages[0]))["big"].equal(weights[0][1])
+
+
+def test_cpu_transport_names_its_shared_buffer_to_a_receiver_on_this_host(tmp_path, monkeypatch):
+    """The cpu transport's host buffers are shared-memory files: ``local`` sends a message without
+    its bytes, the receiver maps the file, checksums hold; without room for the files, the
+    buffers are plain memory and ``local`` keeps the bytes."""
+    import os
+
+    from xrlhf.weight_sync import base
+
+    monkeypatch.setattr(base, "SHM_DIR", str(tmp_path))
+    monkeypatch.setattr(base.SharedFiles.__init__, "__defaults__", (str(tmp_path),))
+    transport = build_transport("cpu", verify=True)
+    weights = [("a", torch.randn(300, 300)), ("b", torch.arange(10))]
+    (message,) = list(transport.send(weights))
+    assert os.path.dirname(message.meta["shm"]) == str(tmp_path)
+    light = transport.local(message)
+    assert light.payload is None and len(pickle.dumps(light)) < 4096
+    peer = pickle.loads(pickle.dumps(transport))  # the receiver's copy, in another process
+    received = dict(peer.receive(pickle.loads(pickle.dumps(light))))
+    assert all(torch.equal(received[n], t) for n, t in weights)
+    transport._host.shared.close()
+    assert not os.listdir(tmp_path)
+
+    monkeypatch.setattr(base.SharedFiles.__init__, "__defaults__", (str(tmp_path / "missing"),))
+    plain = build_transport("cpu", verify=True)
+    (message,) = list(plain.send(weights))
+    assert "shm" not in message.meta and plain.local(message) is message

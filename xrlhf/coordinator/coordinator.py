@@ -219,6 +219,11 @@ class Coordinator:
         """Kill the workers, free their placement groups, stop Ray if this run started it."""
         from ray.util.placement_group import remove_placement_group
 
+        closing = [w.shutdown.remote() for h in self.handles.values() for w in h.workers]
+        try:  # engines and transports free what outlives a killed process (shared memory, vLLM)
+            ray.wait(closing, num_returns=len(closing), timeout=10)
+        except Exception:  # noqa: BLE001 - best effort on the way out: dead workers are killed below
+            pass
         for h in self.handles.values():
             try:
                 h.kill()

@@ -65,6 +65,8 @@ class EngineHost:
         opts = dict(options)
         if isinstance(opts.get("dtype"), str):
             opts["dtype"] = getattr(torch, opts["dtype"])
+        if self.transport is not None:
+            self.transport.close()  # re-wired: the old side's shared memory goes now, not at exit
         self.transport = build_transport(name, **opts)
         return name
 
@@ -153,7 +155,10 @@ class EngineHost:
 
     # -- memory phases (co-located layouts) -------------------------------------------------
     def shutdown(self) -> None:
-        """Free what the engines hold outside Python's reach (a vLLM engine's processes and memory)."""
+        """Free what the engines and the transport hold outside Python's reach (a vLLM engine's
+        processes and memory, shared-memory buffers)."""
+        if self.transport is not None:
+            self.transport.close()
         if self.gen is not None:
             self.gen.shutdown()
 

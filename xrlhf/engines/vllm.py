@@ -202,7 +202,8 @@ class VLLMGenerateEngine(GenerateEngine):
                 continue
             if self._shm is None:
                 self._shm = ShmPool()
-            n += int(self._rpc("xrlhf_receive", to_payload((transport, part), self._shm))[0])  # vllm_ext
+            local = None if part is None else [transport.local(m) for m in part]  # same host: name shared buffers
+            n += int(self._rpc("xrlhf_receive", to_payload((transport, local), self._shm))[0])  # vllm_ext
         self._weights_valid = True
         self._reset_cache = True
         return n

@@ -19,7 +19,9 @@ with protocol 5 and writes every buffer of 1 MiB or more to a file in ``/dev/shm
 into shared memory); the RPC carries the pickle's metadata and the file names, and
 ``from_payload`` maps the files read-only, so the loader reads the sender's bytes in place. The
 files are reused from one sync to the next (``ShmPool``). Where ``/dev/shm`` is missing or full,
-the buffers go in band as before.
+the buffers go in band as before. The ``cpu`` transport goes one step further: its host buffers
+already are shared files, so its messages reach here naming them (``Transport.local``) and
+nothing is copied between the processes at all.
 
 This module must import in vLLM's engine process without Ray: it imports only torch and
 ``xrlhf.weight_sync``.
@@ -28,91 +30,48 @@ This module must import in vLLM's engine process without Ray: it imports only to
 from __future__ import annotations
 
 import mmap
-import os
 import pickle
-import uuid
 from typing import Any
 
 import torch
 
 from xrlhf.weight_sync import LoadRecord, Transport
+from xrlhf.weight_sync.base import SHM_DIR, SharedFiles, map_shared
 
 
-SHM_DIR = "/dev/shm"
 SHM_MIN_BYTES = 1 << 20
 """Buffers of at least this size go through shared memory instead of the RPC."""
 
 
 class ShmPool:
-    """Shared-memory files for ``to_payload``, kept from one sync to the next.
-
-    Writing into a fresh tmpfs file pays for allocating every page (about 1 GiB/s measured
-    here); rewriting the same files each sync costs a plain memcpy. Files are named
-    ``xrlhf-<pid>-<n>``: ``close`` (or interpreter exit) deletes them, and a new pool deletes
-    those of processes that no longer exist (a trainer killed with SIGKILL).
-    """
+    """Shared-memory files for ``to_payload``, one per buffer index, kept from one sync to the
+    next: writing into a fresh tmpfs file pays for allocating every page (about 1 GiB/s
+    measured here), rewriting the same file costs a plain memcpy. The files are
+    ``weight_sync.SharedFiles`` (space reserved when made; deleted on close, at exit, or by the
+    next pool if this process was killed)."""
 
     def __init__(self, directory: str = SHM_DIR):
-        self.directory = directory
-        self.files: list[str] = []
-        self._sweep()
-        import atexit
-
-        atexit.register(self.close)
-
-    def _sweep(self) -> None:
-        try:
-            names = os.listdir(self.directory)
-        except OSError:
-            return
-        for name in names:
-            parts = name.split("-")
-            if len(parts) == 3 and parts[0] == "xrlhf" and parts[1].isdigit() and not _alive(int(parts[1])):
-                try:
-                    os.unlink(os.path.join(self.directory, name))
-                except OSError:
-                    pass
+        self.files = SharedFiles(directory)
+        self.slots: list[tuple[str, int]] = []
 
     def write(self, index: int, data: memoryview) -> str:
-        """Put ``data`` in file ``index`` of the pool (resized to fit); returns its path."""
-        while len(self.files) <= index:
-            self.files.append(os.path.join(self.directory, f"xrlhf-{os.getpid()}-{len(self.files)}"))
-        path = self.files[index]
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            if os.fstat(fd).st_size != data.nbytes:
-                os.ftruncate(fd, data.nbytes)
-            with mmap.mmap(fd, data.nbytes) if data.nbytes else _Empty() as mm:
+        """Put ``data`` in file ``index`` of the pool (made anew when the size changes); returns its path."""
+        while len(self.slots) <= index:
+            self.slots.append(("", -1))
+        path, size = self.slots[index]
+        if size != data.nbytes:
+            if path:
+                self.files.remove(path)
+            path = self.files.create(data.nbytes)
+            self.slots[index] = (path, data.nbytes)
+        if data.nbytes:
+            with open(path, "r+b") as f, mmap.mmap(f.fileno(), data.nbytes) as mm:
                 mm[:] = data.cast("B")
-        finally:
-            os.close(fd)
         return path
 
     def close(self) -> None:
-        for path in self.files:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-        self.files = []
-
-
-class _Empty:
-    def __enter__(self):
-        return bytearray()
-
-    def __exit__(self, *exc):
-        return False
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        self.files.close()
+        self.slots = []
 
 
 def to_payload(obj: Any, pool: ShmPool | None) -> tuple[bytes, list[tuple[str, int]]]:
@@ -141,11 +100,7 @@ def from_payload(payload: Any) -> Any:
     if isinstance(payload, (bytes, bytearray, memoryview)):
         return pickle.loads(payload)
     meta, files = payload
-    buffers = []
-    for path, nbytes in files:
-        with open(path, "rb") as f:
-            buffers.append(memoryview(mmap.mmap(f.fileno(), nbytes, access=mmap.ACCESS_READ)) if nbytes else b"")
-    return pickle.loads(meta, buffers=buffers)
+    return pickle.loads(meta, buffers=[map_shared(path, nbytes) for path, nbytes in files])
 
 
 class XrlhfWorkerExtension:

@@ -39,7 +39,11 @@ until chosen and nothing here lists them.
 
 from __future__ import annotations
 
+import atexit
 import inspect
+import itertools
+import mmap
+import os
 import pickle
 import threading
 from abc import ABC, abstractmethod
@@ -143,7 +147,8 @@ def flat_layout(tensors: Iterable[torch.Tensor]) -> dict[str, Any]:
     return {"shapes": shapes, "dtypes": dtypes, "offsets": offsets, "nbytes": offset}
 
 
-def flatten(tensors: list[torch.Tensor], out: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+def flatten(tensors: list[torch.Tensor], out: torch.Tensor | None = None,
+            pinned: bool | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
     """Copy tensors into one contiguous ``uint8`` buffer: ``(buffer, layout)``.
 
     Args:
@@ -155,6 +160,8 @@ def flatten(tensors: list[torch.Tensor], out: torch.Tensor | None = None) -> tup
     Returns:
         ``buffer``: ``[layout["nbytes"]]`` uint8 (a view of ``out`` when given); ``layout``: see
         ``flat_layout``.
+        pinned: whether ``out`` is page-locked (default: ``out.is_pinned()``; memory pinned with
+            ``cudaHostRegister`` is known to the caller).
     """
     layout = flat_layout(tensors)
     if out is None:
@@ -162,7 +169,8 @@ def flatten(tensors: list[torch.Tensor], out: torch.Tensor | None = None) -> tup
         buf = torch.empty(layout["nbytes"], dtype=torch.uint8, device=device)
     else:
         buf = out[:layout["nbytes"]]
-    pinned = buf.device.type == "cpu" and buf.is_pinned()
+    if pinned is None:
+        pinned = buf.device.type == "cpu" and buf.is_pinned()
     async_from = set()
     for t, off in zip(tensors, layout["offsets"]):
         n = t.numel() * t.element_size()
@@ -195,32 +203,142 @@ def cuda_device(device: torch.device | None) -> torch.device:
     return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
 
 
+SHM_DIR = "/dev/shm"
+_FILE_NUMBERS = itertools.count()
+
+
+class SharedFiles:
+    """Files in shared memory (``/dev/shm``) that another process on this host can map.
+
+    Named ``xrlhf-<pid>-<n>``: ``close`` (or interpreter exit) deletes this process's, and a new
+    pool deletes those of processes that no longer exist (a trainer killed with SIGKILL). Space
+    is reserved when a file is made (``posix_fallocate``): a full or small ``/dev/shm`` (a
+    container's default is 64 MB) raises ``OSError`` there, where touching pages of a mapping
+    past the tmpfs limit would kill the process with SIGBUS later.
+    """
+
+    def __init__(self, directory: str = SHM_DIR):
+        self.directory = directory
+        self.paths: set[str] = set()
+        self._sweep()
+        atexit.register(self.close)
+
+    def _sweep(self) -> None:
+        try:
+            names = os.listdir(self.directory)
+        except OSError:
+            return
+        for name in names:
+            parts = name.split("-")
+            if len(parts) == 3 and parts[0] == "xrlhf" and parts[1].isdigit() and not _alive(int(parts[1])):
+                try:
+                    os.unlink(os.path.join(self.directory, name))
+                except OSError:
+                    pass
+
+    def create(self, nbytes: int) -> str:
+        """A new file of ``nbytes`` (space reserved); raises ``OSError`` if there is no room."""
+        path = os.path.join(self.directory, f"xrlhf-{os.getpid()}-{next(_FILE_NUMBERS)}")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        self.paths.add(path)
+        try:
+            if nbytes:
+                os.posix_fallocate(fd, 0, nbytes)
+        except OSError:
+            os.close(fd)
+            self.remove(path)
+            raise
+        os.close(fd)
+        return path
+
+    def remove(self, path: str) -> None:
+        self.paths.discard(path)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+    def close(self) -> None:
+        for path in list(self.paths):
+            self.remove(path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def map_shared(path: str, nbytes: int) -> memoryview:
+    """A read-only view of ``nbytes`` of a shared file (valid after the file is deleted)."""
+    if not nbytes:
+        return memoryview(b"")
+    with open(path, "rb") as f:
+        return memoryview(mmap.mmap(f.fileno(), nbytes, access=mmap.ACCESS_READ))
+
+
 class HostBuffers:
     """Host byte buffers reused from one sync to the next, one per bucket index.
 
     Pinned (page-locked) when the weights are on a GPU: a device-to-host copy into pageable
     memory goes through a driver bounce buffer at a fraction of the bus speed, and pinning a
-    buffer costs far more than a copy, so each is pinned once and kept. Holds at most one
-    model's size of host memory (what a sync's messages hold anyway).
+    buffer costs far more than a copy, so each is pinned once and kept. Where ``/dev/shm`` has
+    room, a buffer is a shared file (``SharedFiles``, pinned with ``cudaHostRegister``): a
+    receiver in another process on this host maps it instead of being sent its bytes
+    (``path``). Holds at most one model's size of host memory (what a sync's messages hold anyway).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, shared: SharedFiles | None = None) -> None:
+        self.shared = shared
         self.buffers: list[torch.Tensor] = []
+        self.pinned: list[bool] = []
+        self.paths: list[str | None] = []
 
     def get(self, index: int, nbytes: int, pin: bool) -> torch.Tensor:
         """A ``[>= nbytes]`` uint8 CPU buffer for bucket ``index`` (a bucket's data is valid
         until the same bucket of the next sync is packed)."""
         while len(self.buffers) <= index:
             self.buffers.append(torch.empty(0, dtype=torch.uint8))
-        buf = self.buffers[index]
-        if buf.numel() < nbytes or buf.is_pinned() != pin:
-            buf = self.buffers[index] = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
-        return buf
+            self.pinned.append(False)
+            self.paths.append(None)
+        if self.buffers[index].numel() < nbytes or self.pinned[index] != pin:
+            self._release(index)
+            self.buffers[index], self.pinned[index], self.paths[index] = self._allocate(nbytes, pin)
+        return self.buffers[index]
+
+    def path(self, index: int) -> str | None:
+        """The shared file behind buffer ``index``, or ``None`` for plain host memory."""
+        return self.paths[index] if index < len(self.paths) else None
+
+    def _allocate(self, nbytes: int, pin: bool) -> tuple[torch.Tensor, bool, str | None]:
+        if self.shared is not None:
+            try:
+                path = self.shared.create(nbytes)
+            except OSError:
+                path = None
+            if path is not None:
+                buf = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+                if pin and torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), nbytes, 0) != 0:
+                    pin = False  # page-locking refused (memlock limit): pageable, still correct
+                return buf, pin, path
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin), pin, None
+
+    def _release(self, index: int) -> None:
+        buf, path = self.buffers[index], self.paths[index]
+        if path is not None and self.pinned[index] and buf.numel():
+            torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
+        if path is not None:
+            self.shared.remove(path)
 
     def stage(self, index: int, tensors: list[torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
         """``flatten`` into host buffer ``index``: ``(buffer [nbytes] uint8 on CPU, layout)``."""
         pin = torch.cuda.is_available() and any(t.device.type == "cuda" for t in tensors)
-        return flatten(tensors, self.get(index, flat_layout(tensors)["nbytes"], pin))
+        buf = self.get(index, flat_layout(tensors)["nbytes"], pin)
+        return flatten(tensors, buf, pinned=self.pinned[index])
 
 
 @dataclass
@@ -273,6 +391,16 @@ class Transport(ABC):
             sums = [checksum(t) for t in tensors] if self.verify else None
             names = [n for n, _ in bucket]
             yield Message(names, self.pack(tensors, names, index), sums, self.describe(tensors))
+
+    def close(self) -> None:
+        """Free this side's resources that outlive the process otherwise (shared-memory files).
+        Default: nothing."""
+
+    def local(self, message: Message) -> Message:
+        """``message`` for a receiver in another process on this host (vLLM's engine process):
+        a transport whose data already sits in shared memory sends only where it is. Default:
+        the message as it is."""
+        return message
 
     def receive(self, message: Message, device: torch.device | str | None = None,
                 checked: dict[str, int] | None = None) -> NamedTensorList:

@@ -15,18 +15,23 @@ pickle writes it as one ``bytes``. The receiver views its tensors in the buffer
 ``benchmarks/weight_sync_cpu_bench.py`` measures the two paths on CPU.
 
 A message's data is valid until the same bucket of the next sync is packed (the pinned
-buffers are reused): the coordinator's object store and vLLM's pickling copy it before then.
+buffers are reused): the coordinator's object store copies it before then. Into vLLM's engine
+process on the same host nothing is copied: the host buffers are files in ``/dev/shm``
+(``SharedFiles``), page-locked with ``cudaHostRegister``, and ``local`` sends the file's name;
+the receiver maps it and the loader copies from it to the GPU.
 The receiver's tensors may be read-only views of the object store: loaders only read them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import Any
 
 import torch
 
-from xrlhf.weight_sync.base import TRANSPORTS, HostBuffers, Message, Transport, flat_layout, unflatten
+from xrlhf.weight_sync.base import (TRANSPORTS, HostBuffers, Message, SharedFiles, Transport, flat_layout, map_shared,
+                                    unflatten)
 
 
 def as_array(buf: torch.Tensor):
@@ -55,12 +60,28 @@ class CPUTransport(Transport):
 
     def pack(self, tensors: list[torch.Tensor], names: list[str], index: int) -> Any:
         if getattr(self, "_host", None) is None:
-            self._host = HostBuffers()
+            self._host = HostBuffers(SharedFiles())
         buf, _ = self._host.stage(index, tensors)
+        self._staged = self._host.path(index)  # for ``describe``, called next for this bucket
         return as_array(buf)
 
     def describe(self, tensors: list[torch.Tensor]) -> dict[str, Any]:
-        return flat_layout(tensors)
+        shared = getattr(self, "_staged", None)
+        return {**flat_layout(tensors), **({"shm": shared} if shared else {})}
+
+    def close(self) -> None:
+        host = getattr(self, "_host", None)
+        if host is not None and host.shared is not None:
+            host.shared.close()
+        self._host = None
+
+    def local(self, message: Message) -> Message:
+        """Within one host the bucket's shared-memory file is named, not sent: the receiver maps
+        the pinned buffer the trainer copied into (no copy between the processes)."""
+        return dataclasses.replace(message, payload=None) if "shm" in message.meta else message
 
     def unpack(self, message: Message, device: torch.device | None = None) -> list[torch.Tensor]:
-        return unflatten(from_array(message.payload), message.meta)
+        data = message.payload
+        if data is None:  # sent by ``local``: map the sender's buffer
+            data = map_shared(message.meta["shm"], message.meta["nbytes"])
+        return unflatten(from_array(data), message.meta)

@@ -133,7 +133,13 @@ class DiskTransport(Transport):
         self._dir, self._files, self._host = path, [], HostBuffers()
         self._prefix = f"xrlhf-{uuid.uuid4().hex[:12]}"  # senders may share a directory
         self._syncs = 0
-        weakref.finalize(self, _remove, self._files, path if own else None)
+        self._cleanup = weakref.finalize(self, _remove, self._files, path if own else None)
+
+    def close(self) -> None:
+        """Delete the last sync's files (and the directory this sender made) now."""
+        cleanup = getattr(self, "_cleanup", None)
+        if cleanup is not None:
+            cleanup()
 
     @property
     def files(self) -> list[str]:
