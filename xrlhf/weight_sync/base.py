@@ -46,6 +46,7 @@ import mmap
 import os
 import pickle
 import threading
+import weakref
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterable, Iterator, Literal
@@ -273,6 +274,28 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _register(buf: torch.Tensor, registered: dict[int, int]) -> bool:
+    """Page-lock ``buf`` (memory CUDA did not allocate); False where refused (a memlock limit):
+    the buffer stays pageable, which is slower and still correct."""
+    cudart = torch.cuda.cudart()
+    if cudart.cudaHostRegister(buf.data_ptr(), buf.numel(), 0) != 0:
+        cudart.cudaGetLastError()  # clear it: CUDA's last error would surface in torch's next check
+        return False
+    registered[buf.data_ptr()] = buf.numel()
+    return True
+
+
+def _unregister(ptr: int, registered: dict[int, int]) -> None:
+    if registered.pop(ptr, None) is not None:
+        torch.cuda.synchronize()  # no copy into it may be in flight
+        torch.cuda.cudart().cudaHostUnregister(ptr)
+
+
+def _unregister_all(registered: dict[int, int]) -> None:
+    for ptr in list(registered):
+        _unregister(ptr, registered)
+
+
 def map_shared(path: str, nbytes: int) -> memoryview:
     """A read-only view of ``nbytes`` of a shared file (valid after the file is deleted)."""
     if not nbytes:
@@ -297,6 +320,13 @@ class HostBuffers:
         self.buffers: list[torch.Tensor] = []
         self.pinned: list[bool] = []
         self.paths: list[str | None] = []
+        # Memory page-locked with cudaHostRegister must be unregistered before it is unmapped:
+        # CUDA keeps the registration, and a later mapping at the same address fails with
+        # "resource already mapped" (seen on an H200 when a transport was dropped). ``close``
+        # and ``_release`` unregister in order; the finalizer covers a HostBuffers that is just
+        # dropped (it runs before the buffers it holds are freed).
+        self.registered: dict[int, int] = {}
+        weakref.finalize(self, _unregister_all, self.registered).atexit = False  # at exit all goes anyway
 
     def get(self, index: int, nbytes: int, pin: bool) -> torch.Tensor:
         """A ``[>= nbytes]`` uint8 CPU buffer for bucket ``index`` (a bucket's data is valid
@@ -322,17 +352,24 @@ class HostBuffers:
                 path = None
             if path is not None:
                 buf = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
-                if pin and torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), nbytes, 0) != 0:
-                    pin = False  # page-locking refused (memlock limit): pageable, still correct
+                if pin and nbytes:
+                    pin = _register(buf, self.registered)
                 return buf, pin, path
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin), pin, None
 
     def _release(self, index: int) -> None:
         buf, path = self.buffers[index], self.paths[index]
-        if path is not None and self.pinned[index] and buf.numel():
-            torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
+        _unregister(buf.data_ptr(), self.registered)
         if path is not None:
             self.shared.remove(path)
+
+    def close(self) -> None:
+        """Unregister page-locked buffers, delete the shared files; the buffers go with the last
+        reference to them (a message may still hold one)."""
+        _unregister_all(self.registered)
+        if self.shared is not None:
+            self.shared.close()
+        self.buffers, self.pinned, self.paths = [], [], []
 
     def stage(self, index: int, tensors: list[torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
         """``flatten`` into host buffer ``index``: ``(buffer [nbytes] uint8 on CPU, layout)``."""

@@ -71,8 +71,8 @@ class CPUTransport(Transport):
 
     def close(self) -> None:
         host = getattr(self, "_host", None)
-        if host is not None and host.shared is not None:
-            host.shared.close()
+        if host is not None:
+            host.close()
         self._host = None
 
     def local(self, message: Message) -> Message:
