@@ -9,7 +9,7 @@ import torch
 
 from xrlhf.algorithms.handles import Handle, Handles
 from xrlhf.algorithms.local import LocalHandle, LocalHandles
-from xrlhf.algorithms.losses import PolicyLoss
+from xrlhf.algorithms.losses import KTOLoss, PolicyLoss
 from xrlhf.data.batch import Batch, build_sequences
 from xrlhf.data.dispatch import ALL, DP, DP_TRAIN, RANK0, gather, gather_metrics, plan, split, split_train
 from xrlhf.engines.base import EngineSpec, GenerationOutput, SamplingParams
@@ -45,9 +45,11 @@ def test_train_split_zeroes_the_padding_rows_mask_and_refuses_uneven_sequence_lo
     s = split_train(numbered(5), 2, "token")
     assert s.parts[1]["response_mask"].sum(-1).tolist() == [3.0, 3.0, 0.0]
     assert s.parts[0]["response_mask"].sum() == 9  # real rows untouched
-    split_train(numbered(6), 2, "sequence")
+    assert "row_weight" not in split_train(numbered(6), 2, "sequence").parts[0]  # even: as before
     with pytest.raises(ValueError, match="sequence-unit loss needs a batch whose rows divide by the handle's ranks"):
-        split_train(numbered(5), 2, "sequence")
+        split_train(numbered(5), 2, "sequence")  # pairs (DPO, reward model) would be cut
+    s = split_train(numbered(5), 2, "sequence", row_weighted=True)
+    assert [p["row_weight"].tolist() for p in s.parts] == [[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]]
 
 
 def test_metrics_are_weighted_by_units():
@@ -94,6 +96,28 @@ def test_padded_train_rows_contribute_nothing(tiny_model):
     for k in one:
         torch.testing.assert_close(one[k], two[k], atol=1e-6, rtol=1e-5, msg=k)
     assert LocalHandle.of("policy", train=engine).train_step(batch, loss)["grad_norm"] > 0
+
+
+def test_padded_kto_rows_contribute_nothing(tiny_model):
+    """Online KTO trains on any number of rows: 2 ranks on 5 rows step as 1 rank on 5 (the copy
+    the split adds has row_weight 0, which the engines count and KTO's loss leaves out)."""
+    engine = HFTrainEngine(EngineSpec(model_path=tiny_model, options={"lr": 1e-3}, seed=0))
+    batch = rl_batch(5)
+    batch["ref_logps"] = torch.tensor([-3.0, -2.5, -4.0, -1.0, -2.0])
+    batch["labels"] = torch.tensor([1, 0, 1, 1, 0])
+    batch["z_ref"] = torch.full((5,), 0.1)
+    batch["desirable_weight"] = torch.tensor([1.0, 1.3, 1.3, 0.7, 1.0])
+    loss = KTOLoss(beta=0.5)
+    one = grads_of(engine, [batch], loss)
+    s = split_train(batch, 2, loss.unit, loss.row_weighted)
+    assert s.padded and s.parts[1]["row_weight"].tolist() == [1.0, 1.0, 0.0]
+    two = grads_of(engine, s.parts, loss)
+    assert max(float(g.abs().max()) for g in one.values()) > 0
+    for k in one:
+        torch.testing.assert_close(one[k], two[k], atol=1e-6, rtol=1e-5, msg=k)
+    _, stats = loss(engine.forward(s.parts[1]), s.parts[1])  # metrics of the real rows only
+    _, want = loss(engine.forward(batch.index(slice(3, 5))), batch.index(slice(3, 5)))
+    assert float(stats["kto/rewards_chosen"]) == pytest.approx(float(want["kto/rewards_chosen"]))
 
 
 def protocol_members(proto: type) -> set[str]:

@@ -225,9 +225,6 @@ class OnlineKTOTrainer(KTOMixin, RLTrainer):
         for _ in range(self.options.epochs):
             perm = torch.randperm(len(train), generator=self.generator)
             for idx in perm.split(self.options.mini_batch_size):
-                idx = idx[:len(idx) - len(idx) % self.policy.world_size]
-                if len(idx) == 0:
-                    continue
                 for k, v in self.kto_step(train.index(idx), kl.index(idx)).items():
                     sums[k] = sums.get(k, 0.0) + v
                 n += 1
@@ -237,8 +234,8 @@ class OnlineKTOTrainer(KTOMixin, RLTrainer):
     def kept_rows(self, labels: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
         """Indices of the rows to train on: all of them, or with ``filter_uniform_groups`` only
         the prompts whose samples got both labels (at least two such prompts, for the
-        mismatched pairs); the count is trimmed to a multiple of the policy's ranks: KTO's loss
-        is a mean over rows, so a train step cannot be padded (``data.dispatch``)."""
+        mismatched pairs). Any count trains: the dispatch pads a data-parallel split with copies
+        that KTO's loss leaves out (``row_weight``, ``data.dispatch``)."""
         rows = torch.arange(len(labels))
         if self.options.filter_uniform_groups:
             mixed = torch.tensor([bool(labels[group_ids == g].any() and not labels[group_ids == g].all())
@@ -246,4 +243,4 @@ class OnlineKTOTrainer(KTOMixin, RLTrainer):
             rows = rows[mixed]
             if len(group_ids[rows].unique()) < 2:
                 return rows[:0]
-        return rows[:len(rows) - len(rows) % self.policy.world_size]
+        return rows

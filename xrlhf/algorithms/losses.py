@@ -33,6 +33,7 @@ class PolicyLoss:
     tis_cap: float | None = None
     unit: str = "token"
     needs_entropy: bool = True
+    row_weighted: bool = False
 
     def __call__(self, out: ForwardOutput, mb: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask = mb["response_mask"]
@@ -61,6 +62,7 @@ class ValueLoss:
     clip_eps: float | None = 0.2
     unit: str = "token"
     needs_entropy: bool = False
+    row_weighted: bool = False
 
     def __call__(self, out: ForwardOutput, mb: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         loss, stats = F.value_loss(out.values, mb["old_values"], mb["returns"], mb["response_mask"], self.clip_eps)
@@ -73,6 +75,7 @@ class SFTLoss:
 
     unit: str = "token"
     needs_entropy: bool = False
+    row_weighted: bool = False
 
     def __call__(self, out: ForwardOutput, mb: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask = mb["response_mask"]
@@ -104,7 +107,8 @@ class KTOLoss:
     desirable), ``z_ref`` ``[B]`` (the batch's reference point, the same in every row: it is
     estimated by the trainer from mismatched pairs before the step), ``response_mask`` and,
     when present, ``desirable_weight`` ``[B]`` (per-row ``w_d`` of balanced weights, which then
-    replaces the scalar ``desirable_weight``).
+    replaces the scalar ``desirable_weight``) and ``row_weight`` ``[B]`` (0 for the padding copies
+    of a data-parallel split, which are left out: ``row_weighted``).
     """
 
     beta: float = 0.1
@@ -112,12 +116,17 @@ class KTOLoss:
     undesirable_weight: float = 1.0
     unit: str = "sequence"
     needs_entropy: bool = False
+    row_weighted: bool = True
 
     def __call__(self, out: ForwardOutput, mb: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         logps = F.sequence_logprob(out.logprobs, mb["response_mask"])
         w_d = mb["desirable_weight"] if "desirable_weight" in mb else self.desirable_weight
-        loss, stats = F.kto_loss(logps, mb["ref_logps"], mb["labels"].bool(), mb["z_ref"][0], self.beta,
-                                 w_d, self.undesirable_weight)
+        ref, labels, z = mb["ref_logps"], mb["labels"].bool(), mb["z_ref"][0]
+        if "row_weight" in mb:  # a padded data-parallel part: the copies (weight 0) are left out
+            real = mb["row_weight"] > 0
+            logps, ref, labels = logps[real], ref[real], labels[real]
+            w_d = w_d[real] if isinstance(w_d, torch.Tensor) else w_d
+        loss, stats = F.kto_loss(logps, ref, labels, z, self.beta, w_d, self.undesirable_weight)
         return loss, {f"kto/{k}": v for k, v in stats.items()}
 
 
@@ -137,6 +146,7 @@ class DPOLoss:
     nll_weight: float = 0.0
     unit: str = "sequence"
     needs_entropy: bool = False
+    row_weighted: bool = False
 
     def __call__(self, out: ForwardOutput, mb: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask = mb["response_mask"]
@@ -160,6 +170,7 @@ class PairwiseRewardLoss:
 
     unit: str = "sequence"
     needs_entropy: bool = False
+    row_weighted: bool = False
 
     def __call__(self, out: ForwardOutput, mb: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         chosen, rejected = _pairs(out.scores)

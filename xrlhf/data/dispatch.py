@@ -22,11 +22,12 @@ units, a unit being a response token (``response_mask`` ones) or a row:
   ``response_mask``. Every token-level term is masked, and the engine's unit count is the
   mask's sum, so they add nothing to the loss, the denominator, the gradient or the engine's
   token-weighted metrics. 2 ranks on 5 rows step exactly as 1 rank on 5 rows (tested).
-* sequence-unit losses (DPO, KTO, the reward model): the engine counts rows, padding rows
-  included, so there is no way to weight a copy by zero without changing the engines'
-  contract; ``split_train`` refuses an uneven split with a ``ValueError`` saying so. The
-  configs of those algorithms check ``batch_size`` against the policy's ranks, and online KTO
-  trains on a multiple of the policy's ranks.
+* sequence-unit losses (KTO, DPO, the reward model): an uneven split gives every part a
+  ``row_weight`` (0 for the copies); the engines count its sum as the rows, and a loss that
+  declares ``row_weighted`` (KTO) leaves the copies out, so online KTO trains on any number of
+  rows. DPO and the reward model read interleaved pairs, which a split by rows would cut:
+  ``split_train`` refuses an uneven split for them, and their configs check ``batch_size``
+  against the policy's ranks.
 
 Metrics (``gather_metrics``): each rank's ``train_step`` metrics are means over its units;
 the gather weights rank ``r`` by its real units ``u_r`` (tokens or rows of the part it was
@@ -103,13 +104,16 @@ def _take(x: Batch | Sequence[Any], rows: list[int], contiguous: bool, start: in
     return [x[i] for i in rows]
 
 
-def split_train(batch: Batch, ranks: int, unit: str) -> Split:
+def split_train(batch: Batch, ranks: int, unit: str, row_weighted: bool = False) -> Split:
     """``split`` for a train step: padding rows get an all-zero ``response_mask`` so they add
-    nothing to a token-unit loss. A sequence-unit loss (``unit == "sequence"``) needs ``ranks``
-    to divide the rows: raises ``ValueError`` otherwise (the engines count every row)."""
+    nothing to a token-unit loss. A sequence-unit loss counts rows: where ``ranks`` does not
+    divide them, every part gets ``row_weight`` ``[rows]`` (1 real, 0 copy), which the engines
+    count as the rows and a ``row_weighted`` loss honours (KTO); any other sequence-unit loss
+    raises ``ValueError`` (a copy would count in its mean over rows)."""
     if not isinstance(batch, Batch):
         raise TypeError(f"train_step takes a Batch, got {type(batch).__name__}")
-    if unit != "token" and len(batch) % ranks:
+    uneven = len(batch) % ranks != 0
+    if unit != "token" and uneven and not row_weighted:
         raise ValueError(f"train_step: a {unit}-unit loss needs a batch whose rows divide by the handle's "
                          f"ranks, got {len(batch)} rows for {ranks} ranks (a padding copy would count in the "
                          f"mean over rows); make the batch size a multiple of the ranks")
@@ -119,6 +123,10 @@ def split_train(batch: Batch, ranks: int, unit: str) -> Split:
             mask = part["response_mask"].clone()
             mask[real:] = 0
             part["response_mask"] = mask
+        if unit != "token" and uneven:
+            weight = torch.ones(len(part))
+            weight[real:] = 0.0
+            part["row_weight"] = weight
     return out
 
 
@@ -177,7 +185,7 @@ def plan(mode: str, ranks: int, args: tuple[Any, ...], kwargs: dict[str, Any]
     if mode in (DP, DP_TRAIN):
         if mode == DP_TRAIN:
             unit = args[1].unit
-            s = split_train(args[0], ranks, unit)
+            s = split_train(args[0], ranks, unit, args[1].row_weighted)
             weights = [units(p, k, unit) for p, k in zip(s.parts, s.real)]
             combine = lambda results: gather_metrics(results, weights)  # noqa: E731
         else:

@@ -154,10 +154,14 @@ class LossFn(Protocol):
     Attributes:
         unit: ``"token"`` (units are ``response_mask`` ones) or ``"sequence"`` (rows).
         needs_entropy: whether the forward must compute the entropy.
+        row_weighted: a sequence-unit loss that leaves out the rows whose ``row_weight`` ``[B]``
+            is 0 (padding copies a data-parallel split adds; ``data.dispatch``), so a batch its
+            ranks do not divide can be padded. The engines count ``row_weight``'s sum as the rows.
     """
 
     unit: Literal["token", "sequence"]
     needs_entropy: bool
+    row_weighted: bool
 
     def __call__(self, out: ForwardOutput, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
 
@@ -223,8 +227,11 @@ class InferEngine(Engine):
 
 
 def loss_units(batch: Batch, unit: str) -> torch.Tensor:
-    """The number of loss units in ``batch``: response tokens (``unit == "token"``) or rows."""
-    return batch["response_mask"].sum() if unit == "token" else torch.tensor(float(len(batch)))
+    """The number of loss units in ``batch``: response tokens (``unit == "token"``) or rows (the
+    sum of ``row_weight`` where a data-parallel split padded the batch with copies of weight 0)."""
+    if unit == "token":
+        return batch["response_mask"].sum()
+    return batch["row_weight"].sum().float() if "row_weight" in batch else torch.tensor(float(len(batch)))
 
 
 def global_units(batch: Batch, unit: str, device: torch.device) -> torch.Tensor:
