@@ -157,7 +157,7 @@ def run(cfg: XConfig, output_dir: str | Path | None = None, resume: bool = False
                     resume = True
     except KeyboardInterrupt:
         ckpts = list_checkpoints(out)
-        logger.warning(f"aborted by a second signal: nothing of the current step was saved; "
+        logger.warning("aborted by a second signal: nothing of the current step was saved; "
                        + (f"the last checkpoint is {ckpts[-1]}" if ckpts else "there is no checkpoint to resume from"))
         raise
     finally:
