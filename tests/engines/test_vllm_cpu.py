@@ -336,10 +336,9 @@ def test_cpu_transport_names_its_shared_buffer_to_a_receiver_on_this_host(tmp_pa
     buffers are plain memory and ``local`` keeps the bytes."""
     import os
 
-    from xrlhf.weight_sync import base
+    from xrlhf.weight_sync import memory
 
-    monkeypatch.setattr(base, "SHM_DIR", str(tmp_path))
-    monkeypatch.setattr(base.SharedFiles.__init__, "__defaults__", (str(tmp_path),))
+    monkeypatch.setattr(memory.SharedFiles.__init__, "__defaults__", (str(tmp_path),))
     transport = build_transport("cpu", verify=True)
     weights = [("a", torch.randn(300, 300)), ("b", torch.arange(10))]
     (message,) = list(transport.send(weights))
@@ -352,7 +351,7 @@ def test_cpu_transport_names_its_shared_buffer_to_a_receiver_on_this_host(tmp_pa
     transport._host.shared.close()
     assert not os.listdir(tmp_path)
 
-    monkeypatch.setattr(base.SharedFiles.__init__, "__defaults__", (str(tmp_path / "missing"),))
+    monkeypatch.setattr(memory.SharedFiles.__init__, "__defaults__", (str(tmp_path / "missing"),))
     plain = build_transport("cpu", verify=True)
     (message,) = list(plain.send(weights))
     assert "shm" not in message.meta and plain.local(message) is message

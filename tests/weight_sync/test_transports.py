@@ -311,4 +311,4 @@ def test_the_package_is_a_leaf_and_imports_a_transport_only_when_asked():
             "w.build_transport('disk')\n"
             "print(sorted(m for m in sys.modules if m.startswith('xrlhf.weight_sync.')))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "['xrlhf.weight_sync.base', 'xrlhf.weight_sync.disk']"
+    assert out.strip() == "['xrlhf.weight_sync.base', 'xrlhf.weight_sync.disk', 'xrlhf.weight_sync.memory']"

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from xrlhf.weight_sync import LoadRecord, Transport
-from xrlhf.weight_sync.base import SHM_DIR, SharedFiles, map_shared
+from xrlhf.weight_sync.memory import SHM_DIR, SharedFiles, map_shared
 
 
 SHM_MIN_BYTES = 1 << 20

@@ -2,16 +2,18 @@
 
 One module per transport (``in_process``, ``cpu``, ``cuda_ipc``, ``nccl``, ``disk``), each
 registering itself in the lazy ``TRANSPORTS`` registry and imported only when its name is
-asked for; ``base`` holds what they share (see its docstring). The package is a leaf: it
+asked for; ``base`` holds what they share (see its docstring), ``memory`` the host buffers
+and shared-memory files. The package is a leaf: it
 imports torch, safetensors and ``xrlhf.utils`` only, so engines (vLLM's worker included) and
 the coordinator both import it without importing each other. Who sends to whom in a Ray run
 is ``xrlhf.coordinator.weight_routes``.
 """
 
-from xrlhf.weight_sync.base import (ALIGN, TRANSPORTS, HostBuffers, LoadRecord, Message, NamedTensorList, Receiver,
-                                    Transport, WeightSyncError, buckets, build_transport, check_options, checksum,
+from xrlhf.weight_sync.base import (ALIGN, TRANSPORTS, LoadRecord, Message, NamedTensorList, Receiver, Transport,
+                                    WeightSyncError, buckets, build_transport, check_options, checksum,
                                     compare_checksums, flat_layout, flatten, push_weights, unflatten)
+from xrlhf.weight_sync.memory import HostBuffers, SharedFiles, map_shared
 
-__all__ = ["ALIGN", "TRANSPORTS", "HostBuffers", "LoadRecord", "Message", "NamedTensorList", "Receiver", "Transport",
+__all__ = ["ALIGN", "TRANSPORTS", "HostBuffers", "SharedFiles", "map_shared", "LoadRecord", "Message", "NamedTensorList", "Receiver", "Transport",
            "WeightSyncError", "buckets", "build_transport", "check_options", "checksum", "compare_checksums",
            "flat_layout", "flatten", "push_weights", "unflatten"]

@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from xrlhf.weight_sync.base import (TRANSPORTS, HostBuffers, Message, SharedFiles, Transport, flat_layout, map_shared,
-                                    unflatten)
+from xrlhf.weight_sync.base import TRANSPORTS, Message, Transport, flat_layout, unflatten
+from xrlhf.weight_sync.memory import HostBuffers, SharedFiles, map_shared
 
 
 def as_array(buf: torch.Tensor):

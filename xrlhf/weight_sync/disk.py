@@ -38,7 +38,8 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from xrlhf.weight_sync.base import TRANSPORTS, HostBuffers, Message, Transport, WeightSyncError, unflatten
+from xrlhf.weight_sync.base import TRANSPORTS, Message, Transport, WeightSyncError, unflatten
+from xrlhf.weight_sync.memory import HostBuffers
 
 SAFETENSORS_DTYPES = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
