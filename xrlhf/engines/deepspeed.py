@@ -263,9 +263,9 @@ def init_distributed(spec: EngineSpec) -> None:
     deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False)
 
 
-def _load(spec: EngineSpec) -> HFModel:
+def _load(spec: EngineSpec, keep_dropout: bool) -> HFModel:
     """``HFModel`` loaded in CPU memory: ``deepspeed.initialize`` places (or partitions) it."""
-    hf = HFModel(dataclasses.replace(spec, device="cpu"))
+    hf = HFModel(dataclasses.replace(spec, device="cpu"), keep_dropout)
     hf.spec = spec
     return hf
 
@@ -341,7 +341,7 @@ class _DSModel:
         if role == "train":
             _cpu_adam_or_torch(self.ds_config)
         self.zero_stage = int(self.ds_config["zero_optimization"]["stage"])
-        self.hf = _load(spec)
+        self.hf = _load(spec, keep_dropout=role == "train" and self.options.dropout)
         if role == "train" and self.options.gradient_checkpointing:
             self.hf.model.gradient_checkpointing_enable()
         self.engine, *_ = deepspeed.initialize(model=self.hf.model, config=self.ds_config, **init_kwargs)

@@ -97,13 +97,14 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: floa
 class HFModel:
     """A Transformers model and the forward pass every role needs."""
 
-    def __init__(self, spec: EngineSpec):
+    def __init__(self, spec: EngineSpec, keep_dropout: bool = False):
+        """``keep_dropout``: a train engine's ``dropout`` option; frozen engines run in eval mode,
+        where dropout is off anyway."""
         self.spec = spec
         torch.manual_seed(spec.seed)
         self.model = load_hf_model(spec)
         self.device = torch.device(spec.device)
-        opts = spec.options  # a train engine's option; frozen engines run in eval mode anyway
-        if not (opts.get("dropout", False) if isinstance(opts, dict) else getattr(opts, "dropout", False)):
+        if not keep_dropout:
             disable_dropout(self.model)
 
     def forward(self, batch: Batch, need_entropy: bool = False) -> ForwardOutput:
@@ -146,7 +147,7 @@ class HFTrainEngine(TrainEngine):
     def __init__(self, spec: EngineSpec):
         super().__init__(spec)
         spec.dist.init_process_group()
-        self.hf = HFModel(self.spec)
+        self.hf = HFModel(self.spec, keep_dropout=self.options.dropout)
         self.model = self.hf.model
         self.device = self.hf.device
         o = self.options
