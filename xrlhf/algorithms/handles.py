@@ -44,9 +44,11 @@ class Handle(Protocol):
     def world_size(self) -> int:
         """The number of data-parallel ranks."""
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams, *, wait: bool = True
-                 ) -> GenerationOutput | Pending:
-        """One continuation per token-id prompt: ``B`` lists of token ids and their logprobs."""
+    def generate(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None, *,
+                 wait: bool = True) -> GenerationOutput | Pending:
+        """One continuation per token-id prompt: ``B`` lists of token ids, their logprobs and
+        versions; ``seeds``: one per prompt, for sampling that does not depend on the split
+        (``GenerateEngine.generate``)."""
 
     def infer(self, batch: Batch, *, wait: bool = True) -> Batch | Pending:
         """``logprobs`` / ``values`` ``[B, R]`` or ``scores`` ``[B]`` of ``batch``, no gradients."""
@@ -96,8 +98,9 @@ class Handles(Protocol):
     @property
     def reward(self) -> Handle | None: ...
 
-    def sync_weights(self) -> float:
-        """Push the policy's new weights to the generate engines; returns seconds taken."""
+    def sync_weights(self, version: int | None = None) -> float:
+        """Push the policy's new weights to the generate engines; returns seconds taken.
+        ``version``: the policy version they are (stamped on the tokens sampled with them)."""
 
     def end_rollout(self) -> None:
         """Generation is over until the next ``sync_weights`` (co-located generators free memory)."""

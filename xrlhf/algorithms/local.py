@@ -71,16 +71,16 @@ class LocalHandle:
         return len(self.hosts)
 
     def _call(self, mode: str, method: str, *args, wait: bool = True,
-              combine: Callable[[list[Any]], Any] | None = None, **kwargs) -> Any:
-        ranks, calls, gather = plan(mode, self.world_size, args, kwargs)
+              combine: Callable[[list[Any]], Any] | None = None, split_kwargs: tuple[str, ...] = (), **kwargs) -> Any:
+        ranks, calls, gather = plan(mode, self.world_size, args, kwargs, split_kwargs)
         results = [getattr(self.hosts[r], method)(*a, **kw) for r, (a, kw) in zip(ranks, calls)]
         out = (combine or gather)(results)
         return out if wait else Done(out)
 
     # -- the calls trainers make (``Handle``) -------------------------------------------------
-    def generate(self, prompts: list[list[int]], params: SamplingParams, *, wait: bool = True
-                 ) -> GenerationOutput | Done:
-        return self._call(DP, "generate", prompts, params, wait=wait)
+    def generate(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None, *,
+                 wait: bool = True) -> GenerationOutput | Done:
+        return self._call(DP, "generate", prompts, params, seeds=seeds, split_kwargs=("seeds",), wait=wait)
 
     def infer(self, batch: Batch, *, wait: bool = True) -> Batch | Done:
         return self._call(DP, "infer", batch, wait=wait)
@@ -108,12 +108,12 @@ class LocalHandle:
             host.set_rng_state(state)
 
     # -- weights between the policy's own engines ---------------------------------------------
-    def sync_weights_local(self, *, wait: bool = True) -> Any:
+    def sync_weights_local(self, version: int | None = None, *, wait: bool = True) -> Any:
         """Each rank: its train engine -> its generate engine (``in_process`` transport)."""
         for host in self.hosts:
             if host.transport is None:
                 host.set_transport("in_process", {})
-        return self._call(ALL, "sync_weights_local", wait=wait)
+        return self._call(ALL, "sync_weights_local", version, wait=wait)
 
     def shutdown(self) -> None:
         """Free every rank's engines now (a vLLM generator's processes and GPU memory)."""
@@ -163,11 +163,11 @@ class LocalHandles:
     def reward(self) -> LocalHandle | None:
         return self.handles.get("reward")
 
-    def sync_weights(self) -> float:
+    def sync_weights(self, version: int | None = None) -> float:
         """The policy's train engines -> its own generate engines (when it has them)."""
         t0 = time.time()
         if self.policy.hosts[0].gen is not None and self.policy.hosts[0].train is not None:
-            self.policy.sync_weights_local()
+            self.policy.sync_weights_local(version)
         return time.time() - t0
 
     def end_rollout(self) -> None:

@@ -187,6 +187,39 @@ class TrainerConfig(Strict):
     save_final: bool = True
 
 
+class DynamicSamplingConfig(Strict):
+    """DAPO's dynamic sampling: groups whose samples all got the same reward teach a
+    group-relative estimator nothing; drop them and generate more prompts until the batch is full."""
+
+    enabled: bool = False
+    max_generated_factor: float = Field(3.0, ge=1, description="stop generating at this many times "
+                                        "trainer.prompts_per_step groups; the batch is then filled with the last "
+                                        "dropped groups (counted in sampling/filled_groups)")
+
+
+class RolloutConfig(Strict):
+    """Asynchronous rollout: generation runs ahead of training (``max_staleness`` > 0)."""
+
+    max_staleness: int = Field(0, ge=0, description="how many policy versions a sample may lag the policy it "
+                               "trains: 0 = the synchronous loop (generate, then train), 1 = one-step-off "
+                               "(batch s+1 generates while step s trains), k = up to k versions behind")
+    freshness: Literal["fixed", "latest"] = Field(
+        "fixed", description="fixed: batch b is generated with version max(0, b-1-max_staleness) exactly "
+        "(numbers independent of timing; exact resume); latest: with the newest weights synced (timing-dependent)")
+    in_flight_updates: bool = Field(False, description="latest: new weights land while a batch is being "
+                                    "generated (vLLM pause/resume); tokens record the version that sampled them")
+    on_update: Literal["continue", "recompute", "abort"] = Field(
+        "continue", description="in_flight_updates: what unfinished samples do when weights change: continue "
+        "(keep their KV cache), recompute (KV cache recomputed with the new weights), abort (restart the sample)")
+    stream_rewards: bool = Field(True, description="score each part of a batch as soon as it is generated, "
+                                 "while the rest generates")
+    stream_parts: int = Field(4, ge=1, description="stream_rewards: parts (whole groups each) a batch is "
+                              "generated in")
+    dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
+    stall_timeout_s: float = Field(600.0, gt=0, description="a generator that produces nothing for this long "
+                                   "is treated as dead")
+
+
 class WarmupConfig(Strict):
     """An optional supervised warm-up of the policy on the env's examples before RL."""
 
@@ -233,6 +266,7 @@ class XConfig(Strict):
     reward: RewardConfig = Field(default_factory=RewardConfig)
     algorithm: NamedSection = Field(default_factory=lambda: NamedSection(name="ppo"))
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     warmup: WarmupConfig = Field(default_factory=WarmupConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     fault_tolerance: FaultToleranceConfig = Field(default_factory=FaultToleranceConfig)

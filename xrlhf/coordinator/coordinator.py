@@ -18,7 +18,7 @@ import ray
 from loguru import logger
 
 from xrlhf.config.schema import Resources, XConfig
-from xrlhf.coordinator.handle import ModelHandle
+from xrlhf.coordinator.handle import ROLLOUT_GROUPS, ModelHandle
 from xrlhf.coordinator.resources import Slot, anchor_of, place
 from xrlhf.coordinator.weight_routes import WeightRoutes
 from xrlhf.coordinator.worker import EngineWorker
@@ -157,10 +157,13 @@ class Coordinator:
 
     def _create(self, s: HandleSpec, slot: Slot) -> tuple[ModelHandle, list]:
         actor = ray.remote(EngineWorker)
-        workers = [actor.options(**slot.options(rank), max_restarts=0,
+        # asynchronous rollout: a generating worker runs generate beside its other calls
+        concurrent = "generate" in s.engines and self.cfg.rollout.max_staleness > 0
+        groups = {"concurrency_groups": ROLLOUT_GROUPS} if concurrent else {}
+        workers = [actor.options(**slot.options(rank), **groups, max_restarts=0,
                                  name=None).remote(s.name, rank, slot.threads)
                    for rank in range(s.resources.ranks)]
-        handle = ModelHandle(s.name, workers, trainable="train" in s.engines)
+        handle = ModelHandle(s.name, workers, trainable="train" in s.engines, concurrent=concurrent)
         gpu = s.resources.gpus_per_rank > 0
         master, port = handle._get([workers[0].address.remote()], [0])[0]
         refs = [w.setup.remote(s.engines, DistInfo(rank, len(workers), master, port, "nccl" if gpu else "gloo"))
@@ -205,9 +208,10 @@ class Coordinator:
         if self.weight_sync is not None:
             self.weight_sync.end_rollout()
 
-    def sync_weights(self) -> float:
-        """Push the policy's new weights to the generate engines; returns seconds taken."""
-        return self.weight_sync.sync() if self.weight_sync is not None else 0.0
+    def sync_weights(self, version: int | None = None) -> float:
+        """Push the policy's new weights (policy ``version``) to the generate engines; returns
+        seconds taken."""
+        return self.weight_sync.sync(version) if self.weight_sync is not None else 0.0
 
     def __getitem__(self, name: str) -> ModelHandle:
         return self.handles[name]

@@ -30,7 +30,12 @@ from xrlhf.data.dispatch import ALL, DP, DP_TRAIN, RANK0, plan
 from xrlhf.engines.base import merge_rank_states
 from xrlhf.utils.errors import WorkerDiedError
 
-__all__ = ["ALL", "DP", "DP_TRAIN", "RANK0", "ModelHandle", "Pending", "dispatch"]
+__all__ = ["ALL", "DP", "DP_TRAIN", "RANK0", "ModelHandle", "Pending", "ROLLOUT_GROUPS", "dispatch"]
+
+ROLLOUT_GROUPS = {"rollout": 1}
+"""Ray concurrency groups of a worker that generates: ``generate`` runs in ``rollout`` (one
+call at a time), everything else in the default group (one at a time), so an asynchronous
+rollout's generation overlaps a co-located trainer's step in the same actor."""
 
 
 @dataclass
@@ -46,10 +51,14 @@ class Pending:
         return self.gather(self.handle._get(self.refs, self.ranks, timeout))
 
 
-def dispatch(mode: str, gather: Callable[[list[Any]], Any] | None = None):
+def dispatch(mode: str, gather: Callable[[list[Any]], Any] | None = None, split_kwargs: tuple[str, ...] = (),
+             group: str | None = None):
     """Declare how a handle method's call is spread over ranks; the body is not run.
 
-    ``gather`` replaces the mode's way of combining the ranks' results.
+    ``gather`` replaces the mode's way of combining the ranks' results; ``split_kwargs`` are
+    per-row keyword arguments split like the first (``plan``); ``group``: the actor's
+    concurrency group the call runs in (``rollout``: generation, beside the default group's
+    training, on workers that have the group).
     """
 
     combine = gather
@@ -59,8 +68,11 @@ def dispatch(mode: str, gather: Callable[[list[Any]], Any] | None = None):
 
         @functools.wraps(fn)
         def wrapper(self: "ModelHandle", *args, wait: bool = True, **kwargs):
-            ranks, calls, gather = plan(mode, self.world_size, args, kwargs)
-            refs = [getattr(self.workers[r], method).remote(*a, **kw) for r, (a, kw) in zip(ranks, calls)]
+            ranks, calls, gather = plan(mode, self.world_size, args, kwargs, split_kwargs)
+            fns = [getattr(self.workers[r], method) for r in ranks]
+            if group is not None and self.concurrent:
+                fns = [f.options(concurrency_group=group) for f in fns]
+            refs = [f.remote(*a, **kw) for f, (a, kw) in zip(fns, calls)]
             pending = Pending(self, refs, ranks, combine or gather)
             return pending.get() if wait else pending
 
@@ -79,10 +91,13 @@ class ModelHandle:
         trainable: whether the ranks hold a train engine (its state goes into checkpoints).
     """
 
-    def __init__(self, name: str, workers: Sequence[Any], trainable: bool = False):
+    def __init__(self, name: str, workers: Sequence[Any], trainable: bool = False, concurrent: bool = False):
         self.name = name
         self.workers = list(workers)
         self.trainable = trainable
+        self.concurrent = concurrent
+        """Whether the workers have the ``rollout`` concurrency group (``ROLLOUT_GROUPS``):
+        ``generate`` then runs beside training instead of queueing behind it."""
 
     @property
     def world_size(self) -> int:
@@ -128,9 +143,9 @@ class ModelHandle:
         return None
 
     # -- methods, each with its dispatch ------------------------------------------------------
-    @dispatch(DP)
-    def generate(self, prompts, params):
-        """Sample continuations; prompts split across ranks -> ``GenerationOutput``."""
+    @dispatch(DP, split_kwargs=("seeds",), group="rollout")
+    def generate(self, prompts, params, seeds=None):
+        """Sample continuations; prompts (and their ``seeds``) split across ranks -> ``GenerationOutput``."""
 
     @dispatch(DP)
     def infer(self, batch):
@@ -142,8 +157,8 @@ class ModelHandle:
         over ranks."""
 
     @dispatch(ALL)
-    def sync_weights_local(self):
-        """Each rank: its train engine -> its generate engine."""
+    def sync_weights_local(self, version=None):
+        """Each rank: its train engine -> its generate engine (``version``: the policy version sent)."""
 
     @dispatch(RANK0)
     def send_weights(self):
@@ -163,7 +178,7 @@ class ModelHandle:
         return Pending(self, [self.workers[r].join_weight_gather.remote() for r in ranks], ranks, list)
 
     @dispatch(ALL)
-    def receive_weights(self, messages):
+    def receive_weights(self, messages, version=None):
         """Every rank loads the messages (``None``: a broadcast's) -> tensors loaded per rank."""
 
     @dispatch(ALL)

@@ -79,13 +79,14 @@ class WeightRoutes:
         self.transport = name
         return name
 
-    def sync(self) -> float:
-        """One sync of the policy's current weights; returns seconds taken."""
+    def sync(self, version: int | None = None) -> float:
+        """One sync of the policy's current weights (``version``: their policy version, stamped
+        on the tokens the generators sample with them); returns seconds taken."""
         t0 = time.time()
         if self.rollout is None:
-            self.policy.sync_weights_local()
+            self.policy.sync_weights_local(version)
         elif self.kind == "broadcast":
-            receiving = self.rollout.receive_weights(None, wait=False)  # they wait for the sender's buckets
+            receiving = self.rollout.receive_weights(None, version, wait=False)  # they wait for the sender's buckets
             helpers = self.policy.join_weight_gather()  # a ZeRO-3 trainer's other ranks gather with rank 0
             sent = self.policy.broadcast_weights(wait=False)
             n_sent = sent.get()
@@ -95,7 +96,7 @@ class WeightRoutes:
         else:
             helpers = self.policy.join_weight_gather()
             messages = self.policy.send_weights(wait=False).refs[0]  # stays in the object store
-            self.rollout.receive_weights(messages)  # Ray hands every worker the stored messages
+            self.rollout.receive_weights(messages, version)  # Ray hands every worker the stored messages
             if helpers is not None:
                 helpers.get()
         return time.time() - t0

@@ -175,13 +175,26 @@ def gather_metrics(metrics: list[dict[str, float]], weights: Sequence[float]) ->
 Call = tuple[tuple[Any, ...], dict[str, Any]]
 
 
-def plan(mode: str, ranks: int, args: tuple[Any, ...], kwargs: dict[str, Any]
+def plan(mode: str, ranks: int, args: tuple[Any, ...], kwargs: dict[str, Any], split_kwargs: tuple[str, ...] = ()
          ) -> tuple[list[int], list[Call], Callable[[list[Any]], Any]]:
     """How a handle method's call is spread: the ranks to call, each one's ``(args, kwargs)``
     and the function that combines their results (in the order of those ranks).
 
-    ``DP`` / ``DP_TRAIN`` split ``args[0]`` (``DP_TRAIN`` reads the loss unit from ``args[1]``).
+    ``DP`` / ``DP_TRAIN`` split ``args[0]`` (``DP_TRAIN`` reads the loss unit from ``args[1]``);
+    ``DP`` also splits the keyword arguments named in ``split_kwargs`` that are not ``None``
+    (per-row lists such as ``generate``'s ``seeds``) alike, padding included.
     """
+    if mode == DP and any(kwargs.get(k) is not None for k in split_kwargs):
+        ranks_, calls, combine = plan(mode, ranks, args, {k: v for k, v in kwargs.items() if k not in split_kwargs})
+        for key in split_kwargs:
+            value = kwargs.get(key)
+            if value is None:
+                continue
+            if len(value) != len(args[0]):
+                raise ValueError(f"{key}: {len(value)} values for {len(args[0])} rows")
+            for (_, kw), part in zip(calls, split(list(value), ranks).parts):
+                kw[key] = part
+        return ranks_, calls, combine
     if mode in (DP, DP_TRAIN):
         if mode == DP_TRAIN:
             unit = args[1].unit
@@ -191,7 +204,7 @@ def plan(mode: str, ranks: int, args: tuple[Any, ...], kwargs: dict[str, Any]
         else:
             s = split(args[0], ranks)
             combine = lambda results: gather(results, s.real)  # noqa: E731
-        return list(range(ranks)), [((p, *args[1:]), kwargs) for p in s.parts], combine
+        return list(range(ranks)), [((p, *args[1:]), dict(kwargs)) for p in s.parts], combine
     if mode == ALL:
         return list(range(ranks)), [(args, kwargs)] * ranks, list
     if mode == RANK0:

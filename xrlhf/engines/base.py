@@ -355,14 +355,23 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     seed: int | None = None
+    on_update: Literal["continue", "recompute", "abort"] = "continue"
+    """What a call does with its unfinished rows when new weights land while it runs (engines
+    that ``pauses_mid_generation``): ``continue`` keeps their KV cache (computed by the old
+    weights) and samples on with the new ones; ``recompute`` recomputes the KV cache of the
+    tokens so far with the new weights first; ``abort`` restarts the rows from the prompt, so
+    every token of a row comes from one version."""
 
 
 @dataclass
 class GenerationOutput:
-    """Generated continuations: ``B`` lists of token ids and their sampling logprobs."""
+    """Generated continuations: ``B`` lists of token ids, their sampling logprobs and the
+    policy version (``GenerateEngine.version``) that sampled each token."""
 
     token_ids: list[list[int]]
     logprobs: list[list[float]]
+    versions: list[list[int]] = field(default_factory=list)
+    """``B`` lists like ``token_ids``; empty when the engine does not stamp versions."""
 
 
 class GenerateEngine(Engine):
@@ -374,11 +383,20 @@ class GenerateEngine(Engine):
             May be decided per instance once built (vLLM with or without multiprocessing).
         frees_memory_when_asleep: ``sleep`` gives accelerator memory back, so the worker
             returns its own cached memory before ``wake_up`` takes it again.
+        pauses_mid_generation: ``receive_weights`` ... ``end_sync`` may run (in another
+            thread) while ``generate`` runs: the engine pauses its requests at a token boundary
+            at the first bucket, loads, stamps the tokens sampled after ``end_sync`` with the
+            new ``version``, and resumes (``SamplingParams.on_update`` says how). Without it
+            the caller must not sync during a ``generate`` call.
+        version: the policy version of the loaded weights (0: the initial ones), set by
+            ``end_sync``; ``GenerationOutput.versions`` stamps each token with it.
     """
 
     Options: ClassVar[type[BaseModel]] = GenerateOptions
     shares_trainer_process: bool = True
     frees_memory_when_asleep: bool = False
+    pauses_mid_generation: ClassVar[bool] = False
+    version: int = 0
 
     @classmethod
     def workers_per_engine(cls, options: BaseModel) -> int:
@@ -392,8 +410,15 @@ class GenerateEngine(Engine):
         return []
 
     @abstractmethod
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
-        """Sample one continuation per prompt (truncated after the first stop token, kept)."""
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 seeds: list[int] | None = None) -> GenerationOutput:
+        """Sample one continuation per prompt (truncated after the first stop token, kept).
+
+        ``seeds``: one per prompt. Row ``i`` is then sampled from its own random stream seeded
+        with ``seeds[i]``, so its tokens depend only on the seed, the prompt and the weights,
+        not on the other rows, the split over ranks, or other threads (asynchronous rollout
+        regenerates a batch exactly on resume). ``None``: the engine's own stream.
+        """
 
     @abstractmethod
     def update_weights(self, weights: NamedTensors) -> None:
@@ -413,8 +438,11 @@ class GenerateEngine(Engine):
             n += len(named)
         return n
 
-    def end_sync(self) -> None:
-        """Called once the last bucket of a sync is loaded: ready the engine to generate."""
+    def end_sync(self, version: int | None = None) -> None:
+        """Called once the last bucket of a sync is loaded: ready the engine to generate.
+        ``version``: the policy version just loaded (``None``: unchanged)."""
+        if version is not None:
+            self.version = version
         self.wake_up()
 
     def weight_checksums(self) -> dict[str, int]:

@@ -259,7 +259,10 @@ class HFGenerateEngine(GenerateEngine):
         self._calls = 0
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 seeds: list[int] | None = None) -> GenerationOutput:
+        if seeds is not None:
+            raise NotImplementedError("keyed sampling: issue 14, in progress")
         mbs = self.options.micro_batch_size
         token_ids: list[list[int]] = []
         logprobs: list[list[float]] = []
@@ -270,7 +273,7 @@ class HFGenerateEngine(GenerateEngine):
             ids, lps = self._generate_chunk(prompts[start:start + mbs], params)
             token_ids += ids
             logprobs += lps
-        return GenerationOutput(token_ids, logprobs)
+        return GenerationOutput(token_ids, logprobs, [[self.version] * len(t) for t in token_ids])
 
     def _generate_chunk(self, prompts: list[list[int]], params: SamplingParams):
         width = max(len(p) for p in prompts)

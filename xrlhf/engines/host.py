@@ -74,8 +74,9 @@ class EngineHost:
         return os.getpid()
 
     # -- compute --------------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
-        return self.gen.generate(prompts, params)
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 seeds: list[int] | None = None) -> GenerationOutput:
+        return self.gen.generate(prompts, params, seeds)
 
     def infer(self, batch: Batch) -> Batch:
         engine = self.infer_engine or self.train
@@ -85,10 +86,11 @@ class EngineHost:
         return self.train.train_step(batch, loss_fn)
 
     # -- weights --------------------------------------------------------------------------
-    def sync_weights_local(self) -> int:
-        """Train engine -> generate engine of this worker, through the configured transport."""
+    def sync_weights_local(self, version: int | None = None) -> int:
+        """Train engine -> generate engine of this worker, through the configured transport;
+        ``version``: the policy version sent (stamped on the tokens sampled with it)."""
         n = push_weights(self.transport, self.train.named_weights(), self.gen.receive_weights)
-        self._end_sync()
+        self._end_sync(version)
         return n
 
     def send_weights(self) -> list[Message]:
@@ -99,16 +101,16 @@ class EngineHost:
         """Sender side of a broadcast transport (the receivers run ``receive_weights`` meanwhile)."""
         return sum(len(m.names) for m in self.transport.send(self.train.named_weights()))
 
-    def receive_weights(self, messages: list[Message] | None = None) -> int:
+    def receive_weights(self, messages: list[Message] | None = None, version: int | None = None) -> int:
         """Receiver side: load a message transport's buckets, or a broadcast's (``None``)."""
         n = self.gen.receive_weights(self.transport, messages)
-        self._end_sync()
+        self._end_sync(version)
         return n
 
-    def _end_sync(self) -> None:
+    def _end_sync(self, version: int | None = None) -> None:
         if torch.cuda.is_available() and self.gen.frees_memory_when_asleep:
             torch.cuda.empty_cache()  # this process's cached blocks go back before vLLM's KV cache does
-        self.gen.end_sync()
+        self.gen.end_sync(version)
 
     def join_weight_gather(self) -> int:
         """A rank > 0 of a sharded trainer (ZeRO-3) takes part in gathering the full weights

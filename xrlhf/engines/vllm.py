@@ -161,7 +161,8 @@ class VLLMGenerateEngine(GenerateEngine):
         self._shm: ShmPool | None = None  # buffers for vLLM's engine process (cpu transport)
 
     # -- generation ---------------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 seeds: list[int] | None = None) -> GenerationOutput:
         from vllm import TokensPrompt
 
         if not self._weights_valid or (self.sleep_level == 2 and "weights" in self._asleep):
@@ -171,21 +172,25 @@ class VLLMGenerateEngine(GenerateEngine):
         if self._reset_cache:  # cached prefixes were computed with the old weights
             self.llm.reset_prefix_cache()
             self._reset_cache = False
-        sp = self.sampling_params(params, len(prompts))
+        sp = self.sampling_params(params, len(prompts), seeds)
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts], sp,
                                  use_tqdm=False)
         token_ids = [list(out.outputs[0].token_ids) for out in outs]
         return GenerationOutput(token_ids, [sampled_logprobs(out.outputs[0].logprobs, ids)
-                                            for out, ids in zip(outs, token_ids)])
+                                            for out, ids in zip(outs, token_ids)],
+                                [[self.version] * len(ids) for ids in token_ids])
 
-    def sampling_params(self, params: SamplingParams, n: int):
-        """``vllm.SamplingParams`` for our ``params`` (a list, one per prompt, when seeded)."""
+    def sampling_params(self, params: SamplingParams, n: int, seeds: list[int] | None = None):
+        """``vllm.SamplingParams`` for our ``params`` (a list, one per prompt, when seeded:
+        ``seeds``, else ``params.seed + i``)."""
         from vllm import SamplingParams as VSamplingParams
 
         stop = [] if params.ignore_eos else list(params.stop_token_ids or self.eos_ids)
         base = dict(n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or 0,
                     max_tokens=params.max_new_tokens, stop_token_ids=stop, ignore_eos=params.ignore_eos,
                     logprobs=0, flat_logprobs=True, detokenize=False)
+        if seeds is not None:
+            return [VSamplingParams(**base, seed=int(s)) for s in seeds]
         if params.seed is None:
             return VSamplingParams(**base)
         return [VSamplingParams(**base, seed=params.seed + i) for i in range(n)]
@@ -218,8 +223,10 @@ class VLLMGenerateEngine(GenerateEngine):
         transport = build_transport("cpu")
         self.receive_weights(transport, list(transport.send(weights)))
 
-    def end_sync(self) -> None:
+    def end_sync(self, version: int | None = None) -> None:
         """After the last bucket: check every parameter was loaded (with verify on), then wake."""
+        if version is not None:
+            self.version = version
         missing = sorted({n for per_worker in self._rpc("xrlhf_end_sync") for n in per_worker})
         verify, self._verify = self._verify, False
         if verify and missing:
