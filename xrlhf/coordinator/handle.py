@@ -32,10 +32,11 @@ from xrlhf.utils.errors import WorkerDiedError
 
 __all__ = ["ALL", "DP", "DP_TRAIN", "RANK0", "ModelHandle", "Pending", "ROLLOUT_GROUPS", "dispatch"]
 
-ROLLOUT_GROUPS = {"rollout": 1}
-"""Ray concurrency groups of a worker that generates: ``generate`` runs in ``rollout`` (one
-call at a time), everything else in the default group (one at a time), so an asynchronous
-rollout's generation overlaps a co-located trainer's step in the same actor."""
+ROLLOUT_GROUPS = {"rollout": 8}
+"""Ray concurrency groups of a worker that generates: ``generate`` runs in ``rollout`` (up to
+8 calls at once: the parts of a streamed batch, an eval), everything else in the default group
+(one at a time), so an asynchronous rollout's generation overlaps a co-located trainer's step
+in the same actor. Engines serialise or batch concurrent ``generate`` calls themselves."""
 
 
 @dataclass
