@@ -418,6 +418,9 @@ class GenerateEngine(Engine):
         with ``seeds[i]``, so its tokens depend only on the seed, the prompt and the weights,
         not on the other rows, the split over ranks, or other threads (asynchronous rollout
         regenerates a batch exactly on resume). ``None``: the engine's own stream.
+
+        May be called from several threads at once (an asynchronous rollout's parts, an eval):
+        the engine serialises the calls or batches them together.
         """
 
     @abstractmethod
