@@ -216,7 +216,7 @@ def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resu
         if state is not None:
             restore_handles(ckpts[-1], coord.handles)
             trainer.load_state_dict(state["trainer"])
-            coord.sync_weights()
+            coord.sync_weights(trainer.step_idx)  # the generator holds the version of the checkpoint
 
         def checkpoint(step: int) -> None:
             save_checkpoint(out, step, {"trainer": trainer.state_dict(), "model_dir": model_dir, "extra": extra,

@@ -7,7 +7,8 @@ as ``dotted.yaml.path: message``:
 * the env's and algorithm's options, by the registered class's own ``Config``;
 * every engine section by the chosen engine's own ``Options`` (unknown keys rejected; a key
   that belongs to another backend of the role says which), the packages it needs, and where
-  it can run (``GenerateEngine.placement_errors``);
+  it can run (``GenerateEngine.placement_errors``) and what of the ``rollout`` section it
+  supports (``GenerateEngine.rollout_errors``);
 * a reward function: importable, callable, with a signature it can be called with;
 * then, once all of that is valid, the algorithm's cross-section checks;
 * then what the run will read, so that nothing fails after Ray has started: every model's
@@ -135,6 +136,7 @@ def _section_errors(cfg: XConfig, path: str, role: str, section: Section) -> lis
         res = cfg.policy.generate.resources if split else cfg.policy.resources
         where = "policy.generate.resources" if split else "policy.resources"
         errors += cls.placement_errors(options, where, res.gpus_per_rank, split)
+        errors += cls.rollout_errors(options, cfg.rollout, split)
     return errors
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
 import torch
@@ -24,6 +23,8 @@ from loguru import logger
 from pydantic import BaseModel
 
 from xrlhf.algorithms.handles import Handles
+from xrlhf.algorithms.producer import RolloutProducer
+from xrlhf.algorithms.rollout import Rollout, RolloutCollector, sampling_params
 from xrlhf.config.schema import XConfig
 from xrlhf.data.batch import Batch, build_sequences
 from xrlhf.data.lengths import check_prompt_lengths
@@ -40,26 +41,6 @@ ALGORITHMS: Registry[type] = Registry("algorithm")
 def register_algorithm(name: str):
     """Decorator registering a ``Trainer`` subclass under ``algorithm.name: <name>``."""
     return ALGORITHMS.register(name)
-
-
-@dataclass
-class Rollout:
-    """One step's samples: the ``Batch`` (layout of ``xrlhf.data.batch``) and their texts.
-
-    ``batch`` holds ``input_ids``, ``attention_mask``, ``response_mask``, ``rollout_logprobs``,
-    ``scores`` ``[B]`` and ``group_ids`` ``[B]`` (the prompt each sample came from).
-    """
-
-    batch: Batch
-    prompts: list[Prompt]
-    responses: list[str]
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-def sampling_params(cfg: XConfig, temperature: float | None = None) -> SamplingParams:
-    g = cfg.policy.generate
-    return SamplingParams(temperature=g.temperature if temperature is None else temperature, top_p=g.top_p,
-                          top_k=g.top_k, max_new_tokens=g.max_new_tokens, stop_token_ids=list(g.stop_token_ids))
 
 
 def evaluate(generate: Callable[[list[list[int]], SamplingParams], GenerationOutput], env: Env, tokenizer,
@@ -116,6 +97,9 @@ class Trainer(ABC):
     """The head of the trained model (``"score"`` for a reward model), read by the coordinator."""
     uses_generation: ClassVar[bool] = True
     """Whether the policy handle needs a generate engine (not for a reward model)."""
+    learns_off_policy: ClassVar[bool] = False
+    """Whether the algorithm can train on samples of older policies (``rollout.max_staleness``
+    > 0): a subclass opts in once its update is correct off-policy."""
     progress_keys: ClassVar[tuple[tuple[str, str], ...]] = ()
     """``(metric key, short name)`` shown in the progress line when a step's metrics have them
     (then ``eval/reward_mean`` as ``eval``, generation tokens/s and the step time)."""
@@ -144,6 +128,7 @@ class Trainer(ABC):
             errors.append(f"critic: algorithm {cfg.algorithm.name!r} needs a critic section (critic: {{}} "
                           f"uses the policy's model with a new value head)")
         errors += _check_reward_source(cfg)
+        errors += _check_rollout(cls, cfg)
         return errors
 
     @classmethod
@@ -214,10 +199,33 @@ class Trainer(ABC):
 
 
 class RLTrainer(Trainer):
-    """Online RL: each ``step`` = rollout -> reward -> ``update`` (the algorithm) -> weight sync."""
+    """Online RL: each ``step`` = rollout -> reward -> ``update`` (the algorithm) -> weight sync.
+
+    With ``rollout.max_staleness`` 0 (the default) the step generates its own batch, then
+    trains, then syncs: today's loop, the same calls in the same order. Above 0 a
+    ``RolloutProducer`` thread generates and scores the batches ahead (``algorithms/producer.py``)
+    and the step takes batch ``step`` from it, trains, and publishes the new version.
+    """
 
     progress_keys = (("reward/mean", "reward"), ("kl/mean", "kl"), ("policy/loss", "pg_loss"),
                      ("critic/loss", "vf_loss"), ("policy/entropy", "entropy"))
+    learns_off_policy = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.collector = RolloutCollector(self.cfg, self.env, self.tok, self.gen_handle, self.reward,
+                                          self.group_filter)
+        self.producer: RolloutProducer | None = None
+        self._producer_state: dict[str, Any] | None = None
+
+    @property
+    def asynchronous(self) -> bool:
+        return self.cfg.rollout.max_staleness > 0
+
+    def group_filter(self, scores: torch.Tensor) -> bool:
+        """Dynamic sampling: keep a group of ``n`` samples (``scores`` ``[n]``) only if their
+        rewards differ (equal rewards give a group-relative estimator no signal)."""
+        return bool(scores.max() > scores.min())
 
     def step(self) -> dict[str, float]:
         """One RL step: rollout, then the algorithm's update, then weight sync.
@@ -226,11 +234,17 @@ class RLTrainer(Trainer):
         non-finite optimizer step) and is counted; ``fault_tolerance.max_bad_steps`` of them
         in a row abort the run.
         """
+        if self.asynchronous:
+            return self._async_step()
         t = self.cfg.trainer
         timings: dict[str, float] = {}
-        prompts = self.env.train_prompts(self.data_pos, t.prompts_per_step)
-        self.data_pos += t.prompts_per_step
-        rollout = self.rollout(prompts, t.samples_per_prompt, timings)
+        r = self.cfg.rollout
+        if r.dynamic_sampling.enabled or r.stream_rewards:
+            rollout, self.data_pos = self.collector(self.step_idx + 1, self.data_pos, lambda: None)
+        else:
+            prompts = self.env.train_prompts(self.data_pos, t.prompts_per_step)
+            self.data_pos += t.prompts_per_step
+            rollout = self.rollout(prompts, t.samples_per_prompt, timings)
         if not torch.isfinite(rollout.batch["scores"]).all():
             return self._bad_step("rewards", {**rollout.metrics, **timings})
         t0 = time.time()  # (not before a skipped step: no sync would wake it)
@@ -244,6 +258,58 @@ class RLTrainer(Trainer):
             return self._bad_step("loss", {**rollout.metrics, **metrics, **timings})
         self.bad_steps = 0
         return {**rollout.metrics, **metrics, **timings}
+
+    def _async_step(self) -> dict[str, float]:
+        """Take batch ``s`` from the producer, train, publish version ``s`` and sync it (when the
+        schedule allows: ``RolloutProducer.before_sync``). The generator stays awake."""
+        s = self.step_idx + 1
+        producer = self._start_producer()
+        timings: dict[str, float] = {}
+        rollout = producer.get(s)
+        timings["time/wait_rollout_s"] = producer.waited_s
+        metrics: dict[str, float] = staleness(rollout.batch, s - 1)
+        finite = bool(torch.isfinite(rollout.batch["scores"]).all())
+        if finite:
+            t0 = time.time()
+            metrics.update(self.update(rollout, timings))
+            timings["time/update_s"] = time.time() - t0
+        timings["time/wait_generation_s"] = producer.before_sync(s)
+        timings["time/sync_s"] = self.handles.sync_weights(s)  # a skipped step publishes the same weights
+        producer.after_sync(s)
+        if not finite:
+            return self._bad_step("rewards", {**rollout.metrics, **metrics, **timings})
+        if any(metrics.get(k, 0) > 0 for k in ("policy/skipped", "critic/skipped")):
+            return self._bad_step("loss", {**rollout.metrics, **metrics, **timings})
+        self.bad_steps = 0
+        return {**rollout.metrics, **metrics, **timings}
+
+    def _start_producer(self) -> RolloutProducer:
+        if self.producer is None:
+            st = self._producer_state or {"next": self.step_idx + 1, "data_pos": self.data_pos, "queue": {}}
+            self.producer = RolloutProducer(self.collector, self.cfg.rollout, self.cfg.trainer.steps, st["next"],
+                                            st["data_pos"], synced=self.step_idx, queue=st["queue"]).start()
+            self._producer_state = None
+        return self.producer
+
+    def fit(self, on_step_end: Callable[[int], bool] | None = None) -> dict[str, Any] | None:
+        try:
+            return super().fit(on_step_end)
+        finally:
+            if self.producer is not None:
+                self.producer.stop()
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if self.producer is not None:  # the queued batches and where the producer goes on
+            state["producer"] = self.producer.state_dict(self.step_idx)
+            state["data_pos"] = state["producer"]["data_pos"]
+        elif self._producer_state is not None:
+            state["producer"] = self._producer_state
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._producer_state = state.get("producer")
 
     def _bad_step(self, what: str, metrics: dict[str, float]) -> dict[str, float]:
         self.bad_steps += 1
@@ -287,6 +353,16 @@ class RLTrainer(Trainer):
         return list(shuffled.chunks(size))
 
 
+def staleness(batch: Batch, version: int) -> dict[str, float]:
+    """``staleness/min|mean|max``: how many versions the response tokens of ``batch`` lag the
+    policy ``version`` they train (from ``token_versions`` ``[B, R]`` and ``response_mask``)."""
+    mask = batch["response_mask"] > 0
+    if "token_versions" not in batch or not mask.any():
+        return {}
+    lag = (version - batch["token_versions"][mask]).float()
+    return {"staleness/min": float(lag.min()), "staleness/mean": float(lag.mean()), "staleness/max": float(lag.max())}
+
+
 def check_mini_batch(cfg: XConfig, mini_batch_size: int) -> list[str]:
     """Checks of an ``algorithm.mini_batch_size`` that cuts each rollout into optimizer steps:
     it must divide the rollout batch (``trainer.prompts_per_step * trainer.samples_per_prompt``),
@@ -297,6 +373,28 @@ def check_mini_batch(cfg: XConfig, mini_batch_size: int) -> list[str]:
     if batch % mini_batch_size:
         errors.append(f"algorithm.mini_batch_size: {mini_batch_size} must divide the rollout batch "
                       f"(trainer.prompts_per_step * trainer.samples_per_prompt = {batch})")
+    return errors
+
+
+def _check_rollout(cls: type[Trainer], cfg: XConfig) -> list[str]:
+    """The ``rollout`` section against the algorithm (each line: the path and the fix)."""
+    r, errors = cfg.rollout, []
+    if r.max_staleness > 0 and not cls.learns_off_policy:
+        errors.append(f"rollout.max_staleness: algorithm {cfg.algorithm.name!r} cannot learn from samples of "
+                      f"older policies; set 0")
+    if r.freshness == "latest" and r.max_staleness == 0:
+        errors.append("rollout.freshness: 'latest' needs rollout.max_staleness >= 1 (0 is the synchronous loop)")
+    if r.in_flight_updates and (r.freshness != "latest" or r.max_staleness == 0):
+        errors.append("rollout.in_flight_updates: needs rollout.freshness: latest and max_staleness >= 1 (with "
+                      "'fixed' every batch is generated by exactly one version)")
+    if "on_update" in r.model_fields_set and not r.in_flight_updates:
+        errors.append("rollout.on_update: only used with rollout.in_flight_updates: true")
+    if r.dynamic_sampling.enabled:
+        if cfg.trainer.samples_per_prompt < 2:
+            errors.append(f"rollout.dynamic_sampling: drops groups whose samples all got the same reward, so it "
+                          f"needs trainer.samples_per_prompt >= 2, got {cfg.trainer.samples_per_prompt}")
+        if not cls.uses_generation or not issubclass(cls, RLTrainer):
+            errors.append(f"rollout.dynamic_sampling: algorithm {cfg.algorithm.name!r} does not generate")
     return errors
 
 

@@ -188,6 +188,13 @@ class OnlineKTOTrainer(KTOMixin, RLTrainer):
 
     Config = KTOOnlineConfig
     progress_keys = (("kto/kl", "z_ref"), ("kto/desirable_fraction", "desirable"), *RLTrainer.progress_keys)
+    learns_off_policy = True  # KTO's loss never uses the sampler's logprobs: any labelled sample teaches it
+
+    def group_filter(self, scores: torch.Tensor) -> bool:
+        """Dynamic sampling keeps a prompt whose samples got both labels (``filter_uniform_groups``'
+        rule, applied while generating instead of after)."""
+        labels = scores >= self.options.threshold
+        return bool(labels.any() and not labels.all())
 
     @classmethod
     def check_config(cls, cfg: XConfig, o: KTOOnlineConfig) -> list[str]:

@@ -55,6 +55,7 @@ class PolicyGradientTrainer(RLTrainer):
     """The machinery PPO and the critic-free estimators share: KL, mini-batch epochs, losses."""
 
     Config = PolicyGradientConfig
+    learns_off_policy = True  # behaviour logprobs are the rollout's; the update corrects for them
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -121,7 +122,7 @@ class PolicyGradientTrainer(RLTrainer):
         value_loss = ValueLoss(self.options.value_clip_eps) if with_critic else None
         sums: dict[str, float] = {}
         n = 0
-        keys = [k for k in batch.keys() if k != "group_ids"]
+        keys = [k for k in batch.keys() if k not in ("group_ids", "token_versions")]
         for _ in range(self.options.ppo_epochs):
             for mb in self.minibatches(batch.select(*keys), self.options.mini_batch_size):
                 pending = self.critic.train_step(mb, value_loss, wait=False) if with_critic else None

@@ -211,8 +211,9 @@ class RolloutConfig(Strict):
     on_update: Literal["continue", "recompute", "abort"] = Field(
         "continue", description="in_flight_updates: what unfinished samples do when weights change: continue "
         "(keep their KV cache), recompute (KV cache recomputed with the new weights), abort (restart the sample)")
-    stream_rewards: bool = Field(True, description="score each part of a batch as soon as it is generated, "
-                                 "while the rest generates")
+    stream_rewards: bool | None = Field(None, description="score each part of a batch as soon as it is "
+                                        "generated, while the rest generates; default: on with max_staleness > 0; "
+                                        "true: in the synchronous loop too (samples then drawn from per-sample seeds)")
     stream_parts: int = Field(4, ge=1, description="stream_rewards: parts (whole groups each) a batch is "
                               "generated in")
     dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)

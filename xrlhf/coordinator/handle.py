@@ -28,9 +28,12 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from xrlhf.data.dispatch import ALL, DP, DP_TRAIN, RANK0, plan
 from xrlhf.engines.base import merge_rank_states
+from xrlhf.utils import faults
 from xrlhf.utils.errors import WorkerDiedError
 
 __all__ = ["ALL", "DP", "DP_TRAIN", "RANK0", "ModelHandle", "Pending", "ROLLOUT_GROUPS", "dispatch"]
+
+_SLICE_S = 1.0
 
 ROLLOUT_GROUPS = {"rollout": 8}
 """Ray concurrency groups of a worker that generates: ``generate`` runs in ``rollout`` (up to
@@ -113,8 +116,13 @@ class ModelHandle:
         deadline = None if timeout is None else time.monotonic() + timeout
         while pending:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+            # in slices: a failure of background work (an asynchronous rollout's dead generator)
+            # stops a caller waiting here within a second (``utils.faults``)
+            ready, pending = ray.wait(pending, num_returns=1, timeout=_SLICE_S if left is None else min(left, _SLICE_S))
             if not ready:
+                faults.check()
+                if deadline is None or time.monotonic() < deadline:
+                    continue
                 raise WorkerDiedError(f"{self.name} rank {ranks[index[pending[0]]]} did not answer within {timeout} s")
             ref = ready[0]
             try:

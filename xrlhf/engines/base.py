@@ -409,6 +409,15 @@ class GenerateEngine(Engine):
         in the split (``split``) or co-located layout. Each line names the path and the fix."""
         return []
 
+    @classmethod
+    def rollout_errors(cls, options: BaseModel, rollout: BaseModel, split: bool) -> list[str]:
+        """What this engine cannot do of the ``rollout`` section (``config.schema.RolloutConfig``)
+        in the split (``split``) or co-located layout. Each line names the path and the fix."""
+        if rollout.in_flight_updates and not cls.pauses_mid_generation:
+            return [f"rollout.in_flight_updates: generate engine {cls.__name__} cannot load weights while it "
+                    f"generates; set in_flight_updates: false"]
+        return []
+
     @abstractmethod
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  seeds: list[int] | None = None) -> GenerationOutput:

@@ -1,0 +1,139 @@
+"""The rollout producer's schedule, hand-off, checkpoint state and faults, with a stand-in
+``collect`` (control flow only; the real runs are in test_async.py)."""
+
+import threading
+import time
+
+import pytest
+
+from xrlhf.algorithms.producer import RolloutProducer, sample_seed
+from xrlhf.config.schema import RolloutConfig
+from xrlhf.utils import faults
+from xrlhf.utils.errors import WorkerDiedError
+
+
+class Generator:
+    """Records the version the 'generator' held when each batch was generated."""
+
+    def __init__(self, delay: float = 0.0):
+        self.version = 0
+        self.used: dict[int, int] = {}
+        self.delay = delay
+
+    def collect(self, b, pos, on_generated):
+        self.used[b] = self.version
+        time.sleep(self.delay)
+        on_generated()
+        return {"batch": b, "pos": pos}, pos + 10
+
+
+def train(producer, gen, steps, step_s=0.0):
+    got = []
+    for s in range(1, steps + 1):
+        got.append(producer.get(s))
+        time.sleep(step_s)
+        producer.before_sync(s)
+        gen.version = s  # the sync
+        producer.after_sync(s)
+    return got
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+@pytest.mark.parametrize("gen_s,step_s", [(0.0, 0.01), (0.01, 0.0)])
+def test_fixed_schedule_generates_batch_b_with_version_b_minus_1_minus_k(k, gen_s, step_s):
+    gen = Generator(gen_s)
+    p = RolloutProducer(gen.collect, RolloutConfig(max_staleness=k), last=8).start()
+    got = train(p, gen, 8, step_s)
+    p.stop()
+    assert [g["batch"] for g in got] == list(range(1, 9))
+    assert [g["pos"] for g in got] == [10 * i for i in range(8)]
+    assert gen.used == {b: max(0, b - 1 - k) for b in range(1, 9)}
+
+
+def test_latest_uses_the_newest_synced_version_within_the_bound():
+    gen = Generator(0.005)
+    p = RolloutProducer(gen.collect, RolloutConfig(max_staleness=2, freshness="latest"), last=10).start()
+    train(p, gen, 10, 0.02)
+    p.stop()
+    for b, v in gen.used.items():
+        assert max(0, b - 1 - 2) <= v <= b - 1
+
+
+def test_latest_without_in_flight_updates_waits_for_the_generation_under_way():
+    started, release = threading.Event(), threading.Event()
+    syncing = []
+
+    def collect(b, pos, on_generated):
+        if b == 2:
+            started.set()
+            release.wait(5)
+            syncing.append(("generated", b))
+        on_generated()
+        return b, pos + 1
+
+    p = RolloutProducer(collect, RolloutConfig(max_staleness=1, freshness="latest"), last=2).start()
+    assert p.get(1) == 1
+    started.wait(5)
+    threading.Timer(0.2, release.set).start()
+    p.before_sync(1)
+    syncing.append(("sync", 1))
+    p.after_sync(1)
+    assert syncing == [("generated", 2), ("sync", 1)]
+    p.stop()
+
+
+def test_state_dict_waits_for_the_queue_and_resumes_where_it_stopped():
+    gen = Generator(0.01)
+    p = RolloutProducer(gen.collect, RolloutConfig(max_staleness=2), last=6).start()
+    for s in (1, 2):
+        p.get(s)
+        p.before_sync(s)
+        gen.version = s
+        p.after_sync(s)
+    state = p.state_dict(2)
+    p.stop()
+    assert sorted(state["queue"]) == [3, 4] and state["next"] == 5 and state["data_pos"] == 40
+    # resume: a new producer from the state generates the rest with the same versions
+    gen2 = Generator()
+    gen2.version = 2
+    q = RolloutProducer(gen2.collect, RolloutConfig(max_staleness=2), last=6, start=state["next"],
+                        data_pos=state["data_pos"], synced=2, queue=state["queue"]).start()
+    for s in range(3, 7):
+        assert q.get(s)["batch"] == s
+        q.before_sync(s)
+        gen2.version = s
+        q.after_sync(s)
+    q.stop()
+    assert gen2.used == {5: 2, 6: 3}
+
+
+def test_a_failing_collect_raises_in_the_trainer_and_through_faults():
+    def collect(b, pos, on_generated):
+        raise WorkerDiedError("rollout rank 0 died: killed")
+
+    p = RolloutProducer(collect, RolloutConfig(max_staleness=1), last=3).start()
+    with pytest.raises(WorkerDiedError, match="rollout rank 0 died"):
+        p.get(1)
+    with pytest.raises(WorkerDiedError):
+        faults.check()  # what a handle waiting on another model calls
+    p.stop()
+    faults.check()  # cleared
+
+
+def test_a_silent_generator_is_reported_after_the_stall_timeout():
+    def collect(b, pos, on_generated):
+        time.sleep(5)
+        return b, pos
+
+    p = RolloutProducer(collect, RolloutConfig(max_staleness=1, stall_timeout_s=0.3), last=2).start()
+    t0 = time.monotonic()
+    with pytest.raises(WorkerDiedError, match="stall_timeout_s"):
+        p.get(1)
+    assert time.monotonic() - t0 < 2
+    p.stop(timeout=0.1)
+
+
+def test_sample_seeds_are_distinct_and_63_bit():
+    seeds = {sample_seed(0, b, r, a) for b in range(20) for r in range(64) for a in range(2)}
+    assert len(seeds) == 20 * 64 * 2 and all(0 <= s < 2**63 for s in seeds)
+    assert sample_seed(1, 1, 0) != sample_seed(0, 1, 0)

@@ -1,0 +1,208 @@
+"""The asynchronous rollout: a thread that generates and scores batches ahead of the trainer.
+
+With ``rollout.max_staleness`` ``k > 0`` the trainer does not generate: a ``RolloutProducer``
+thread in the driver does, through the same handles (no Ray here), while the trainer trains
+on the batches it queued. Versions count published policy updates: version 0 is the start
+model, the update of step ``s`` (1-based) makes version ``s``; step ``s`` trains on batch ``s``
+with the policy of version ``s - 1``. The generator holds one version at a time; the trainer
+syncs it after each update (``before_sync`` / ``after_sync`` bracket that sync).
+
+Two schedules (``rollout.freshness``):
+
+* ``fixed``: batch ``b`` is generated entirely with version ``need(b) = max(0, b - 1 - k)``.
+  The trainer syncs version ``s`` only once every batch that needs an older version is
+  generated (``b <= s + k``), and the producer starts batch ``b`` only once ``need(b)`` is
+  synced; so what each batch holds is a function of the seed, never of timing. ``k = 1`` is
+  one-step-off: batch ``s + 1`` generates while step ``s`` trains.
+* ``latest``: batch ``b`` may start once version ``need(b)`` is *published* and uses whatever
+  the generator holds then (at least that version). Without ``in_flight_updates`` a sync waits
+  for the generate calls under way; with them it lands mid-generation (the engine pauses at a
+  token boundary) and each token records the version that sampled it. Timing-dependent.
+
+Exact resume (``fixed``): ``state_dict(step)`` waits until batches ``step + 1 .. step + k`` are
+queued and returns them with the producer's position; the batch under way then (version
+``step``, the checkpointed weights) is regenerated on resume from its seeds.
+
+Faults: the thread's first exception is kept and raised in the trainer's thread by the next
+``get`` / ``before_sync`` (and through ``failure()`` by a handle waiting on another model, so
+a dead generator stops a long train step within about a second); no finished batch for
+``rollout.stall_timeout_s`` raises ``WorkerDiedError`` naming the rollout.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+from loguru import logger
+
+from xrlhf.config.schema import RolloutConfig
+from xrlhf.utils import faults
+from xrlhf.utils.errors import WorkerDiedError
+
+_MASK64 = (1 << 64) - 1
+
+
+def sample_seed(seed: int, batch: int, row: int, attempt: int = 0) -> int:
+    """The random stream of one sample: a 63-bit hash of ``(run seed, batch, row, attempt)``.
+
+    ``row`` numbers the samples of a batch's generation round in order; ``attempt`` the round
+    (dynamic sampling generates more prompts in further rounds). splitmix64's finaliser, so
+    neighbouring keys give unrelated streams.
+    """
+    x = (seed * 0x9E3779B97F4A7C15 + batch * 0xBF58476D1CE4E5B9 + row * 0x94D049BB133111EB
+         + attempt * 0xD6E8FEB86659FD93) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (x ^ (x >> 31)) & ((1 << 63) - 1)
+
+
+Collect = Callable[[int, int, Callable[[], None]], tuple[Any, int]]
+"""``collect(batch, data_pos, on_generated) -> (rollout, next data_pos)``: generate and score
+one batch from the data position; calls ``on_generated()`` once its last generate call is done
+(scoring may still run)."""
+
+
+class RolloutProducer:
+    """Generates batches ``start .. last`` in a thread, at most ``max_staleness`` versions ahead.
+
+    Args:
+        collect: builds one batch (``Collect``); the trainer's ``collect``.
+        options: the ``rollout`` section.
+        last: the last batch to produce (``trainer.steps``).
+        start: the first batch to produce (resume: after the restored queue).
+        data_pos: the data position batch ``start`` begins at.
+        synced: the version the generator holds now.
+        queue: restored batches ``start - len(queue) .. start - 1``, by batch index.
+    """
+
+    def __init__(self, collect: Collect, options: RolloutConfig, last: int, start: int = 1, data_pos: int = 0,
+                 synced: int = 0, queue: dict[int, Any] | None = None):
+        self.collect, self.o, self.last = collect, options, last
+        self.k = options.max_staleness
+        self._next, self._pos, self._synced, self._published = start, data_pos, synced, synced
+        self._generated = start - 1  # the last batch whose generation is done
+        self._queue: dict[int, Any] = dict(queue or {})
+        self._pos_after: dict[int, int] = {start - 1: data_pos}
+        self._generating = False
+        self._sync_pending = False
+        self._error: BaseException | None = None
+        self._stopped = False
+        self._progress = time.monotonic()
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self.waited_s = 0.0
+
+    def need(self, batch: int) -> int:
+        """The oldest version batch ``batch`` may be generated with."""
+        return max(0, batch - 1 - self.k)
+
+    # -- the thread -------------------------------------------------------------------------
+    def start(self) -> "RolloutProducer":
+        self._thread = threading.Thread(target=self._run, name="xrlhf-rollout", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop producing; a generate call under way finishes on its own (or dies with its workers)."""
+        with self._cv:
+            self._stopped = True
+            self._cv.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        faults.clear(self)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cv:
+                    b = self._next
+                    if b > self.last:
+                        return
+                    self._cv.wait_for(lambda: self._stopped or self._may_start(b))
+                    if self._stopped:
+                        return
+                    self._generating, pos = True, self._pos
+                rollout, pos = self.collect(b, pos, lambda: self._mark_generated(b))
+                with self._cv:
+                    self._mark_generated(b)
+                    self._queue[b], self._pos_after[b], self._pos = rollout, pos, pos
+                    self._next = b + 1
+                    self._progress = time.monotonic()
+                    self._pos_after.pop(b - self.k - 2, None)
+                    self._cv.notify_all()
+        except BaseException as e:  # noqa: BLE001 - raised in the trainer's thread
+            logger.debug(f"rollout producer stopped by {type(e).__name__}: {e}")
+            with self._cv:
+                self._error = e
+                self._cv.notify_all()
+            faults.report(self, e)
+
+    def _may_start(self, b: int) -> bool:
+        if self.o.freshness == "fixed":
+            return self._synced >= self.need(b)
+        return self._published >= self.need(b) and not self._sync_pending
+
+    def _mark_generated(self, b: int) -> None:
+        with self._cv:
+            if self._generating:
+                self._generating = False
+                self._generated = max(self._generated, b)
+                self._progress = time.monotonic()
+                self._cv.notify_all()
+
+    # -- the trainer's side -----------------------------------------------------------------
+    def get(self, batch: int) -> Any:
+        """Batch ``batch``, waiting for it (the producer's error, if any, is raised here)."""
+        t0 = time.monotonic()
+        with self._cv:
+            self._wait(lambda: batch in self._queue, f"batch {batch}")
+            self.waited_s = time.monotonic() - t0
+            return self._queue.pop(batch)
+
+    def before_sync(self, version: int) -> float:
+        """Version ``version`` is published; returns once it may be synced (seconds waited)."""
+        t0 = time.monotonic()
+        with self._cv:
+            self._published = max(self._published, version)
+            self._cv.notify_all()
+            if self.o.freshness == "fixed":
+                last = min(version + self.k, self.last)  # every batch that needs an older version
+                self._wait(lambda: self._generated >= last, f"the generation of batch {last}")
+            elif not self.o.in_flight_updates:
+                self._sync_pending = True
+                self._wait(lambda: not self._generating, "the generation under way")
+        return time.monotonic() - t0
+
+    def after_sync(self, version: int) -> None:
+        """The generator now holds ``version``."""
+        with self._cv:
+            self._synced, self._sync_pending = version, False
+            self._progress = time.monotonic()
+            self._cv.notify_all()
+
+    def state_dict(self, step: int) -> dict[str, Any]:
+        """What resumes the producer after step ``step``: the queued batches ``step + 1 ..
+        step + k`` (waited for) and the data position after them (``fixed`` freshness: the batch
+        under way is regenerated from its seeds on resume)."""
+        last = min(step + self.k, self.last)
+        with self._cv:
+            self._wait(lambda: all(b in self._queue for b in range(step + 1, last + 1)), f"batch {last}")
+            queue = {b: self._queue[b] for b in range(step + 1, last + 1)}
+            return {"next": last + 1, "data_pos": self._pos_after[last], "queue": queue}
+
+    def _wait(self, ready: Callable[[], bool], what: str) -> None:
+        """Wait (holding the condition) until ``ready()``; raise the producer's error, or
+        ``WorkerDiedError`` after ``stall_timeout_s`` without progress."""
+        since = time.monotonic()
+        while not ready():
+            if self._error is not None:
+                raise self._error
+            if self._stopped:
+                raise RuntimeError(f"rollout producer stopped while waiting for {what}")
+            stalled = time.monotonic() - max(self._progress, since)
+            if stalled > self.o.stall_timeout_s:
+                raise WorkerDiedError(f"rollout: nothing generated for {stalled:.0f} s while waiting for {what} "
+                                      f"(rollout.stall_timeout_s = {self.o.stall_timeout_s:g})")
+            self._cv.wait(timeout=min(1.0, self.o.stall_timeout_s))
