@@ -12,6 +12,8 @@ from typing import Any
 from xrlhf.utils.errors import UserError
 
 PHASES = ["time/generate_s", "time/reward_s", "time/infer_s", "time/train_s", "time/sync_s"]
+"""Phases of a step (with an asynchronous rollout generate and reward overlap the others:
+``plots/timeline.png`` shows how)."""
 PLOTS: dict[str, tuple[str, list[str]]] = {
     "reward": ("reward (train samples) and eval reward (held out)", ["reward/mean", "eval/reward_mean"]),
     "kl": ("KL(policy || reference), nats per sequence", ["kl/mean"]),
@@ -84,11 +86,55 @@ def make_plots(rows: list[dict[str, Any]], out: Path) -> list[Path]:
     return written
 
 
+LANE_COLORS = {"infer": "tab:orange", "train": "tab:red", "sync": "tab:purple", "wait": "0.85", "update": "0.6"}
+
+
+def make_timeline(rows: list[dict[str, Any]], out: Path, last: int = 4) -> Path | None:
+    """``timeline.png``: what ran when on each lane (trainer, generator, reward) over the last
+    ``last`` steps (each step's ``timeline`` spans, ``utils.timeline``); None without spans."""
+    steps = [r for r in rows if r.get("timeline") and "reward/mean" in r][-last:]
+    if not steps:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    spans = [s for r in steps for s in r["timeline"]]
+    lanes = [lane for lane in ("trainer", "generator", "reward") if any(s[0] == lane for s in spans)]
+    lanes += sorted({s[0] for s in spans} - set(lanes))
+    t0 = min(s[2] for s in spans)
+    fig, ax = plt.subplots(figsize=(9, 0.6 + 0.7 * len(lanes)))
+    for order in (0, 1):  # the trainer's whole 'update' first, its parts on top
+        for lane, name, start, end in spans:
+            if (name == "update") != (order == 0):
+                continue
+            y = lanes.index(lane)
+            color = LANE_COLORS.get(name, "tab:blue" if lane == "generator" else "tab:green")
+            ax.barh(y, end - start, left=start - t0, height=0.6, color=color, edgecolor="white", linewidth=0.5)
+            if end - start > 0.04 * (max(s[3] for s in spans) - t0):
+                ax.text((start + end) / 2 - t0, y, name, ha="center", va="center", fontsize=7)
+    for r in steps:  # where each step ended
+        ends = [s[3] for s in r["timeline"] if s[0] == "trainer"]
+        if ends:
+            ax.axvline(max(ends) - t0, color="0.5", lw=0.6, ls=":")
+    ax.set_yticks(range(len(lanes)), lanes)
+    ax.invert_yaxis()
+    ax.set(title=f"timeline of steps {steps[0]['step']}-{steps[-1]['step']} (dotted: a step ends)", xlabel="s")
+    fig.tight_layout()
+    path = out / "timeline.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def write_report(run_dir: str | Path) -> Path:
     """Write ``report.md`` and ``plots/*.png`` for ``run_dir``; returns the report's path."""
     run_dir = Path(run_dir)
     rows = read_metrics(run_dir)
     plots = make_plots(rows, run_dir / "plots")
+    timeline = make_timeline(rows, run_dir / "plots")
+    plots += [timeline] if timeline is not None else []
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
     steps = [r for r in rows if "step" in r and isinstance(r.get("reward/mean"), (int, float))]

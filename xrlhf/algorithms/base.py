@@ -33,6 +33,7 @@ from xrlhf.engines.base import GenerationOutput, Head, SamplingParams
 from xrlhf.envs import Env, Prompt, clean_response
 from xrlhf.utils.errors import NonFiniteError
 from xrlhf.utils.registry import Registry
+from xrlhf.utils.timeline import Timeline
 
 ALGORITHMS: Registry[type] = Registry("algorithm")
 
@@ -118,6 +119,8 @@ class Trainer(ABC):
         self.bad_steps = 0
         self.initial_eval: dict[str, float] | None = None
         self.generator = torch.Generator().manual_seed(cfg.seed)
+        self.timeline = Timeline()
+        """Spans of the step's work by lane (``utils.timeline``); each step's row carries them."""
 
     # -- config hooks -----------------------------------------------------------------------
     @classmethod
@@ -160,7 +163,7 @@ class Trainer(ABC):
             if t.eval_every and step % t.eval_every == 0 and step != t.steps:
                 metrics.update(self.evaluate())
             metrics["time/step_s"] = time.time() - t0
-            self.log({"step": step, **metrics})
+            self.log({"step": step, **metrics, "timeline": self.timeline.drain()})
             logger.info(self.progress_line(step, metrics))
             if on_step_end is not None and on_step_end(step):
                 return None
@@ -214,7 +217,7 @@ class RLTrainer(Trainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.collector = RolloutCollector(self.cfg, self.env, self.tok, self.gen_handle, self.reward,
-                                          self.group_filter)
+                                          self.group_filter, self.timeline)
         self.producer: RolloutProducer | None = None
         self._producer_state: dict[str, Any] | None = None
 
@@ -244,16 +247,19 @@ class RLTrainer(Trainer):
         else:
             prompts = self.env.train_prompts(self.data_pos, t.prompts_per_step)
             self.data_pos += t.prompts_per_step
-            rollout = self.rollout(prompts, t.samples_per_prompt, timings)
+            with self.timeline.span("generator", f"b{self.step_idx + 1}"):
+                rollout = self.rollout(prompts, t.samples_per_prompt, timings)
         if not torch.isfinite(rollout.batch["scores"]).all():
             return self._bad_step("rewards", {**rollout.metrics, **timings})
         t0 = time.time()  # (not before a skipped step: no sync would wake it)
         self.handles.end_rollout()  # co-located vLLM sleeps until sync_weights wakes it
         timings["time/sleep_s"] = time.time() - t0
         t0 = time.time()
-        metrics = self.update(rollout, timings)
+        with self.timeline.span("trainer", "update"):
+            metrics = self.update(rollout, timings)
         timings["time/update_s"] = time.time() - t0
-        timings["time/sync_s"] = self.handles.sync_weights()
+        with self.timeline.span("trainer", "sync"):
+            timings["time/sync_s"] = self.handles.sync_weights()
         if any(metrics.get(k, 0) > 0 for k in ("policy/skipped", "critic/skipped")):
             return self._bad_step("loss", {**rollout.metrics, **metrics, **timings})
         self.bad_steps = 0
@@ -265,16 +271,20 @@ class RLTrainer(Trainer):
         s = self.step_idx + 1
         producer = self._start_producer()
         timings: dict[str, float] = {}
-        rollout = producer.get(s)
+        with self.timeline.span("trainer", "wait"):
+            rollout = producer.get(s)
         timings["time/wait_rollout_s"] = producer.waited_s
         metrics: dict[str, float] = staleness(rollout.batch, s - 1)
         finite = bool(torch.isfinite(rollout.batch["scores"]).all())
         if finite:
             t0 = time.time()
-            metrics.update(self.update(rollout, timings))
+            with self.timeline.span("trainer", "update"):
+                metrics.update(self.update(rollout, timings))
             timings["time/update_s"] = time.time() - t0
-        timings["time/wait_generation_s"] = producer.before_sync(s)
-        timings["time/sync_s"] = self.handles.sync_weights(s)  # a skipped step publishes the same weights
+        with self.timeline.span("trainer", "wait"):
+            timings["time/wait_generation_s"] = producer.before_sync(s)
+        with self.timeline.span("trainer", "sync"):
+            timings["time/sync_s"] = self.handles.sync_weights(s)  # a skipped step publishes the same weights
         producer.after_sync(s)
         if not finite:
             return self._bad_step("rewards", {**rollout.metrics, **metrics, **timings})

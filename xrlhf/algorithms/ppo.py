@@ -92,6 +92,10 @@ class PolicyGradientTrainer(RLTrainer):
 
     def score_logprobs(self, batch: Batch, timings: dict[str, float], with_values: bool) -> dict[str, float]:
         """Old logprobs, reference logprobs (and critic values) for ``batch``, in parallel."""
+        with self.timeline.span("trainer", "infer"):
+            return self._score_logprobs(batch, timings, with_values)
+
+    def _score_logprobs(self, batch: Batch, timings: dict[str, float], with_values: bool) -> dict[str, float]:
         t0 = time.time()
         old = self.policy.infer(batch.select("input_ids", "attention_mask", "response_mask"), wait=False)
         ref = self.reference.infer(batch, wait=False) if self.reference is not None and self.options.kl_coef > 0 else None
@@ -118,6 +122,10 @@ class PolicyGradientTrainer(RLTrainer):
 
     def train_epochs(self, batch: Batch, with_critic: bool) -> dict[str, float]:
         """``ppo_epochs`` passes of mini-batch steps; policy and critic step side by side."""
+        with self.timeline.span("trainer", "train"):
+            return self._train_epochs(batch, with_critic)
+
+    def _train_epochs(self, batch: Batch, with_critic: bool) -> dict[str, float]:
         policy_loss = self.policy_loss()
         value_loss = ValueLoss(self.options.value_clip_eps) if with_critic else None
         sums: dict[str, float] = {}

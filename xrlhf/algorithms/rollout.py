@@ -35,6 +35,7 @@ from xrlhf.data.lengths import check_prompt_lengths
 from xrlhf.data.text import decode_responses, encode_prompt
 from xrlhf.engines.base import SamplingParams
 from xrlhf.envs import Env, Prompt
+from xrlhf.utils.timeline import Timeline
 
 
 @dataclass
@@ -88,9 +89,10 @@ class RolloutCollector:
     """
 
     def __init__(self, cfg: XConfig, env: Env, tokenizer, generator, reward: Reward,
-                 group_filter: Callable[[torch.Tensor], bool]):
+                 group_filter: Callable[[torch.Tensor], bool], timeline: Timeline | None = None):
         self.cfg, self.env, self.tok, self.generator = cfg, env, tokenizer, generator
         self.reward, self.group_filter = reward, group_filter
+        self.timeline = timeline or Timeline()
 
     def __call__(self, b: int, pos: int, on_generated: Callable[[], None]) -> tuple[Rollout, int]:
         t, ds = self.cfg.trainer, self.cfg.rollout.dynamic_sampling
@@ -137,10 +139,12 @@ class RolloutCollector:
             seeds = [sample_seed(self.cfg.seed, b, row, attempt) for row in range(lo * n, hi * n)]
             pending.append(self.generator.generate(rows, params, seeds, wait=False))
         groups: list[Group] = []
-        for (lo, hi), call in zip(parts, pending):
+        for i, ((lo, hi), call) in enumerate(zip(parts, pending)):
             out = call.get()
+            self.timeline.add("generator", f"b{b}" + (f".{i}" if len(parts) > 1 else ""), t0, time.time())
             stats["time/generate_s"] = time.time() - t0
-            groups += self._score(prompts[lo:hi], ids[lo:hi], out, stats, rmetrics)
+            with self.timeline.span("reward", f"b{b}"):
+                groups += self._score(prompts[lo:hi], ids[lo:hi], out, stats, rmetrics)
         return groups
 
     def _score(self, prompts: list[Prompt], ids: list[list[int]], out, stats: dict[str, float],

@@ -1,0 +1,42 @@
+"""What ran when: spans of work on named lanes (trainer, generator, reward), for the run report.
+
+Each step's row in ``metrics.jsonl`` carries the spans that ended during the step
+(``timeline``: ``[lane, name, start_s, end_s]``, seconds since the run's timeline began), and
+``xrlhf.report`` draws the last steps as a Gantt chart (``plots/timeline.png``): with an
+asynchronous rollout the generator's bars overlap the trainer's. Thread-safe: the rollout
+producer records from its own thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+
+class Timeline:
+    """Spans recorded by any thread; ``drain()`` hands them over once."""
+
+    def __init__(self, origin: float | None = None):
+        self.origin = time.time() if origin is None else origin
+        self._spans: list[list] = []
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def span(self, lane: str, name: str) -> Iterator[None]:
+        t0 = time.time()
+        try:
+            yield
+        finally:
+            self.add(lane, name, t0, time.time())
+
+    def add(self, lane: str, name: str, start: float, end: float) -> None:
+        """A span by wall-clock times (``time.time()``)."""
+        with self._lock:
+            self._spans.append([lane, name, round(start - self.origin, 4), round(end - self.origin, 4)])
+
+    def drain(self) -> list[list]:
+        with self._lock:
+            spans, self._spans = self._spans, []
+        return spans
