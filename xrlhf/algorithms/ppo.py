@@ -19,7 +19,7 @@ from pydantic import Field, field_validator
 from xrlhf.algorithms import functional as F
 from xrlhf.algorithms.base import RLTrainer, Rollout, check_mini_batch, register_algorithm
 from xrlhf.algorithms.losses import PolicyLoss, ValueLoss
-from xrlhf.algorithms.off_policy import OffPolicy
+from xrlhf.algorithms.off_policy import OffPolicy, staleness_metrics
 from xrlhf.config.schema import Strict, XConfig
 from xrlhf.data.batch import Batch
 
@@ -154,6 +154,9 @@ class PolicyGradientTrainer(RLTrainer):
             diff = (batch["old_logprobs"] - batch["rollout_logprobs"]).abs() * mask
             metrics["mismatch/logprob_abs_diff_mean"] = float(diff.sum() / mask.sum().clamp(min=1))
             metrics["mismatch/logprob_abs_diff_max"] = float(diff.max())
+            if "token_versions" in batch:  # asynchronous rollout: staleness and mismatch by staleness
+                metrics.update(staleness_metrics(batch["old_logprobs"], batch["rollout_logprobs"],
+                                                 batch["token_versions"], mask, self.step_idx))
         if ref is not None:
             batch["ref_logprobs"] = ref.get()["logprobs"]
             kl = F.kl_estimate(batch["old_logprobs"], batch["ref_logprobs"], self.options.kl_estimator)
