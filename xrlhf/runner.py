@@ -209,6 +209,7 @@ def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resu
     try:
         stop.doing = "the Ray start-up, then stop (nothing to save before the first RL step)"
         coord.start()
+        (out / "workers.json").write_text(json.dumps(coord.pids))  # which process is which handle's rank
         stop.install()
         _stop_before_rl(stop, out)
         stop.doing = "the current step, then checkpoint and exit"

@@ -136,8 +136,48 @@ def _section_errors(cfg: XConfig, path: str, role: str, section: Section) -> lis
         res = cfg.policy.generate.resources if split else cfg.policy.resources
         where = "policy.generate.resources" if split else "policy.resources"
         errors += cls.placement_errors(options, where, res.gpus_per_rank, split)
-        errors += cls.rollout_errors(options, cfg.rollout, split)
+        errors += cls.rollout_errors(options, cfg.rollout, rollout_plan(cfg, split))
     return errors
+
+
+def rollout_plan(cfg: XConfig, split: bool):
+    """The layout, and for an asynchronous co-located rollout on a GPU the memory the generator
+    must leave to the trainer: the device's total (when this process sees a GPU) and the
+    estimated peak of the policy's training plus a reference on the same GPU."""
+    from xrlhf.engines.base import RolloutPlan
+
+    if split or cfg.rollout.max_staleness == 0 or cfg.policy.resources.gpus_per_rank == 0:
+        return RolloutPlan(split)
+    import torch
+
+    if not torch.cuda.is_available():
+        return RolloutPlan(split)
+    device = torch.cuda.get_device_properties(0).total_memory / 2**30
+    return RolloutPlan(split, device, _trainer_gib(cfg))
+
+
+def _trainer_gib(cfg: XConfig) -> float | None:
+    from transformers import AutoConfig
+
+    from xrlhf.engines.training import estimate_train_gib
+    from xrlhf.models.tiny import count_params
+
+    try:
+        mc = AutoConfig.from_pretrained(cfg.policy.model)
+        params = count_params(cfg.policy.model)
+    except Exception:  # noqa: BLE001 - reported by model_errors
+        return None
+    train = cfg.policy.train
+    dtype = 2 if train.dtype == "bfloat16" else 4
+    frozen = params if cfg.reference is not None and cfg.reference.resources.colocate_with == "policy" else 0
+    seq = 64 + cfg.policy.generate.max_new_tokens  # a typical prompt and the longest response
+    width = getattr(mc, "intermediate_size", None)
+    gib = estimate_train_gib(params, dtype, train.micro_batch_size, seq, mc.hidden_size, mc.num_hidden_layers,
+                             mc.vocab_size, frozen, width)
+    if cfg.critic is not None and cfg.critic.resources.colocate_with == "policy":  # a second trainer, no logits
+        gib += estimate_train_gib(params, dtype, cfg.critic.train.micro_batch_size, seq, mc.hidden_size,
+                                  mc.num_hidden_layers, 0, intermediate=width)
+    return gib
 
 
 def _backends_with_option(role: str, key: str) -> list[str]:

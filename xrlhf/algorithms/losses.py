@@ -13,16 +13,37 @@ from typing import Literal
 import torch
 
 from xrlhf.algorithms import functional as F
+from xrlhf.algorithms.off_policy import OffPolicy, is_weights
 from xrlhf.data.batch import Batch
 from xrlhf.engines.base import ForwardOutput
 
 
 @dataclass
 class PolicyLoss:
-    """PPO-clip policy loss (+ entropy bonus, + optional KL-to-reference term, + TIS).
+    """PPO-clip policy loss (+ entropy bonus, + optional KL-to-reference term, + TIS or an
+    off-policy correction).
 
     Reads ``old_logprobs``, ``advantages`` and ``response_mask`` from the batch; with
-    ``kl_coef > 0`` also ``ref_logprobs``; with ``tis_cap`` also ``rollout_logprobs``.
+    ``kl_coef > 0`` also ``ref_logprobs``; with ``tis_cap`` or ``off_policy`` also
+    ``rollout_logprobs``.
+
+    ``tis_cap``: token TIS, each token's policy-gradient term times
+    ``min(exp(old - rollout), tis_cap)`` (unchanged since before ``off_policy``).
+
+    ``off_policy`` (``off_policy.is_weights``): each token's policy-gradient term times its
+    behaviour weight, and a token ``mis`` rejects (``keep == 0``) is left out of the loss *sum*
+    but still counts in the denominator: the engine divides by the global number of
+    ``response_mask`` tokens (``engines.base.LossFn``), which this loss cannot change. A
+    rejected token thus adds zero gradient and the kept ones keep their per-token scale, so a
+    batch with many rejections takes a smaller step. AReaL does the same on purpose
+    (``areal/utils/functional/functional.py``, ``ppo_actor_loss_fn`` keeps the pre-rejection
+    ``loss_mask_count``), and so does slime (``backends/megatron_utils/loss.py``: denominators from
+    the original ``loss_masks``); verl instead rewrites ``response_mask``
+    (``rollout_corr_helper.compute_rollout_correction_and_add_to_batch``), which also removes the
+    rejected tokens from its denominator and its entropy and KL terms. Here the entropy bonus and
+    the KL term stay over every response token, as with ``tis_cap``. Metrics
+    ``off_policy/clipped_frac``, ``off_policy/masked_frac``, ``off_policy/weight_mean`` are means
+    over the micro-batch's response tokens, which the engine averages weighted by tokens.
     """
 
     clip_eps: float = 0.2
@@ -34,15 +55,26 @@ class PolicyLoss:
     unit: str = "token"
     needs_entropy: bool = True
     row_weighted: bool = False
+    off_policy: OffPolicy | None = None
+
+    def __post_init__(self):
+        if self.tis_cap is not None and self.off_policy is not None:
+            raise ValueError("PolicyLoss takes tis_cap or off_policy, not both")
 
     def __call__(self, out: ForwardOutput, mb: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask = mb["response_mask"]
-        is_w = None
+        is_w, off = None, {}
         if self.tis_cap is not None:
             is_w = torch.exp(mb["old_logprobs"] - mb["rollout_logprobs"]).clamp(max=self.tis_cap)
+        elif self.off_policy is not None:
+            o = self.off_policy
+            w, keep, off = is_weights(mb["old_logprobs"], mb["rollout_logprobs"], mask, o.correction, o.level,
+                                      o.cap, o.bounds)
+            is_w = w * keep
         loss, stats = F.policy_loss(out.logprobs, mb["old_logprobs"], mb["advantages"], mask,
                                     self.clip_eps, self.clip_eps_high, is_w)
         metrics = {f"policy/{k}": v for k, v in stats.items()}
+        metrics.update({f"off_policy/{k}": v for k, v in off.items()})
         metrics["policy/pg_loss"] = loss.detach() / mask.sum().clamp(min=1)
         if out.entropy is not None:
             ent = F.masked_sum(out.entropy, mask)

@@ -14,13 +14,39 @@ import time
 from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from xrlhf.algorithms import functional as F
 from xrlhf.algorithms.base import RLTrainer, Rollout, check_mini_batch, register_algorithm
 from xrlhf.algorithms.losses import PolicyLoss, ValueLoss
+from xrlhf.algorithms.off_policy import OffPolicy, staleness_metrics
 from xrlhf.config.schema import Strict, XConfig
 from xrlhf.data.batch import Batch
+
+
+class OffPolicyConfig(Strict):
+    """``algorithm.off_policy``: weight each token's policy gradient by ``w = pi_old / pi_rollout``
+    (``off_policy.is_weights``; docs/algorithms.md, "Off-policy correction")."""
+
+    correction: Literal["none", "tis", "mis"] = Field(
+        "tis", description="none: measure only; tis: w <- min(w, cap); mis: tokens (or sequences) with w outside "
+        "bounds are left out of the loss")
+    level: Literal["token", "sequence"] = Field(
+        "token", description="token: one weight per token; sequence: exp(sum of the response's log-ratios) on "
+        "each of its tokens")
+    cap: float = Field(2.0, gt=0, description="tis: the truncation")
+    bounds: tuple[float, float] = Field((0.5, 2.0), description="mis: [lo, hi], kept where lo <= w <= hi")
+
+    @field_validator("bounds")
+    @classmethod
+    def _ordered(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not 0 <= v[0] < v[1]:
+            raise ValueError(f"[lo, hi] needs 0 <= lo < hi, got {list(v)}")
+        return v
+
+    def spec(self) -> OffPolicy:
+        """The options as the loss takes them."""
+        return OffPolicy(self.correction, self.level, self.cap, tuple(self.bounds))
 
 
 class PolicyGradientConfig(Strict):
@@ -43,12 +69,32 @@ class PolicyGradientConfig(Strict):
     entropy_coef: float = Field(0.0, ge=0)
     whiten_advantages: bool = True
     tis_cap: float | None = Field(None, gt=0, description="truncated importance sampling vs rollout logprobs")
+    off_policy: OffPolicyConfig | None = Field(None, description="off-policy correction (asynchronous rollouts); "
+                                               "replaces tis_cap")
 
 
 class PPOConfig(PolicyGradientConfig):
     gamma: float = Field(1.0, ge=0, le=1)
     lam: float = Field(0.95, ge=0, le=1)
     value_clip_eps: float | None = Field(0.2, gt=0)
+
+
+def off_policy_errors(cfg: XConfig, o: PolicyGradientConfig) -> list[str]:
+    """``algorithm.off_policy`` against ``tis_cap`` and ``rollout.max_staleness``; options the
+    chosen correction does not use are errors, not silently ignored."""
+    op, errors = o.off_policy, []
+    if op is not None and o.tis_cap is not None:
+        errors.append(f"algorithm.off_policy: set together with algorithm.tis_cap ({o.tis_cap}); tis_cap is "
+                      f"off_policy {{correction: tis, level: token, cap: {o.tis_cap}}}: remove one of them")
+    elif cfg.rollout.max_staleness > 0 and o.tis_cap is None and (op is None or op.correction == "none"):
+        errors.append("algorithm.off_policy: max_staleness > 0 trains on samples of older policies; add "
+                      "algorithm.off_policy: {correction: tis} (or mis), or set tis_cap")
+    if op is not None:
+        unused = {"cap": op.correction != "tis", "bounds": op.correction != "mis"}
+        for key in sorted(op.model_fields_set & {k for k, u in unused.items() if u}):
+            errors.append(f"algorithm.off_policy.{key}: not used by correction {op.correction!r} "
+                          f"({'tis' if key == 'cap' else 'mis'} only); remove it")
+    return errors
 
 
 class PolicyGradientTrainer(RLTrainer):
@@ -77,7 +123,7 @@ class PolicyGradientTrainer(RLTrainer):
         if o.kl_coef > 0 and cfg.reference is None:
             errors.append("reference: algorithm.kl_coef > 0 needs a reference section (reference: {} uses the "
                           "policy's initial model); or set algorithm.kl_coef: 0")
-        return errors
+        return errors + off_policy_errors(cfg, o)
 
     @classmethod
     def train_steps(cls, cfg: XConfig, o) -> dict[str, int]:
@@ -88,7 +134,8 @@ class PolicyGradientTrainer(RLTrainer):
     def policy_loss(self) -> PolicyLoss:
         o = self.options
         return PolicyLoss(o.clip_eps, o.clip_eps_high, o.entropy_coef,
-                          0.0 if o.kl_in_reward else self.kl_ctl.value, o.kl_estimator, o.tis_cap)
+                          0.0 if o.kl_in_reward else self.kl_ctl.value, o.kl_estimator, o.tis_cap,
+                          off_policy=o.off_policy.spec() if o.off_policy is not None else None)
 
     def score_logprobs(self, batch: Batch, timings: dict[str, float], with_values: bool) -> dict[str, float]:
         """Old logprobs, reference logprobs (and critic values) for ``batch``, in parallel."""
@@ -107,6 +154,9 @@ class PolicyGradientTrainer(RLTrainer):
             diff = (batch["old_logprobs"] - batch["rollout_logprobs"]).abs() * mask
             metrics["mismatch/logprob_abs_diff_mean"] = float(diff.sum() / mask.sum().clamp(min=1))
             metrics["mismatch/logprob_abs_diff_max"] = float(diff.max())
+            if "token_versions" in batch:  # asynchronous rollout: staleness and mismatch by staleness
+                metrics.update(staleness_metrics(batch["old_logprobs"], batch["rollout_logprobs"],
+                                                 batch["token_versions"], mask, self.step_idx))
         if ref is not None:
             batch["ref_logprobs"] = ref.get()["logprobs"]
             kl = F.kl_estimate(batch["old_logprobs"], batch["ref_logprobs"], self.options.kl_estimator)

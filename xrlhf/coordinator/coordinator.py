@@ -128,6 +128,8 @@ class Coordinator:
         self.specs = handle_specs(cfg, policy_model, total_train_steps or {}, policy_head, generate)
         self.handles: dict[str, ModelHandle] = {}
         self.placement_groups: list = []
+        self.pids: dict[str, list[int]] = {}
+        """Each handle's worker process ids, in rank order (the runner writes them to workers.json)."""
         self._owns_ray = False
 
     def start(self) -> "Coordinator":
@@ -149,7 +151,7 @@ class Coordinator:
             if s in serial:
                 handle._get(setup, list(range(handle.world_size)))
         for handle, refs in pending:
-            handle._get(refs, list(range(handle.world_size)))
+            self.pids[handle.name] = [r["pid"] for r in handle._get(refs, list(range(handle.world_size)))]
         self._wire_weight_sync()
         logger.info(f"Ray handles ready in {time.time() - t0:.1f}s: " + ", ".join(
             f"{h.name} x{h.world_size}" for h in self.handles.values()))

@@ -374,6 +374,23 @@ class GenerationOutput:
     """``B`` lists like ``token_ids``; empty when the engine does not stamp versions."""
 
 
+@dataclass(frozen=True)
+class RolloutPlan:
+    """What a generate engine's ``rollout_errors`` may check against.
+
+    Attributes:
+        split: the generators have their own devices (``policy.generate.resources``).
+        device_gib: total memory of the GPU the co-located policy worker will use, when the
+            validating process can see one (else ``None``: memory is not checked).
+        trainer_gib: the estimated peak of the training engines sharing that GPU
+            (``engines.training.estimate_train_gib``), ``None`` when not estimated.
+    """
+
+    split: bool
+    device_gib: float | None = None
+    trainer_gib: float | None = None
+
+
 class GenerateEngine(Engine):
     """Samples continuations of token-id prompts and accepts new weights.
 
@@ -410,9 +427,9 @@ class GenerateEngine(Engine):
         return []
 
     @classmethod
-    def rollout_errors(cls, options: BaseModel, rollout: BaseModel, split: bool) -> list[str]:
+    def rollout_errors(cls, options: BaseModel, rollout: BaseModel, plan: "RolloutPlan") -> list[str]:
         """What this engine cannot do of the ``rollout`` section (``config.schema.RolloutConfig``)
-        in the split (``split``) or co-located layout. Each line names the path and the fix."""
+        with ``plan`` (layout, memory). Each line names the path and the fix."""
         if rollout.in_flight_updates and not cls.pauses_mid_generation:
             return [f"rollout.in_flight_updates: generate engine {cls.__name__} cannot load weights while it "
                     f"generates; set in_flight_updates: false"]

@@ -9,13 +9,17 @@ template; this backend gives it ``backward`` and ``optimizer_step``.
 Dropout is off unless the train section says ``dropout: true``: RL compares the policy with
 itself (the PPO ratio, the KL to the sampler and to the reference), and dropout noise makes
 that ratio differ from 1 where nothing changed.
+
+The generate engine samples with ``model.generate`` on torch's global RNG, or, given a seed per
+prompt, with the keyed decode loop of ``hf_decode`` (a generator per row; weights may change
+between two tokens of a running call).
 """
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -25,8 +29,12 @@ from pydantic import Field
 from xrlhf.data.batch import Batch, response_width
 from xrlhf.engines.base import (ENGINES, EngineSpec, ForwardOutput, GenerateEngine, GenerateOptions, GenerationOutput,
                                 InferEngine, NamedTensors, SamplingParams, TrainEngine)
+from xrlhf.engines.hf_decode import StepHook, WeightGate, decode_keyed
 from xrlhf.engines.training import all_reduce_grads, lr_lambda
 from xrlhf.utils.tensors import entropy_from_logits
+
+if TYPE_CHECKING:
+    from xrlhf.weight_sync import Message, Transport
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -245,9 +253,28 @@ class HFGenerateOptions(GenerateOptions):
 
 @ENGINES.register("hf.generate")
 class HFGenerateEngine(GenerateEngine):
-    """Sampling with ``transformers`` ``generate``; logprobs of the temperature-scaled distribution."""
+    """Sampling with a Transformers model; logprobs of the temperature-scaled distribution.
+
+    Two paths. Unkeyed (``seeds=None``): ``model.generate`` on torch's global RNG, seeded per
+    call from ``params.seed`` or the spec's seed and rank plus a call count (``rng_state``); the
+    quickstart's numbers depend on it, so it stays as it is, one call at a time. Keyed (``seeds``
+    given): ``hf_decode.decode_keyed``, one generator per row, so a row depends only on its seed,
+    its prompt and the weights (see that module for what is bit-exact).
+
+    Concurrency: every call may come from its own thread. ``self.gate`` (``hf_decode.WeightGate``)
+    serialises the model's use: a keyed call holds it for one token step at a time, an unkeyed
+    call for the whole call (it owns the global RNG meanwhile), a weight load for the copy. A sync
+    (``receive_weights`` ... ``end_sync``) pauses the keyed calls at a token boundary from its
+    first bucket to its end, so each token is sampled by one whole set of weights, stamped with
+    its version; ``SamplingParams.on_update`` says what a call does with its unfinished rows.
+
+    Attributes:
+        step_hook: a test seam: called with the step index before each token step of a keyed
+            call, outside the gate (a test runs a sync there to land it at a known token).
+    """
 
     Options = HFGenerateOptions
+    pauses_mid_generation = True
 
     def __init__(self, spec: EngineSpec):
         super().__init__(spec)
@@ -257,23 +284,51 @@ class HFGenerateEngine(GenerateEngine):
         self.pad_id = cfg.pad_token_id if cfg.pad_token_id is not None else 0
         self.eos_ids = _as_list(getattr(self.model.generation_config, "eos_token_id", None) or cfg.eos_token_id)
         self._calls = 0
+        self.gate = WeightGate()
+        self.step_hook: StepHook | None = None
+
+    @property
+    def version(self) -> int:  # type: ignore[override]
+        return self.gate.version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self.gate.version = value
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  seeds: list[int] | None = None) -> GenerationOutput:
-        if seeds is not None:
-            raise NotImplementedError("keyed sampling: issue 14, in progress")
+        """``B`` continuations in micro-batches of ``options.micro_batch_size`` prompts: keyed
+        (``decode_keyed``, one seed per prompt) or not (``model.generate``); see the class."""
+        if seeds is None:
+            return self._generate_unkeyed(prompts, params)
+        if len(seeds) != len(prompts):
+            raise ValueError(f"generate: {len(seeds)} seeds for {len(prompts)} prompts; give one seed per prompt")
+        mbs = self.options.micro_batch_size
+        stop = params.stop_token_ids or self.eos_ids
+        out = GenerationOutput([], [], [])
+        for start in range(0, len(prompts), mbs):
+            part = decode_keyed(self.model, prompts[start:start + mbs], seeds[start:start + mbs], params,
+                                self.gate, self.pad_id, stop, self.step_hook)
+            out.token_ids += part.token_ids
+            out.logprobs += part.logprobs
+            out.versions += part.versions
+        return out
+
+    def _generate_unkeyed(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
         mbs = self.options.micro_batch_size
         token_ids: list[list[int]] = []
         logprobs: list[list[float]] = []
-        seed = params.seed if params.seed is not None else self.spec.seed * 100003 + self.spec.dist.rank * 7919
-        torch.manual_seed(seed + self._calls)
-        self._calls += 1
-        for start in range(0, len(prompts), mbs):
-            ids, lps = self._generate_chunk(prompts[start:start + mbs], params)
-            token_ids += ids
-            logprobs += lps
-        return GenerationOutput(token_ids, logprobs, [[self.version] * len(t) for t in token_ids])
+        with self.gate.step():  # the global RNG and the weights are this call's until it returns
+            seed = params.seed if params.seed is not None else self.spec.seed * 100003 + self.spec.dist.rank * 7919
+            torch.manual_seed(seed + self._calls)
+            self._calls += 1
+            for start in range(0, len(prompts), mbs):
+                ids, lps = self._generate_chunk(prompts[start:start + mbs], params)
+                token_ids += ids
+                logprobs += lps
+            version = self.version
+        return GenerationOutput(token_ids, logprobs, [[version] * len(t) for t in token_ids])
 
     def _generate_chunk(self, prompts: list[list[int]], params: SamplingParams):
         width = max(len(p) for p in prompts)
@@ -297,7 +352,27 @@ class HFGenerateEngine(GenerateEngine):
         return _truncate(new, lp, set(stop), params.ignore_eos)
 
     def update_weights(self, weights: NamedTensors) -> None:
-        load_named_weights(self.model, weights)
+        """Load ``weights``; waits for the running token step, if any (a direct call changes the
+        weights of running keyed calls between two tokens but not their version)."""
+        with self.gate.load():
+            load_named_weights(self.model, weights)
+
+    def receive_weights(self, transport: Transport, messages: list[Message] | None = None) -> int:
+        """A bucket of a sync; the first pauses the keyed calls until ``end_sync``.
+
+        A bucket that raises ends the pause: the run stops on the error, and the calls under
+        way finish (on partly loaded weights, stamped with the old version) instead of hanging."""
+        self.gate.pause()
+        try:
+            return super().receive_weights(transport, messages)
+        except BaseException:
+            self.gate.resume()
+            raise
+
+    def end_sync(self, version: int | None = None) -> None:
+        """Set the version and let the paused calls sample on, by their ``on_update``."""
+        self.gate.resume(version)
+        self.wake_up()
 
     def rng_state(self) -> dict[str, Any]:
         return {"calls": self._calls}  # the seed of a call is a function of this count

@@ -38,3 +38,24 @@ def all_reduce_grads(params: list[torch.nn.Parameter]) -> None:
         for g in group:
             g.copy_(flat[offset:offset + g.numel()].view_as(g))
             offset += g.numel()
+
+
+def estimate_train_gib(params: int, dtype_bytes: int, micro_batch: int, seq_len: int, hidden: int, layers: int,
+                       vocab: int, frozen_params: int = 0, intermediate: int | None = None) -> float:
+    """A rough peak of one data-parallel rank training a causal LM with AdamW (GiB).
+
+    ``params`` weights, gradients and two Adam states in ``dtype_bytes`` each; ``frozen_params``
+    (a reference model on the same device) once; activations kept for backward of a
+    ``micro_batch`` x ``seq_len`` micro-batch, per layer and token ~10 tensors of ``hidden`` and 4
+    of the MLP's ``intermediate`` width (default 4 x hidden), in the weights' dtype; the logits
+    and their fp32 temporaries (5 x vocab per token: logits, scaled, log-softmax, entropy,
+    gradient); all times 1.3 for the allocator's fragmentation and the CUDA context. Calibrated on
+    the issue-14 workload W (0.5b preset, bf16, micro-batch 32 x ~300 tokens, reference on the
+    same GPU): 32 GiB estimated, 33 GiB measured while training. An estimate: a plan near the
+    limit can still fail at run time.
+    """
+    intermediate = intermediate or 4 * hidden
+    state = params * dtype_bytes * 4 + frozen_params * dtype_bytes
+    tokens = micro_batch * seq_len
+    activations = tokens * layers * (10 * hidden + 4 * intermediate) * dtype_bytes + tokens * vocab * 4 * 5
+    return 1.3 * (state + activations) / 2**30

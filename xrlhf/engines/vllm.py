@@ -33,7 +33,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from xrlhf.engines.base import (ENGINES, EngineSpec, GenerateEngine, GenerateOptions, GenerationOutput, NamedTensors,
-                                SamplingParams)
+                                RolloutPlan, SamplingParams)
 from xrlhf.engines.vllm_ext import ShmPool, to_payload
 from xrlhf.weight_sync import Message, Transport, WeightSyncError, build_transport
 
@@ -139,6 +139,31 @@ class VLLMGenerateEngine(GenerateEngine):
                           "(policy.generate.resources with gpus_per_rank >= tensor_parallel_size)")
         if gpus_per_rank == 0 or tp > 1 and gpus_per_rank < tp:
             errors.append(f"{where}.gpus_per_rank: engine vllm needs {tp} GPU(s) per generator, got {gpus_per_rank:g}")
+        return errors
+
+    @classmethod
+    def rollout_errors(cls, options: BaseModel, rollout: BaseModel, plan: RolloutPlan) -> list[str]:
+        """Asynchronous and co-located, vLLM stays awake beside the trainer: no sleep, and its
+        ``gpu_memory_utilization`` share plus the trainer's estimated peak must fit the GPU."""
+        errors = super().rollout_errors(options, rollout, plan)
+        if plan.split or rollout.max_staleness == 0:
+            return errors
+        if options.sleep_level > 0:
+            errors.append(f"policy.generate.sleep_level: with rollout.max_staleness {rollout.max_staleness} the "
+                          f"co-located vLLM generates while the trainer trains, so it cannot sleep; set sleep_level: 0 "
+                          f"(and leave the trainer room: gpu_memory_utilization), or use the split layout "
+                          f"(policy.generate.resources)")
+        if plan.device_gib and plan.trainer_gib:
+            vllm_gib = options.gpu_memory_utilization * plan.device_gib
+            if vllm_gib + plan.trainer_gib > 0.95 * plan.device_gib:
+                fits = max(0.0, (0.95 * plan.device_gib - plan.trainer_gib) / plan.device_gib)
+                errors.append(
+                    f"policy.generate.gpu_memory_utilization: vLLM stays awake with rollout.max_staleness "
+                    f"{rollout.max_staleness}: {options.gpu_memory_utilization:g} x {plan.device_gib:.1f} GiB = "
+                    f"{vllm_gib:.1f} GiB, plus the trainer's ~{plan.trainer_gib:.1f} GiB (estimated: weights, gradients, "
+                    f"Adam states, activations, a reference on the GPU) is over 95% of the GPU; set it to "
+                    f"{fits:.2f} or less, lower policy.train.micro_batch_size, use the split layout "
+                    f"(policy.generate.resources), or set rollout.max_staleness: 0")
         return errors
 
     def __init__(self, spec: EngineSpec):
