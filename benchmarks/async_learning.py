@@ -72,12 +72,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # -- shared ---------------------------------------------------------------------------------------
 def async_overrides(path: Path, base: list[str]) -> list[str]:
     """``rollout.max_staleness=1``, plus ``algorithm.tis_cap=2.0`` when the algorithm has that
-    off-policy correction and the config leaves it unset."""
+    off-policy correction and the config sets none (neither ``tis_cap`` nor ``off_policy``)."""
     from xrlhf.validation import algorithm_options, load_config
 
     out = ["rollout.max_staleness=1"]
     options = algorithm_options(load_config(path, base))
-    if "tis_cap" in type(options).model_fields and options.tis_cap is None:
+    if "tis_cap" in type(options).model_fields and options.tis_cap is None and getattr(options, "off_policy", None) is None:
         out.append("algorithm.tis_cap=2.0")
     return out
 

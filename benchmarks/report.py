@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from benchmarks.common import ROOT
 
 
-def load(path: Path) -> dict | None:
+def load(path: Path) -> dict | list | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
@@ -251,13 +252,116 @@ def hang(r: dict | None) -> list[str]:
     return out
 
 
+def _target(t: dict | None) -> str:
+    if not t:
+        return "—"
+    return f"≤ {t['step_s']} s" + (f", busy ≥ {t['gpu_busy']:.0f}%" if "gpu_busy" in t else "")
+
+
+def _met(x) -> str:
+    return "—" if x is None else "yes" if x else "**no**"
+
+
+def async_grpo(entries: list | None, link) -> list[str]:
+    """``benchmarks/async_grpo.py``: workload W, synchronous against one-step-off, per layout."""
+    out = ["## Asynchronous GRPO (workload W)", ""]
+    cmd = "python -m benchmarks.async_grpo --out benchmarks/results"
+    if not entries:
+        return out + [f"Not run yet: `{cmd}` (one GPU: the co-located pair; two GPUs: the split pair too).", ""]
+    b = entries[0].get("baseline_h200") or {}
+    out += ["`configs/gpu/grpo_w.yaml`: the 0.5b preset, GRPO, 64 prompts × 8 samples, ≤ 256 new tokens at "
+            "temperature 1, one AdamW step over the 512 sequences (micro-batch 32), a reference with the k3 KL "
+            "(β 0.04) as a loss term, bf16, vLLM. Synchronous (staleness 0) against one-step-off "
+            "(`rollout.max_staleness: 1`: batch s+1 generates while step s trains), co-located on one GPU "
+            "(vLLM awake beside the trainer) and split (vLLM on a GPU of its own, NCCL). s/step: the median of "
+            "the steps after the warm-up steps; GPU busy: nvidia-smi's utilisation every 50 ms over those steps "
+            "(the mean of the GPUs used; per GPU below); peak: the device's used memory over all steps. "
+            f"Baseline of the issue (one H200, synchronous): {fmt(b.get('step_s'), 2)} s/step (generate "
+            f"{fmt(b.get('generate_s'), 2)}, infer {fmt(b.get('infer_s'), 2)}, train {fmt(b.get('train_s'), 2)}, sync "
+            f"{fmt(b.get('sync_s'), 2)}; GPU busy {fmt(b.get('gpu_busy'), 0)}%).", "",
+            "| GPU | layout | GPUs | staleness | s/step | sync s/step | speed-up | GPU busy (%) | peak (GiB) | target | met |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for e in entries:
+        per = e.get("gpu_busy_per_gpu") or []
+        busy = fmt(e.get("gpu_busy"), 0) + (f" ({' / '.join(fmt(x, 0) for x in per)})" if len(per) > 1 else "")
+        out.append(f"| {e['gpu']} | {e['layout']} | {e['gpus']} | {e['staleness']} | {fmt(e.get('step_s_median'), 2)} | "
+                   f"{fmt(e.get('sync_step_s_median'), 2)} | "
+                   f"{fmt(e.get('speedup'), 2) + '×' if e.get('speedup') else '—'} | {busy} | "
+                   f"{fmt(e.get('peak_gib'), 1)} | {_target(e.get('target'))} | {_met(e.get('met'))} |")
+    phases = ["generate", "reward", "infer", "train", "sync", "sleep", "wait_rollout", "wait_generation"]
+    out += ["", "Median seconds per phase (with staleness 1, generate and reward overlap the trainer's phases; "
+            "`wait_rollout`: the trainer waiting for its batch, `wait_generation`: the sync waiting for a "
+            "generation under way):", "",
+            "| layout | staleness | " + " | ".join(phases) + " | staleness seen (min / mean / max) |",
+            "|---|---|" + "---|" * (len(phases) + 1)]
+    for e in entries:
+        m, st = e.get("phases_median") or {}, e.get("staleness_observed")
+        seen = f"{fmt(st['min'], 0)} / {fmt(st['mean'], 2)} / {fmt(st['max'], 0)}" if st else "—"
+        out.append(f"| {e['layout']} | {e['staleness']} | " + " | ".join(fmt(m.get(p), 2) for p in phases)
+                   + f" | {seen} |")
+    errors = [e for e in entries if e.get("error")]
+    out += [""] + [f"* {e['variant']} on {e['gpu']} failed: `{e['error'].rstrip('.')}`." for e in errors]
+    out += ["", "Commands: " + "; ".join(f"`{c}`" for c in dict.fromkeys(e.get("command", "") for e in entries))
+            + f" ({', '.join(sorted({e.get('date', '')[:10] for e in entries}))}).", ""]
+    pngs = [(e["layout"], e["staleness"], e["timeline_png"]) for e in entries if e.get("timeline_png")]
+    if pngs:
+        out += ["What ran when over the last steps of each run (trainer, generator and reward lanes):", ""]
+        out += [f"* {layout}, staleness {k}: [{png}]({link(png)})" for layout, k, png in pngs]
+        out += [""] + [f"![{layout}, staleness {k}]({link(png)})" for layout, k, png in pngs if k > 0] + [""]
+    return out
+
+
+def async_learning_cpu(r: dict | None) -> list[str]:
+    """``benchmarks/async_learning.py``: final eval reward, synchronous against one-step-off, on CPU."""
+    out = ["## Asynchronous RL: does it learn as well? (CPU)", ""]
+    if r is None:
+        return out + ["Not run yet: `python -m benchmarks.async_learning --out benchmarks/results`.", ""]
+    out += [f"Each config run synchronously and with `rollout.max_staleness=1` (and `algorithm.tis_cap=2.0` where "
+            f"the config sets no off-policy correction), per seed, on {r.get('machine', 'the CPU box')}; the "
+            f"greedy eval reward on the held-out prompts after the last step. Verdict: {r['criterion']}. Command: "
+            f"`{r.get('command', '')}` ({r.get('date', '')[:10]}).", "",
+            "| config | steps | seeds | sync: final eval (mean ± std) | async | async ≥ sync − std | "
+            "wall s (sync / async, mean) |", "|---|---|---|---|---|---|---|"]
+    for c in r["configs"]:
+        s, a = c["sync"], c["async"]
+        pm = lambda x: f"{fmt(x['final_mean'])} ± {fmt(x['final_std'])}" if x["final_mean"] is not None else "—"  # noqa: E731
+        out.append(f"| `{c['config']}` | {c['steps']} | {', '.join(map(str, s['seeds'] or a['seeds']))} | {pm(s)} | "
+                   f"{pm(a)} | {_met(c['async_ok'])} | {fmt(s['wall_s_mean'], 0)} / {fmt(a['wall_s_mean'], 0)} |")
+    failed = [x for x in r.get("runs", []) if x.get("error")]
+    out += [""] + [f"* {x['config']} {x['mode']} seed {x['seed']} failed: `{x['error'].rstrip('.')}`." for x in failed]
+    return out + ["", "Each run's eval curve against samples seen (step × prompts per step × samples per prompt) "
+                  "and its overrides are in `benchmarks/results/async_learning_cpu.json` (`runs[]`).", ""]
+
+
+def async_learning_gpu(r: dict | None, link) -> list[str]:
+    """``benchmarks/async_learning.py --gpu``: eval reward against the RL clock, sync against async."""
+    out = ["### The same on a GPU: reward against wall-clock", ""]
+    if r is None:
+        return out + ["Not run yet: `python -m benchmarks.async_learning --gpu --out benchmarks/results`.", ""]
+    w, runs = r.get("warmup") or {}, r.get("runs") or {}
+    out += [f"GPU: **{r.get('gpu')}**. GRPO on the reasoning env (add, compare, sort) with the 0.5b preset, from "
+            f"`{r['config']}` with the overrides in the JSON, seed {r.get('seed')}; one supervised warm-up "
+            f"({fmt(w.get('seconds'), 0)} s) shared by both runs. Clock: the sum of the RL steps' times (start-up "
+            f"excluded, evaluations included in both). Command: `{r.get('command', '')}` ({r.get('date', '')[:10]}).", "",
+            "| run | eval before RL | eval after | RL seconds | mean staleness |", "|---|---|---|---|---|"]
+    for mode, x in runs.items():
+        out.append(f"| {mode} | {fmt(x.get('eval_initial'))} | {fmt(x.get('eval_final'))} | {fmt(x.get('rl_s'), 0)} | "
+                   f"{fmt(x.get('staleness_mean'), 2)} |")
+    out += ["", f"Async reaches sync's final eval reward ({fmt(r.get('sync_final'))}, reached by sync at "
+            f"{fmt(r.get('sync_time_s'), 0)} s) at {fmt(r.get('async_time_to_sync_final_s'), 0)} s: ratio "
+            f"**{fmt(r.get('ratio'), 2)}** (target ≤ {r.get('target_ratio')}; met: {_met(r.get('met'))}).", ""]
+    if r.get("png"):
+        out += [f"![reward against the RL clock]({link(r['png'])})", ""]
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
     p.add_argument("--hang", default=None, help="default: <results>/hang_probe.json")
     p.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
     args = p.parse_args()
-    res = Path(args.results)
+    res = Path(args.results).resolve()
     lines = ["# Benchmarks", "",
              "Measured on the GPU machine by `benchmarks/gpu_session.sh` (stages `gen`, `overhead`, `bench`, "
              "`layouts`, `recheck`, `diag`, `ds-bench`; the JSON is "
@@ -275,6 +379,10 @@ def main() -> None:
     lines += ppo(load(res / "ppo_step.json"))
     lines += hang(load(Path(args.hang) if args.hang else res / "hang_probe.json"))
     lines += deepspeed(load(res / "deepspeed.json"))
+    link = lambda name: os.path.relpath(res / name, Path(args.out).resolve().parent)  # noqa: E731
+    lines += async_grpo(load(res / "async_grpo.json"), link)
+    lines += async_learning_cpu(load(res / "async_learning_cpu.json"))
+    lines += async_learning_gpu(load(res / "async_learning_gpu.json"), link)
     notes = res / "notes.md"  # what a person read off the logs: kept beside the JSON, appended as is
     if notes.is_file():
         lines += ["", notes.read_text().rstrip(), ""]
