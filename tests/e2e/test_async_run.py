@@ -52,8 +52,8 @@ def test_one_step_off_versions_timeline_and_report(base_config, tmp_path, split)
     assert [(r["staleness/min"], r["staleness/max"]) for r in rows] == [(0, 0), (1, 1), (1, 1), (1, 1)]
     for r in rows:
         assert "time/wait_rollout_s" in r and "time/wait_generation_s" in r
-        lanes = {s[0] for s in r["timeline"]}
-        assert {"trainer", "generator", "reward"} <= lanes
+    # spans are logged with the step during which they ended; batch 5 does not exist
+    assert all({"trainer", "generator", "reward"} <= {s[0] for s in r["timeline"]} for r in rows[:3])
     assert (out / "plots" / "timeline.png").is_file()
     assert "eval/reward_mean" in rows[1]  # eval_every 2
 

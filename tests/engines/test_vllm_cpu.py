@@ -5,7 +5,9 @@ out as vLLM lays out a Llama (q/k/v and gate/up fused), and every ``collective_r
 crosses a pickle boundary as it would to vLLM's engine process. What it checks: the mapping
 of our config and sampling parameters to vLLM's, the sleep/wake order around a sync, weights
 loaded inside the worker with checksums verified there, read-back of fused weights by HF
-name, the completeness check, and that vLLM itself is never needed to import xrlhf.
+name, the completeness check, and that vLLM itself is never needed to import xrlhf. Its
+``llm_engine`` (``FakeLLMEngine``) streams requests as vLLM's does for the request loop's tests
+(tests/engines/test_vllm_loop.py).
 """
 
 from __future__ import annotations
@@ -13,11 +15,15 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import pickle
+import queue
 import subprocess
 import sys
+import threading
 import types
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import SimpleNamespace
+from typing import Callable
 
 import pytest
 import torch
@@ -108,10 +114,101 @@ class FakeSamplingParams:
     flat_logprobs: bool = False
     detokenize: bool = True
     seed: int | None = None
+    output_kind: str = "CUMULATIVE"
+
+
+def fake_token(prompt: list[int], weights: int, kv: int, position: int) -> int:
+    """What ``FakeLLMEngine`` samples: the prompt's last id, the weights that sampled the token
+    (syncs finished), the weights of its KV cache, the position, in decimal digits."""
+    return prompt[-1] * 10000 + weights * 1000 + kv * 100 + position
+
+
+def token_weights(token: int) -> int:
+    return token // 1000 % 10
+
+
+def token_kv(token: int) -> int:
+    return token // 100 % 10
+
+
+@dataclass
+class FakeRequest:
+    prompt: list[int]
+    params: FakeSamplingParams
+    kv: int  # the weights its KV cache was computed with
+    produced: int = 0
+
+
+class FakeLLMEngine:
+    """``llm.llm_engine`` as the request loop uses it: ``add_request`` / ``step`` (one token per
+    running request per step, as DELTA outputs) / ``abort_request``. ``step()`` while paused with
+    nothing queued fails (vLLM's would block for ever). ``on_step(n)`` runs inside step ``n``;
+    ``fail_at``: the step that raises."""
+
+    def __init__(self, llm: "FakeLLM"):
+        self.llm = llm
+        core = type(llm.client, (), {"shutdown": lambda self: None})()
+        if llm.client == "InprocClient":
+            core.engine_core = SimpleNamespace(batch_queue=None)
+        else:
+            core.outputs_queue = queue.Queue()  # what the engine process sent, not collected yet
+        self.engine_core = core
+        self.requests: dict[str, FakeRequest] = {}
+        self.added: list[tuple[str, list[int], int, str]] = []  # (id, prompt, seed, cache salt)
+        self.aborted: list[str] = []
+        self.steps = 0
+        self.on_step: Callable[[int], None] | None = None
+        self.fail_at: int | None = None
+
+    def add_request(self, request_id, prompt, params):
+        with self.llm.inside("add_request"):
+            assert prompt["type"] == "token" and params.output_kind == "DELTA" and request_id not in self.requests
+            self.requests[request_id] = FakeRequest(prompt["prompt_token_ids"], params, self.llm.weights)
+            self.added.append((request_id, prompt["prompt_token_ids"], params.seed, prompt.get("cache_salt")))
+            return request_id + "-internal"
+
+    def abort_request(self, request_ids, internal=False):
+        with self.llm.inside("abort_request"):
+            for rid in request_ids:
+                self.requests.pop(rid, None)
+                self.aborted.append(rid)
+
+    def has_unfinished_requests(self):
+        with self.llm.inside("has_unfinished_requests"):
+            return bool(self.requests)
+
+    def step(self):
+        with self.llm.inside("step"):
+            q = getattr(self.engine_core, "outputs_queue", None)
+            if q is not None and not q.empty():
+                return q.get_nowait()
+            assert not self.llm.paused, "step() while paused with nothing queued: vLLM's would wait for ever"
+            self.steps += 1
+            if self.steps == self.fail_at:
+                raise RuntimeError("boom: the engine process died")
+            outputs = self.produce()
+            if self.on_step is not None:
+                self.on_step(self.steps)
+            return outputs
+
+    def produce(self) -> list:
+        """One token for every running request (the weights loaded now sample it)."""
+        outputs = []
+        for rid, r in list(self.requests.items()):
+            token = fake_token(r.prompt, self.llm.weights, r.kv, r.produced)
+            r.produced += 1
+            done = r.produced == r.params.max_tokens
+            flat = SimpleNamespace(start_indices=[0], end_indices=[1], token_ids=[token], logprobs=[-token / 1e6])
+            outputs.append(SimpleNamespace(request_id=rid, finished=done, outputs=[SimpleNamespace(
+                token_ids=[token], logprobs=flat, finish_reason="length" if done else None)]))
+            if done:
+                del self.requests[rid]
+        return outputs
 
 
 class FakeLLM:
-    """``vllm.LLM`` as the engine uses it; the worker runs the real extension."""
+    """``vllm.LLM`` as the engine uses it; the worker runs the real extension. ``violations``
+    lists every moment two threads were inside it at once, or weights loaded while it generated."""
 
     last: "FakeLLM" = None
     client = "SyncMPClient"
@@ -128,25 +225,65 @@ class FakeLLM:
         self.worker = worker_cls()
         self.worker.device = torch.device("cpu")
         self.worker.model_runner = SimpleNamespace(get_model=lambda: model)
-        self.llm_engine = SimpleNamespace(engine_core=type(self.client, (), {"shutdown": lambda self: None})())
+        self._one = threading.Lock()
+        self.violations: list[str] = []
+        self.paused = False
+        self.weights = 0  # syncs finished
+        self.llm_engine = FakeLLMEngine(self)
         FakeLLM.last = self
 
-    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
-        self.calls.append(("rpc", method))
-        if self.client != "InprocClient":
-            args = pickle.loads(pickle.dumps(args))  # the process boundary
-        return [getattr(self.worker, method)(*args, **(kwargs or {}))]
+    @contextmanager
+    def inside(self, name: str):
+        """The thread-safety check: SyncMPClient is not thread-safe."""
+        if not self._one.acquire(blocking=False):
+            self.violations.append(f"{name} in {threading.current_thread().name} while another thread was inside")
+            yield
+            return
+        try:
+            yield
+        finally:
+            self._one.release()
 
-    def sleep(self, level=1):
-        self.calls.append(("sleep", level))
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        with self.inside(method):
+            self.calls.append(("rpc", method))
+            if method == "xrlhf_receive" and self.llm_engine.requests and not self.paused:
+                self.violations.append("weights loaded while requests were generating")
+            if self.client != "InprocClient":
+                args = pickle.loads(pickle.dumps(args))  # the process boundary
+            result = [getattr(self.worker, method)(*args, **(kwargs or {}))]
+            if method == "xrlhf_end_sync":
+                self.weights += 1
+            return result
+
+    def sleep(self, level=1, mode="abort"):
+        with self.inside("sleep"):
+            self.calls.append(("sleep", level) if level else ("sleep", level, mode))
+            if level == 0:
+                self.paused = True
+                q = getattr(self.llm_engine.engine_core, "outputs_queue", None)
+                if mode == "keep" and q is not None and self.llm_engine.requests:
+                    q.put(self.llm_engine.produce())  # the engine process ran one step ahead of the client
 
     def wake_up(self, tags=None):
-        self.calls.append(("wake_up", tags))
+        with self.inside("wake_up"):
+            self.calls.append(("wake_up", tags))
+            if tags == ["scheduling"]:
+                self.paused = False
 
-    def reset_prefix_cache(self):
-        self.calls.append(("reset_prefix_cache",))
+    def reset_prefix_cache(self, reset_running_requests=False):
+        with self.inside("reset_prefix_cache"):
+            self.calls.append(("reset_prefix_cache", True) if reset_running_requests else ("reset_prefix_cache",))
+            if reset_running_requests:  # running requests recompute their KV with the weights loaded now
+                for r in self.llm_engine.requests.values():
+                    r.kv = self.weights
 
     def generate(self, prompts, sp, use_tqdm=True):
+        with self.inside("generate"):
+            assert not self.llm_engine.requests, "LLM.generate while the request loop had requests in vLLM"
+            return self._generate(prompts, sp)
+
+    def _generate(self, prompts, sp):
         self.calls.append(("generate", len(prompts)))
         out = []
         for p in prompts:
@@ -168,9 +305,15 @@ def vllm_module():
     fake.LLM, fake.SamplingParams, fake.TokensPrompt = FakeLLM, FakeSamplingParams, dict
     parallel_state = types.ModuleType("vllm.distributed.parallel_state")
     parallel_state.get_tensor_model_parallel_world_size = lambda: 1
-    saved = {k: sys.modules.get(k) for k in ("vllm", "vllm.distributed", "vllm.distributed.parallel_state")}
-    sys.modules.update({"vllm": fake, "vllm.distributed": types.ModuleType("vllm.distributed"),
-                        "vllm.distributed.parallel_state": parallel_state})
+    inputs = types.ModuleType("vllm.inputs")
+    inputs.tokens_input = lambda ids, *, prompt=None, cache_salt=None: {"type": "token", "prompt_token_ids": ids,
+                                                                         "cache_salt": cache_salt}
+    sampling = types.ModuleType("vllm.sampling_params")
+    sampling.RequestOutputKind = SimpleNamespace(CUMULATIVE="CUMULATIVE", DELTA="DELTA", FINAL_ONLY="FINAL_ONLY")
+    fakes = {"vllm": fake, "vllm.distributed": types.ModuleType("vllm.distributed"),
+             "vllm.distributed.parallel_state": parallel_state, "vllm.inputs": inputs, "vllm.sampling_params": sampling}
+    saved = {k: sys.modules.get(k) for k in fakes}
+    sys.modules.update(fakes)
     import xrlhf.engines.vllm as module
 
     yield module

@@ -158,11 +158,10 @@ class Coordinator:
         return self
 
     def _create(self, s: HandleSpec, slot: Slot) -> tuple[ModelHandle, list]:
-        actor = ray.remote(EngineWorker)
         # asynchronous rollout: a generating worker runs generate beside its other calls
         concurrent = "generate" in s.engines and self.cfg.rollout.max_staleness > 0
-        groups = {"concurrency_groups": ROLLOUT_GROUPS} if concurrent else {}
-        workers = [actor.options(**slot.options(rank), **groups, max_restarts=0,
+        actor = ray.remote(concurrency_groups=ROLLOUT_GROUPS)(EngineWorker) if concurrent else ray.remote(EngineWorker)
+        workers = [actor.options(**slot.options(rank), max_restarts=0,
                                  name=None).remote(s.name, rank, slot.threads)
                    for rank in range(s.resources.ranks)]
         handle = ModelHandle(s.name, workers, trainable="train" in s.engines, concurrent=concurrent)

@@ -19,6 +19,7 @@ surfaces as ``WorkerDiedError`` naming the handle and the rank.
 from __future__ import annotations
 
 import functools
+import inspect
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -69,9 +70,13 @@ def dispatch(mode: str, gather: Callable[[list[Any]], Any] | None = None, split_
 
     def deco(fn):
         method = fn.__name__
+        names = list(inspect.signature(fn).parameters)[1:]  # after self
 
         @functools.wraps(fn)
         def wrapper(self: "ModelHandle", *args, wait: bool = True, **kwargs):
+            if split_kwargs and len(args) > 1:  # per-row arguments given by position: split them by name
+                kwargs.update({n: a for n, a in zip(names[1:], args[1:]) if n in split_kwargs})
+                args = args[:1] + tuple(a for n, a in zip(names[1:], args[1:]) if n not in split_kwargs)
             ranks, calls, gather = plan(mode, self.world_size, args, kwargs, split_kwargs)
             fns = [getattr(self.workers[r], method) for r in ranks]
             if group is not None and self.concurrent:

@@ -18,6 +18,13 @@ Weights. Updates go through ``xrlhf.engines.vllm_ext.XrlhfWorkerExtension`` insi
 worker, called with ``collective_rpc``: the transport's receive side runs there, so CUDA IPC
 handles are mapped, NCCL buffers received and checksums checked where the weights land.
 
+Threads. A call with ``seeds`` (the asynchronous rollout's) goes through ``vllm_loop``'s
+request loop: one thread streams every concurrent keyed call through ``llm.llm_engine``, and a
+weight sync that arrives while they generate pauses vLLM with its requests kept, loads, and
+resumes (``pauses_mid_generation``; ``SamplingParams.on_update`` says what the running rows do).
+Exactly one thread touches ``self.llm`` at a time; an unkeyed call runs ``LLM.generate`` as
+before, once the loop is idle.
+
 Memory. With ``sleep_level`` 1 or 2 the engine is built with ``enable_sleep_mode`` and
 ``sleep()`` frees its KV cache (level 1 also moves the weights to CPU, level 2 drops them).
 A sync while asleep wakes the weights, loads, and leaves the KV cache asleep until
@@ -28,13 +35,15 @@ verl and OpenRLHF). See docs/vllm.md.
 from __future__ import annotations
 
 import os
-from typing import Any, Literal
+from contextlib import contextmanager
+from typing import Any, Iterator, Literal
 
 from pydantic import BaseModel, Field
 
 from xrlhf.engines.base import (ENGINES, EngineSpec, GenerateEngine, GenerateOptions, GenerationOutput, NamedTensors,
                                 RolloutPlan, SamplingParams)
 from xrlhf.engines.vllm_ext import ShmPool, to_payload
+from xrlhf.engines.vllm_loop import RequestLoop, sampled_logprobs
 from xrlhf.weight_sync import Message, Transport, WeightSyncError, build_transport
 
 EXTENSION = "xrlhf.engines.vllm_ext.XrlhfWorkerExtension"
@@ -106,18 +115,6 @@ def llm_kwargs(spec: EngineSpec) -> tuple[dict[str, Any], dict[str, str]]:
     return kwargs, env
 
 
-def sampled_logprobs(flat, ids: list[int]) -> list[float]:
-    """The logprob of each sampled token from vLLM's ``FlatLogprobs`` (asked with ``logprobs=0``:
-    one entry per position, the sampled token's). ``flat_logprobs`` keeps three flat lists per
-    request instead of a dict and a ``Logprob`` per token, which vLLM's output processing and
-    Python's garbage collector pay for at every step (docs/vllm.md, benchmarks/vllm_overhead.py)."""
-    starts = flat.start_indices
-    if len(starts) != len(ids) or any(flat.token_ids[s] != t for s, t in zip(starts, ids)):
-        raise RuntimeError(f"vLLM returned logprobs for {len(starts)} positions that do not match the "
-                           f"{len(ids)} sampled tokens")
-    return [float(flat.logprobs[s]) for s in starts]
-
-
 @ENGINES.register("vllm.generate")
 class VLLMGenerateEngine(GenerateEngine):
     """Generation with ``vllm.LLM``; weights in through the worker extension. Options: ``VLLMOptions``."""
@@ -126,6 +123,7 @@ class VLLMGenerateEngine(GenerateEngine):
     requires = ("vllm",)
     pip_extra = "gpu"
     starts_alone = True  # vLLM sizes its KV cache from the GPU memory it sees free while it starts
+    pauses_mid_generation = True  # keyed calls: vllm_loop pauses, loads, resumes
 
     @classmethod
     def workers_per_engine(cls, options: BaseModel) -> int:
@@ -169,6 +167,9 @@ class VLLMGenerateEngine(GenerateEngine):
     def __init__(self, spec: EngineSpec):
         super().__init__(spec)
         kwargs, env = llm_kwargs(self.spec)
+        if kwargs.get("stream_interval", 1) != 1:  # held-back tokens would be stamped with a later version
+            raise ValueError("policy.generate.engine_options.stream_interval: xrlhf needs every step's tokens "
+                             f"(1), got {kwargs['stream_interval']}")
         os.environ.update(env)
         for k, v in ENV_DEFAULTS.items():
             os.environ.setdefault(k, v)
@@ -184,20 +185,37 @@ class VLLMGenerateEngine(GenerateEngine):
         self._verify = False
         self._reset_cache = False
         self._shm: ShmPool | None = None  # buffers for vLLM's engine process (cpu transport)
+        self._loop = RequestLoop(self.llm, version=lambda: self.version, prepare=self._prepare_requests)
+        self._sync: bool | None = None  # during a sync (its thread only): whether it paused generation
 
     # -- generation ---------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  seeds: list[int] | None = None) -> GenerationOutput:
+        """``seeds`` given: through the request loop (``vllm_loop``), which serves concurrent calls
+        together and lets a weight sync land mid-generation; each token is stamped with the
+        version that sampled it. ``None``: ``LLM.generate``, once the loop is idle."""
+        if seeds is None:
+            with self._loop.exclusive():
+                return self._generate_batch(prompts, params)
+        if len(seeds) != len(prompts):
+            raise ValueError(f"generate: {len(seeds)} seeds for {len(prompts)} prompts")
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        fields = dict(self._sampling_fields(params), output_kind=RequestOutputKind.DELTA)
+        call = self._loop.generate(prompts, seeds, lambda seed: VSamplingParams(**fields, seed=seed), params.on_update)
+        return GenerationOutput([r.token_ids for r in call.rows], [r.logprobs for r in call.rows],
+                                [r.versions for r in call.rows])
+
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
         from vllm import TokensPrompt
 
-        if not self._weights_valid or (self.sleep_level == 2 and "weights" in self._asleep):
-            raise WeightSyncError("vLLM slept at level 2 and dropped its weights; sync weights before generating "
-                                  "(or use policy.generate.sleep_level: 1)")
-        self.wake_up()
+        self._check_weights()
+        self._wake({"weights", "kv_cache"})
         if self._reset_cache:  # cached prefixes were computed with the old weights
             self.llm.reset_prefix_cache()
             self._reset_cache = False
-        sp = self.sampling_params(params, len(prompts), seeds)
+        sp = self.sampling_params(params, len(prompts))
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts], sp,
                                  use_tqdm=False)
         token_ids = [list(out.outputs[0].token_ids) for out in outs]
@@ -205,63 +223,103 @@ class VLLMGenerateEngine(GenerateEngine):
                                             for out, ids in zip(outs, token_ids)],
                                 [[self.version] * len(ids) for ids in token_ids])
 
+    def _prepare_requests(self, idle: bool) -> None:
+        """Run by the request loop, owning the LLM, before it adds a call's requests. The prefix
+        cache of old weights is reset when nothing runs; while requests hold it, the cache salt,
+        which changes with every sync, keeps new requests off it."""
+        self._check_weights()
+        self._wake({"weights", "kv_cache"})
+        if self._reset_cache and idle:
+            self.llm.reset_prefix_cache()
+            self._reset_cache = False
+
+    def _check_weights(self) -> None:
+        if not self._weights_valid or (self.sleep_level == 2 and "weights" in self._asleep):
+            raise WeightSyncError("vLLM slept at level 2 and dropped its weights; sync weights before generating "
+                                  "(or use policy.generate.sleep_level: 1)")
+
     def sampling_params(self, params: SamplingParams, n: int, seeds: list[int] | None = None):
         """``vllm.SamplingParams`` for our ``params`` (a list, one per prompt, when seeded:
         ``seeds``, else ``params.seed + i``)."""
         from vllm import SamplingParams as VSamplingParams
 
-        stop = [] if params.ignore_eos else list(params.stop_token_ids or self.eos_ids)
-        base = dict(n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or 0,
-                    max_tokens=params.max_new_tokens, stop_token_ids=stop, ignore_eos=params.ignore_eos,
-                    logprobs=0, flat_logprobs=True, detokenize=False)
+        base = self._sampling_fields(params)
         if seeds is not None:
             return [VSamplingParams(**base, seed=int(s)) for s in seeds]
         if params.seed is None:
             return VSamplingParams(**base)
         return [VSamplingParams(**base, seed=params.seed + i) for i in range(n)]
 
+    def _sampling_fields(self, params: SamplingParams) -> dict[str, Any]:
+        stop = [] if params.ignore_eos else list(params.stop_token_ids or self.eos_ids)
+        return dict(n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or 0,
+                    max_tokens=params.max_new_tokens, stop_token_ids=stop, ignore_eos=params.ignore_eos,
+                    logprobs=0, flat_logprobs=True, detokenize=False)
+
     # -- weights ------------------------------------------------------------------------------
+    @contextmanager
+    def _syncing(self) -> Iterator[None]:
+        """Part of a sync: the first part takes the LLM (pausing running generation, see
+        ``vllm_loop``); a failure ends the sync, failing the calls it paused."""
+        if self._sync is None:
+            self._sync = self._loop.begin_sync()
+        try:
+            yield
+        except BaseException as e:
+            paused, self._sync, self._verify = self._sync, None, False
+            self._loop.finish_sync(paused, e)
+            raise
+
     def receive_weights(self, transport: Transport, messages: list[Message] | None = None) -> int:
-        """Run the transport's receive side in vLLM's workers and load what arrives there."""
-        self._wake({"weights"})
-        self._verify = self._verify or transport.verify
-        n = 0
-        for part in [None] if messages is None else [[m] for m in messages]:  # one bucket per call
-            if self.shares_trainer_process:  # no process boundary: hand the objects over as they are
-                n += int(self._rpc("xrlhf_receive", (transport, part))[0])
-                continue
-            if self._shm is None:
-                self._shm = ShmPool()
-            local = None if part is None else [transport.local(m) for m in part]  # same host: name shared buffers
-            n += int(self._rpc("xrlhf_receive", to_payload((transport, local), self._shm))[0])  # vllm_ext
-        self._weights_valid = True
-        self._reset_cache = True
-        return n
+        """Run the transport's receive side in vLLM's workers and load what arrives there. The
+        first call of a sync pauses any generation running (``pauses_mid_generation``)."""
+        with self._syncing():
+            self._wake({"weights"})
+            self._verify = self._verify or transport.verify
+            n = 0
+            for part in [None] if messages is None else [[m] for m in messages]:  # one bucket per call
+                if self.shares_trainer_process:  # no process boundary: hand the objects over as they are
+                    n += int(self._rpc("xrlhf_receive", (transport, part))[0])
+                    continue
+                if self._shm is None:
+                    self._shm = ShmPool()
+                local = None if part is None else [transport.local(m) for m in part]  # same host: name shared buffers
+                n += int(self._rpc("xrlhf_receive", to_payload((transport, local), self._shm))[0])  # vllm_ext
+            self._weights_valid = True
+            self._reset_cache = True
+            return n
 
     def update_weights(self, weights: NamedTensors) -> None:
+        """Load ``(HF name, tensor)`` pairs: part of a sync, which ``end_sync`` ends."""
         weights = list(weights)
-        if self.shares_trainer_process:
+        if not self.shares_trainer_process:
+            transport = build_transport("cpu")
+            self.receive_weights(transport, list(transport.send(weights)))
+            return
+        with self._syncing():
             self._wake({"weights"})
             self._rpc("xrlhf_load_weights", weights)
             self._weights_valid, self._reset_cache = True, True
-            return
-        transport = build_transport("cpu")
-        self.receive_weights(transport, list(transport.send(weights)))
 
     def end_sync(self, version: int | None = None) -> None:
-        """After the last bucket: check every parameter was loaded (with verify on), then wake."""
-        if version is not None:
-            self.version = version
-        missing = sorted({n for per_worker in self._rpc("xrlhf_end_sync") for n in per_worker})
-        verify, self._verify = self._verify, False
-        if verify and missing:
-            raise WeightSyncError(f"weight sync: {len(missing)} vLLM parameters were not loaded: "
-                                  + ", ".join(missing[:8]))
-        self.wake_up()
+        """After the last bucket: check every parameter was loaded (with verify on), set the
+        version, wake; generation paused by the sync resumes (``on_update``)."""
+        with self._syncing():
+            if version is not None:
+                self.version = version
+            missing = sorted({n for per_worker in self._rpc("xrlhf_end_sync") for n in per_worker})
+            verify, self._verify = self._verify, False
+            if verify and missing:
+                raise WeightSyncError(f"weight sync: {len(missing)} vLLM parameters were not loaded: "
+                                      + ", ".join(missing[:8]))
+            self._wake({"weights", "kv_cache"})
+        paused, self._sync = self._sync, None
+        self._loop.finish_sync(bool(paused))
 
     def weight_checksums(self) -> dict[str, int]:
-        self.wake_up()
-        return dict(self._rpc("xrlhf_weight_checksums")[0])
+        with self._loop.exclusive():
+            self._wake({"weights", "kv_cache"})
+            return dict(self._rpc("xrlhf_weight_checksums")[0])
 
     def _rpc(self, method: str, *args) -> list:
         """``collective_rpc`` on every worker; a weight-sync failure there comes back as one here
@@ -279,13 +337,19 @@ class VLLMGenerateEngine(GenerateEngine):
     def sleep(self) -> None:
         if self.sleep_level == 0 or self._asleep:
             return
-        self.llm.sleep(level=self.sleep_level)
-        self._asleep = {"weights", "kv_cache"}
-        if self.sleep_level == 2:
-            self._weights_valid = False
+        with self._loop.exclusive():  # LLM.sleep's default mode aborts requests: only when none run
+            if self._asleep:
+                return
+            self.llm.sleep(level=self.sleep_level)
+            self._asleep = {"weights", "kv_cache"}
+            if self.sleep_level == 2:
+                self._weights_valid = False
 
     def wake_up(self) -> None:
-        self._wake({"weights", "kv_cache"})
+        if not self._asleep:  # awake: no need to wait for the LLM
+            return
+        with self._loop.exclusive():
+            self._wake({"weights", "kv_cache"})
 
     def _wake(self, tags: set[str]) -> None:
         # weights first: the KV cache, the largest allocation, comes back last
@@ -295,6 +359,8 @@ class VLLMGenerateEngine(GenerateEngine):
                 self._asleep.discard(tag)
 
     def shutdown(self) -> None:
+        if getattr(self, "_loop", None) is not None:
+            self._loop.stop()
         if getattr(self, "_shm", None) is not None:
             self._shm.close()
         llm = getattr(self, "llm", None)
