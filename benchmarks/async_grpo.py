@@ -19,6 +19,11 @@ an asynchronous run also gets the synchronous run of its layout beside it
     python -m benchmarks.async_grpo --out benchmarks/results [--variants ...] [key.path=value ...]
     python -m benchmarks.async_grpo --dry-run      # the resolved configs, nothing run (CPU is fine)
 
+Each variant takes ~2.5-4 minutes (Ray and vLLM start-up ~1-1.5, the evals before and after,
+8 steps of ~4-7 s), so a pair fits one 10-minute call and all four do not: run
+``--variants sync-colocated,async-colocated`` and ``--variants sync-split,async-split`` in two
+calls with the same ``--out`` (the JSON is merged).
+
 Writes ``<out>/async_grpo.json``, a list with one object per run; a later invocation replaces the
 runs of the same GPU, layout and staleness and keeps the others (so the layouts may be measured
 in separate calls). The timeline of the last steps of each run is drawn to
@@ -172,11 +177,13 @@ def gpus() -> list[dict[str, Any]]:
     """The GPUs this process may use (``CUDA_VISIBLE_DEVICES``), from nvidia-smi: no CUDA context
     is made here, so the driver holds no GPU memory. Empty without nvidia-smi."""
     try:
-        lines = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid,name,memory.total", "--format=csv,noheader,nounits"],
+        lines = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid,name,memory.total",
+                                "--format=csv,noheader,nounits"],
                                capture_output=True, text=True, timeout=30, check=True).stdout.splitlines()
     except (OSError, subprocess.SubprocessError):
         return []
-    found = [dict(zip(("index", "uuid", "name", "total_gib"), (x.strip() for x in ln.split(",")))) for ln in lines if ln]
+    keys = ("index", "uuid", "name", "total_gib")
+    found = [dict(zip(keys, (x.strip() for x in ln.split(",")))) for ln in lines if ln]
     for g in found:
         g["total_gib"] = round(float(g["total_gib"]) / 1024, 1)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")

@@ -23,6 +23,8 @@ evaluations every ``--eval-every`` steps included, alike in both) in
 to reach sync's final eval reward and its ratio to sync's time (target <= 0.6).
 
     python -m benchmarks.async_learning --gpu --out benchmarks/results
+    python -m benchmarks.async_learning --gpu --modes sync --runs-dir R ...; ... --modes async --runs-dir R
+                              # the same in two calls: the second reuses R's warm-up and keeps sync's run
     python -m benchmarks.async_learning --gpu --dry-run        # the resolved configs (CPU is fine)
 """
 
@@ -77,7 +79,8 @@ def async_overrides(path: Path, base: list[str]) -> list[str]:
 
     out = ["rollout.max_staleness=1"]
     options = algorithm_options(load_config(path, base))
-    if "tis_cap" in type(options).model_fields and options.tis_cap is None and getattr(options, "off_policy", None) is None:
+    has_tis = "tis_cap" in type(options).model_fields
+    if has_tis and options.tis_cap is None and getattr(options, "off_policy", None) is None:
         out.append("algorithm.tis_cap=2.0")
     return out
 
@@ -96,7 +99,8 @@ def curve(rows: list[dict[str, Any]], samples_per_step: int) -> list[dict[str, A
     """The eval points of a run: step, samples seen, eval reward and the RL clock."""
     clock = rl_clock(rows)
     return [{"step": r["step"], "samples": r["step"] * samples_per_step, "eval_reward": r["eval/reward_mean"],
-             "rl_s": clock.get(r["step"], max(clock.values()))} for r in rows if "eval/reward_mean" in r and "step" in r]
+             "rl_s": clock.get(r["step"], max(clock.values()))}
+            for r in rows if "eval/reward_mean" in r and "step" in r]
 
 
 def run_one(path: Path, overrides: list[str], run_dir: Path) -> dict[str, Any]:
@@ -148,7 +152,8 @@ def aggregate(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             finals = [r["eval_final"] for r in mine if r["mode"] == mode and r["eval_final"] is not None]
             mean, std = stats(finals)
             walls = [r["wall_s"] for r in mine if r["mode"] == mode]
-            entry[mode] = {"final_mean": mean, "final_std": std, "seeds": [r["seed"] for r in mine if r["mode"] == mode],
+            entry[mode] = {"final_mean": mean, "final_std": std,
+                           "seeds": [r["seed"] for r in mine if r["mode"] == mode],
                            "finals": finals, "wall_s_mean": round(statistics.mean(walls), 1) if walls else None,
                            "initial_mean": stats([r["eval_initial"] for r in mine if r["mode"] == mode
                                                   and r["eval_initial"] is not None])[0]}
@@ -295,26 +300,21 @@ def plot_gpu(runs: dict[str, dict[str, Any]], path: Path) -> Path:
 def gpu_main(args: argparse.Namespace) -> dict[str, Any]:
     from benchmarks.common import MODEL_05B, ROOT, ensure_model
 
-    over = gpu_overrides(args, "MODEL")
     if args.dry_run:
-        return gpu_dry_run(args, over)
+        return gpu_dry_run(args)
     runs_dir = Path(args.runs_dir or tempfile.mkdtemp(prefix="async_learning_gpu-"))
     model = ensure_model(args.model or MODEL_05B)
     over = gpu_overrides(args, model)
-    print(f"[{time.strftime('%H:%M:%S')}] warm-up ({args.warmup_steps or 150} steps) -> {runs_dir / 'warmup'}",
-          flush=True)
-    t0 = time.time()
-    proc = multiprocessing.get_context("spawn").Process(target=warm_up, args=(over["warmup"], str(runs_dir)))
-    proc.start()
-    proc.join()
-    if proc.exitcode != 0:
-        raise SystemExit(f"async_learning: the warm-up failed (exit code {proc.exitcode}); see the log above")
-    warmup = {**json.loads((runs_dir / "warmup.json").read_text()), "seconds": round(time.time() - t0, 1)}
-    runs = {}
+    warmup = warm_up_once(over["warmup"], runs_dir, args.warmup_steps or 150)
+    path = Path(args.out) / "async_learning_gpu.json"
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    same = old.get("warmup", {}).get("model") == warmup["model"]  # the other mode's run, from an earlier call
+    runs = dict(old.get("runs", {})) if same else {}
     for mode in args.mode_list:
         overrides = [f"policy.model={warmup['model']}", *over[mode]]
         print(f"[{time.strftime('%H:%M:%S')}] {mode} run", flush=True)
-        runs[mode] = {"mode": mode, **run_one(ROOT / GPU_CONFIG, overrides, runs_dir / mode)}
+        run_dir = runs_dir / f"{mode}-{time.strftime('%H%M%S')}"
+        runs[mode] = {"mode": mode, **run_one(ROOT / GPU_CONFIG, overrides, run_dir)}
         r = runs[mode]
         print(f"[{time.strftime('%H:%M:%S')}] {mode}: eval {r['eval_initial']} -> {r['eval_final']}, RL {r['rl_s']} s"
               + (f"; ERROR {r['error']}" if r["error"] else ""), flush=True)
@@ -323,8 +323,28 @@ def gpu_main(args: argparse.Namespace) -> dict[str, Any]:
                  "png": "async_learning_gpu.png" if runs else None})
     if runs:
         plot_gpu(runs, Path(args.out) / "async_learning_gpu.png")
-    write(Path(args.out), "async_learning_gpu.json", data)
+    write(Path(args.out), path.name, data)
+    print(f"sync final eval {data['sync_final']}; async reaches it at {data['async_time_to_sync_final_s']} s of RL "
+          f"(sync: {data.get('sync_time_s')} s): ratio {data['ratio']} (target <= {GPU_TARGET_RATIO})", flush=True)
     return data
+
+
+def warm_up_once(overrides: list[str], runs_dir: Path, steps: int) -> dict[str, Any]:
+    """The warm-up in ``runs_dir`` (a process of its own), or the one an earlier call left there."""
+    done = runs_dir / "warmup.json"
+    if done.is_file():
+        print(f"warm-up: reusing {done}", flush=True)
+        return json.loads(done.read_text())
+    print(f"[{time.strftime('%H:%M:%S')}] warm-up ({steps} steps) -> {runs_dir / 'warmup'}", flush=True)
+    t0 = time.time()
+    proc = multiprocessing.get_context("spawn").Process(target=warm_up, args=(overrides, str(runs_dir)))
+    proc.start()
+    proc.join()
+    if proc.exitcode != 0 or not done.is_file():
+        raise SystemExit(f"async_learning: the warm-up failed (exit code {proc.exitcode}); see the log above")
+    info = {**json.loads(done.read_text()), "seconds": round(time.time() - t0, 1)}
+    done.write_text(json.dumps(info))
+    return info
 
 
 def gpu_verdict(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -337,7 +357,8 @@ def gpu_verdict(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     t_sync = time_to_reach(s["curve"], target)
     t_async = time_to_reach(a["curve"], target)
     ratio = round(t_async / t_sync, 3) if t_async is not None and t_sync else None
-    return {"sync_final": target, "sync_time_s": t_sync, "sync_total_s": s["curve"][-1]["rl_s"], "async_final": a["curve"][-1]["eval_reward"],
+    return {"sync_final": target, "sync_time_s": t_sync, "sync_total_s": s["curve"][-1]["rl_s"],
+            "async_final": a["curve"][-1]["eval_reward"],
             "async_time_to_sync_final_s": t_async, "ratio": ratio, "target_ratio": GPU_TARGET_RATIO,
             "met": ratio is not None and ratio <= GPU_TARGET_RATIO,
             "note": "times: the RL clock (sum of time/step_s, evaluations included) at the first eval at or above "
@@ -355,7 +376,7 @@ def gpu_label() -> str:
     return names.strip()
 
 
-def gpu_dry_run(args: argparse.Namespace, over: dict[str, list[str]]) -> dict[str, Any]:
+def gpu_dry_run(args: argparse.Namespace) -> dict[str, Any]:
     """Print and validate the warm-up's and each mode's config (as if vLLM were installed, with a
     stand-in model when the 0.5b one is missing): nothing runs."""
     import importlib.util

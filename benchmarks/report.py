@@ -279,12 +279,14 @@ def async_grpo(entries: list | None, link) -> list[str]:
             f"Baseline of the issue (one H200, synchronous): {fmt(b.get('step_s'), 2)} s/step (generate "
             f"{fmt(b.get('generate_s'), 2)}, infer {fmt(b.get('infer_s'), 2)}, train {fmt(b.get('train_s'), 2)}, sync "
             f"{fmt(b.get('sync_s'), 2)}; GPU busy {fmt(b.get('gpu_busy'), 0)}%).", "",
-            "| GPU | layout | GPUs | staleness | s/step | sync s/step | speed-up | GPU busy (%) | peak (GiB) | target | met |",
+            "| GPU | layout | GPUs | staleness | s/step | sync s/step | speed-up | GPU busy (%) | peak (GiB) | target "
+            "| met |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for e in entries:
         per = e.get("gpu_busy_per_gpu") or []
         busy = fmt(e.get("gpu_busy"), 0) + (f" ({' / '.join(fmt(x, 0) for x in per)})" if len(per) > 1 else "")
-        out.append(f"| {e['gpu']} | {e['layout']} | {e['gpus']} | {e['staleness']} | {fmt(e.get('step_s_median'), 2)} | "
+        out.append(f"| {e['gpu']} | {e['layout']} | {e['gpus']} | {e['staleness']} | "
+                   f"{fmt(e.get('step_s_median'), 2)} | "
                    f"{fmt(e.get('sync_step_s_median'), 2)} | "
                    f"{fmt(e.get('speedup'), 2) + '×' if e.get('speedup') else '—'} | {busy} | "
                    f"{fmt(e.get('peak_gib'), 1)} | {_target(e.get('target'))} | {_met(e.get('met'))} |")
@@ -324,7 +326,8 @@ def async_learning_cpu(r: dict | None) -> list[str]:
             "wall s (sync / async, mean) |", "|---|---|---|---|---|---|---|"]
     for c in r["configs"]:
         s, a = c["sync"], c["async"]
-        pm = lambda x: f"{fmt(x['final_mean'])} ± {fmt(x['final_std'])}" if x["final_mean"] is not None else "—"  # noqa: E731
+        pm = lambda x: ("—" if x["final_mean"] is None  # noqa: E731
+                        else f"{fmt(x['final_mean'])} ± {fmt(x['final_std'])}")
         out.append(f"| `{c['config']}` | {c['steps']} | {', '.join(map(str, s['seeds'] or a['seeds']))} | {pm(s)} | "
                    f"{pm(a)} | {_met(c['async_ok'])} | {fmt(s['wall_s_mean'], 0)} / {fmt(a['wall_s_mean'], 0)} |")
     failed = [x for x in r.get("runs", []) if x.get("error")]
@@ -342,7 +345,8 @@ def async_learning_gpu(r: dict | None, link) -> list[str]:
     out += [f"GPU: **{r.get('gpu')}**. GRPO on the reasoning env (add, compare, sort) with the 0.5b preset, from "
             f"`{r['config']}` with the overrides in the JSON, seed {r.get('seed')}; one supervised warm-up "
             f"({fmt(w.get('seconds'), 0)} s) shared by both runs. Clock: the sum of the RL steps' times (start-up "
-            f"excluded, evaluations included in both). Command: `{r.get('command', '')}` ({r.get('date', '')[:10]}).", "",
+            f"excluded, evaluations included in both). Command: `{r.get('command', '')}` "
+            f"({r.get('date', '')[:10]}).", "",
             "| run | eval before RL | eval after | RL seconds | mean staleness |", "|---|---|---|---|---|"]
     for mode, x in runs.items():
         out.append(f"| {mode} | {fmt(x.get('eval_initial'))} | {fmt(x.get('eval_final'))} | {fmt(x.get('rl_s'), 0)} | "

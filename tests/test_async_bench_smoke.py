@@ -57,7 +57,8 @@ def rows_of(k: int, steps: int = 5) -> list[dict]:
     for s in range(1, steps + 1):
         r = {"step": s, "reward/mean": 0.2, "time/step_s": 4.0 + s % 2, "time/generate_s": 3.0, "time/train_s": 1.5,
              "gpu0/busy": 80.0 + s, "gpu0/peak_gib": 40.0 + s,
-             "timeline": [["trainer", "update", 10.0 * s, 10.0 * s + 2], ["generator", f"b{s + 1}", 10.0 * s, 10.0 * s + 3]]}
+             "timeline": [["trainer", "update", 10.0 * s, 10.0 * s + 2],
+                          ["generator", f"b{s + 1}", 10.0 * s, 10.0 * s + 3]]}
         if k:
             r.update({"staleness/min": 1.0, "staleness/mean": 1.0, "staleness/max": 1.0})
         rows.append(r)
@@ -100,6 +101,12 @@ def test_learning_figures():
                                     "async": {"error": None, "curve": [{"rl_s": 0, "eval_reward": 0.1},
                                                                        {"rl_s": 50, "eval_reward": 0.6}]}})
     assert v["ratio"] == 0.5 and v["met"] is True
+
+
+def test_learning_plot(tmp_path):
+    run = {"curve": async_learning.curve(rows_of(1), 512), "train_reward": [[1, 5.0, 0.2], [2, 9.0, 0.3]]}
+    png = async_learning.plot_gpu({"sync": run, "async": run}, tmp_path / "p.png")
+    assert png.stat().st_size > 0
 
 
 def test_async_overrides_add_a_correction_only_where_none_is_set(tiny_model):
