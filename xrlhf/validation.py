@@ -148,12 +148,21 @@ def rollout_plan(cfg: XConfig, split: bool):
 
     if split or cfg.rollout.max_staleness == 0 or cfg.policy.resources.gpus_per_rank == 0:
         return RolloutPlan(split)
-    import torch
+    device = _gpu_total_gib()
+    return RolloutPlan(split, device, _trainer_gib(cfg) if device else None)
 
-    if not torch.cuda.is_available():
-        return RolloutPlan(split)
-    device = torch.cuda.get_device_properties(0).total_memory / 2**30
-    return RolloutPlan(split, device, _trainer_gib(cfg))
+
+def _gpu_total_gib() -> float | None:
+    """The first GPU's total memory from ``nvidia-smi`` (no CUDA context in the driver: it
+    would hold ~0.5 GiB of the GPU for the whole run); ``None`` without one."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10)
+        return float(out.stdout.split()[0]) / 1024 if out.returncode == 0 and out.stdout.strip() else None
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
 
 
 def _trainer_gib(cfg: XConfig) -> float | None:
