@@ -58,7 +58,7 @@ def sync(engine, weights, version: int, transport: str = "cpu") -> None:
 
 @pytest.fixture()
 def engine(vllm_module, tiny_model):
-    engine = vllm_module.VLLMGenerateEngine(engine_spec(tiny_model, sleep_level=0))
+    engine = vllm_module.VLLMGenerateEngine(engine_spec(tiny_model, sleep_level=0, seeded_sampling=True))
     yield engine
     engine.shutdown()
     assert not FakeLLM.last.violations
@@ -92,7 +92,7 @@ def test_concurrent_keyed_calls_complete_with_their_rows_and_seeds(engine):
 def test_a_sync_mid_generation_pauses_loads_and_stamps_versions(vllm_module, tiny_model, monkeypatch, on_update,
                                                                   client):
     monkeypatch.setattr(FakeLLM, "client", client)
-    engine = vllm_module.VLLMGenerateEngine(engine_spec(tiny_model, sleep_level=0))
+    engine = vllm_module.VLLMGenerateEngine(engine_spec(tiny_model, sleep_level=0, seeded_sampling=True))
     llm = FakeLLM.last
     asked = threading.Event()
 

@@ -44,7 +44,8 @@ SYNC_AFTER = PROMPTS * 64  # tokens collected before the second thread syncs (a 
 def engine(small_model):
     from xrlhf.engines.vllm import VLLMGenerateEngine
 
-    options = generate_options(gpu_memory_utilization=0.25, sleep_level=0, max_model_len=512, max_num_seqs=PROMPTS)
+    options = generate_options(gpu_memory_utilization=0.25, sleep_level=0, max_model_len=512, max_num_seqs=PROMPTS,
+                               seeded_sampling=True)
     engine = VLLMGenerateEngine(EngineSpec(small_model, device="cuda", seed=0, options={**options, "dtype": "float32"}))
     yield engine
     engine.shutdown()

@@ -77,6 +77,11 @@ class VLLMOptions(GenerateOptions):
     max_num_seqs: int | None = Field(None, ge=1, description="sequences decoded at once (CUDA graph sizes)")
     engine_options: dict[str, Any] = Field(default_factory=dict, description="more vllm.LLM arguments, passed as "
                                            "they are, and 'env': variables set before vLLM is imported")
+    seeded_sampling: bool = Field(False, description="asynchronous rollout: give each request its sample seed, so a "
+                                  "sample repeats from its seed. vLLM then samples the seeded rows one by one (a "
+                                  "kernel per row and token, v1/sample/ops/topk_topp_sampler.py): slower. Off: the "
+                                  "batch's fused sampler; vLLM is not batch-invariant anyway, so regeneration on the "
+                                  "GPU is 'same distribution', not bit-identical, either way")
 
 
 TYPED_OPTIONS = ("tensor_parallel_size", "gpu_memory_utilization", "enforce_eager", "max_model_len",
@@ -203,7 +208,9 @@ class VLLMGenerateEngine(GenerateEngine):
         from vllm.sampling_params import RequestOutputKind
 
         fields = dict(self._sampling_fields(params), output_kind=RequestOutputKind.DELTA)
-        call = self._loop.generate(prompts, seeds, lambda seed: VSamplingParams(**fields, seed=seed), params.on_update)
+        seeded = self.options.seeded_sampling
+        call = self._loop.generate(prompts, seeds, lambda seed: VSamplingParams(**fields, seed=seed if seeded else None),
+                                   params.on_update)
         return GenerationOutput([r.token_ids for r in call.rows], [r.logprobs for r in call.rows],
                                 [r.versions for r in call.rows])
 
