@@ -137,6 +137,7 @@ class FakeRequest:
     params: FakeSamplingParams
     kv: int  # the weights its KV cache was computed with
     produced: int = 0
+    tokens: list = field(default_factory=list)  # all so far (FINAL_ONLY outputs carry them at the end)
 
 
 class FakeLLMEngine:
@@ -162,7 +163,8 @@ class FakeLLMEngine:
 
     def add_request(self, request_id, prompt, params):
         with self.llm.inside("add_request"):
-            assert prompt["type"] == "token" and params.output_kind == "DELTA" and request_id not in self.requests
+            assert prompt["type"] == "token" and params.output_kind in ("DELTA", "FINAL_ONLY")
+            assert request_id not in self.requests
             self.requests[request_id] = FakeRequest(prompt["prompt_token_ids"], params, self.llm.weights)
             self.added.append((request_id, prompt["prompt_token_ids"], params.seed, prompt.get("cache_salt")))
             return request_id + "-internal"
@@ -192,15 +194,22 @@ class FakeLLMEngine:
             return outputs
 
     def produce(self) -> list:
-        """One token for every running request (the weights loaded now sample it)."""
+        """One token for every running request (the weights loaded now sample it): an output per
+        request (DELTA: the new token), or at its end only (FINAL_ONLY: every token)."""
         outputs = []
         for rid, r in list(self.requests.items()):
             token = fake_token(r.prompt, self.llm.weights, r.kv, r.produced)
             r.produced += 1
+            r.tokens.append(token)
             done = r.produced == r.params.max_tokens
-            flat = SimpleNamespace(start_indices=[0], end_indices=[1], token_ids=[token], logprobs=[-token / 1e6])
+            if r.params.output_kind == "FINAL_ONLY" and not done:
+                continue
+            tokens = [token] if r.params.output_kind == "DELTA" else list(r.tokens)
+            n = len(tokens)
+            flat = SimpleNamespace(start_indices=list(range(n)), end_indices=list(range(1, n + 1)), token_ids=tokens,
+                                   logprobs=[-t / 1e6 for t in tokens])
             outputs.append(SimpleNamespace(request_id=rid, finished=done, outputs=[SimpleNamespace(
-                token_ids=[token], logprobs=flat, finish_reason="length" if done else None)]))
+                token_ids=tokens, logprobs=flat, finish_reason="length" if done else None)]))
             if done:
                 del self.requests[rid]
         return outputs

@@ -102,7 +102,8 @@ def test_a_sync_mid_generation_pauses_loads_and_stamps_versions(vllm_module, tin
             wait_until(lambda: engine._loop._pause == "asked")
 
     llm.llm_engine.on_step = hold_step_3
-    caller = Caller(engine, [[1, 5], [1, 6]], SamplingParams(max_new_tokens=10, on_update=on_update), [7, 8])
+    caller = Caller(engine, [[1, 5], [1, 6]], SamplingParams(max_new_tokens=10, on_update=on_update, in_flight=True),
+                    [7, 8])
     assert asked.wait(TIMEOUT), caller.error
     weights = trained_weights(tiny_model)
     sync(engine, weights, version=1, transport="in_process" if client == "InprocClient" else "cpu")
@@ -176,7 +177,7 @@ def test_a_failed_sync_fails_the_paused_calls_and_frees_the_engine(engine, tiny_
     llm = FakeLLM.last
     asked = threading.Event()
     llm.llm_engine.on_step = lambda n: n == 2 and (asked.set(), wait_until(lambda: engine._loop._pause == "asked"))
-    caller = Caller(engine, [[1, 5]], SamplingParams(max_new_tokens=10), [1])
+    caller = Caller(engine, [[1, 5]], SamplingParams(max_new_tokens=10, in_flight=True), [1])
     assert asked.wait(TIMEOUT)
     transport = build_transport("cpu", verify=True)
     message = next(transport.send(trained_weights(tiny_model)))
@@ -201,3 +202,22 @@ def test_shutdown_fails_running_calls_and_joins_the_loop(engine):
     assert not thread.is_alive()
     with pytest.raises(RuntimeError, match="shut down"):
         caller.result()
+
+
+def test_final_only_rows_restart_when_weights_land_anyway(vllm_module, tiny_model):
+    """Without ``in_flight`` a call asks for final outputs only (no per-step host work); an update
+    that lands mid-call restarts its rows, so every token still carries the version that sampled it."""
+    engine = vllm_module.VLLMGenerateEngine(engine_spec(tiny_model, sleep_level=0, seeded_sampling=True))
+    llm = FakeLLM.last
+    asked = threading.Event()
+    llm.llm_engine.on_step = lambda n: n == 3 and (asked.set(), wait_until(lambda: engine._loop._pause == "asked"))
+    caller = Caller(engine, [[1, 5], [1, 6]], SamplingParams(max_new_tokens=10), [7, 8])
+    assert asked.wait(TIMEOUT), caller.error
+    sync(engine, trained_weights(tiny_model), version=1, transport="cpu")
+    out = caller.result()
+    assert all(p.output_kind == "FINAL_ONLY" for p in (r.params for r in llm.llm_engine.requests.values()))
+    for row, prompt in zip(range(2), [5, 6]):
+        assert out.versions[row] == [1] * 10
+        assert out.token_ids[row] == [fake_token([prompt], 1, 1, pos) for pos in range(10)]
+    engine.shutdown()
+    assert not llm.violations, llm.violations

@@ -112,7 +112,8 @@ def mismatch(rollout: torch.Tensor, recomputed: torch.Tensor, where: torch.Tenso
 def test_in_flight_update(engine, small_model, prompts, results, on_update):
     old, new = trainer(small_model), trainer(small_model, noise_seed=3)
     sync(engine, old, version=0)  # every case starts from the saved weights (nothing runs: no pause)
-    params = SamplingParams(temperature=1.0, max_new_tokens=NEW_TOKENS, ignore_eos=True, on_update=on_update)
+    params = SamplingParams(temperature=1.0, max_new_tokens=NEW_TOKENS, ignore_eos=True, on_update=on_update,
+                            in_flight=True)
     box: dict = {}
 
     def generate():

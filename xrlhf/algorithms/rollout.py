@@ -58,7 +58,7 @@ def sampling_params(cfg: XConfig, temperature: float | None = None) -> SamplingP
     g = cfg.policy.generate
     return SamplingParams(temperature=g.temperature if temperature is None else temperature, top_p=g.top_p,
                           top_k=g.top_k, max_new_tokens=g.max_new_tokens, stop_token_ids=list(g.stop_token_ids),
-                          on_update=cfg.rollout.on_update)
+                          on_update=cfg.rollout.on_update, in_flight=cfg.rollout.in_flight_updates)
 
 
 @dataclass

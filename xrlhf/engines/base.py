@@ -361,6 +361,10 @@ class SamplingParams:
     weights) and samples on with the new ones; ``recompute`` recomputes the KV cache of the
     tokens so far with the new weights first; ``abort`` restarts the rows from the prompt, so
     every token of a row comes from one version."""
+    in_flight: bool = False
+    """Weights may land while this call runs (``rollout.in_flight_updates``). Only then must an
+    engine follow each token's version as it is sampled (vLLM: per-step outputs, which cost host
+    time on every step); otherwise a row that sees an update mid-call is restarted."""
 
 
 @dataclass

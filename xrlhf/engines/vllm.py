@@ -207,10 +207,15 @@ class VLLMGenerateEngine(GenerateEngine):
         from vllm import SamplingParams as VSamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        fields = dict(self._sampling_fields(params), output_kind=RequestOutputKind.DELTA)
+        # Per-step (DELTA) outputs only when weights may land mid-call: they tell which weights
+        # sampled each token, but cost host time on every step (on W: generation 1.4x slower than
+        # LLM.generate's final-only outputs, docs/benchmarks.md). Final-only rows see no update:
+        # one that lands anyway restarts them ("abort"), so their stamps stay right.
+        kind = RequestOutputKind.DELTA if params.in_flight else RequestOutputKind.FINAL_ONLY
+        fields = dict(self._sampling_fields(params), output_kind=kind)
         seeded = self.options.seeded_sampling
         call = self._loop.generate(prompts, seeds, lambda seed: VSamplingParams(**fields, seed=seed if seeded else None),
-                                   params.on_update)
+                                   params.on_update if params.in_flight else "abort")
         return GenerationOutput([r.token_ids for r in call.rows], [r.logprobs for r in call.rows],
                                 [r.versions for r in call.rows])
 
