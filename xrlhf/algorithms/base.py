@@ -23,6 +23,7 @@ from loguru import logger
 from pydantic import BaseModel
 
 from xrlhf.algorithms.handles import Handles
+from xrlhf.algorithms.off_policy import staleness_stats
 from xrlhf.algorithms.producer import RolloutProducer
 from xrlhf.algorithms.rollout import Rollout, RolloutCollector, sampling_params
 from xrlhf.config.schema import XConfig
@@ -366,11 +367,9 @@ class RLTrainer(Trainer):
 def staleness(batch: Batch, version: int) -> dict[str, float]:
     """``staleness/min|mean|max``: how many versions the response tokens of ``batch`` lag the
     policy ``version`` they train (from ``token_versions`` ``[B, R]`` and ``response_mask``)."""
-    mask = batch["response_mask"] > 0
-    if "token_versions" not in batch or not mask.any():
+    if "token_versions" not in batch or not bool((batch["response_mask"] > 0).any()):
         return {}
-    lag = (version - batch["token_versions"][mask]).float()
-    return {"staleness/min": float(lag.min()), "staleness/mean": float(lag.mean()), "staleness/max": float(lag.max())}
+    return staleness_stats(batch["token_versions"], batch["response_mask"], version)
 
 
 def check_mini_batch(cfg: XConfig, mini_batch_size: int) -> list[str]:

@@ -143,6 +143,17 @@ def is_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask:
     return weights, keep, stats
 
 
+def staleness_stats(token_versions: torch.Tensor, mask: torch.Tensor, policy_version: int) -> dict[str, float]:
+    """``staleness/min|mean|max`` of ``policy_version - token_versions`` over the response tokens
+    (``[B, R]`` each); zeros for an all-padding batch."""
+    real = mask != 0
+    if not bool(real.any()):
+        return {"staleness/min": 0.0, "staleness/mean": 0.0, "staleness/max": 0.0}
+    stale = (policy_version - token_versions.long())[real]
+    return {"staleness/min": float(stale.min()), "staleness/mean": float(stale.double().mean()),
+            "staleness/max": float(stale.max())}
+
+
 def staleness_metrics(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, token_versions: torch.Tensor,
                       mask: torch.Tensor, policy_version: int) -> dict[str, float]:
     """How stale a rollout's tokens are, and the logprob mismatch at each staleness.
@@ -163,13 +174,12 @@ def staleness_metrics(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor
         ``mismatch/abs_diff_s{d}`` (mean ``|old - rollout|`` over the response tokens of staleness
         ``d``) for every ``d`` present. An all-padding batch gives zeros and no ``mismatch`` keys.
     """
+    out = staleness_stats(token_versions, mask, policy_version)
     real = mask != 0
     if not bool(real.any()):
-        return {"staleness/min": 0.0, "staleness/mean": 0.0, "staleness/max": 0.0}
+        return out
     stale = (policy_version - token_versions.long())[real]
     diff = (old_logprobs - rollout_logprobs).abs()[real].double()
-    out = {"staleness/min": float(stale.min()), "staleness/mean": float(stale.double().mean()),
-           "staleness/max": float(stale.max())}
     for d in sorted(set(stale.tolist())):
         out[f"mismatch/abs_diff_s{d}"] = float(diff[stale == d].mean())
     return out

@@ -29,6 +29,7 @@ from typing import Callable
 
 import torch
 
+from xrlhf.algorithms.producer import sample_seed
 from xrlhf.config.schema import XConfig
 from xrlhf.data.batch import Batch, build_sequences
 from xrlhf.data.lengths import check_prompt_lengths
@@ -122,8 +123,6 @@ class RolloutCollector:
     def generate_groups(self, prompts: list[Prompt], b: int, attempt: int, stats: dict[str, float],
                         rmetrics: dict[str, float]) -> list[Group]:
         """``n`` samples of each prompt, generated in parts that are scored as they arrive."""
-        from xrlhf.algorithms.producer import sample_seed
-
         n = self.cfg.trainer.samples_per_prompt
         ids = [encode_prompt(self.tok, p.text) for p in prompts]
         check_prompt_lengths([i for i in ids for _ in range(n)], [p.text for p in prompts for _ in range(n)],
