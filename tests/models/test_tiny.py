@@ -95,3 +95,30 @@ def test_cli_run_reports_bad_sizes_as_user_error(tmp_path):
     tiny.add_arguments(parser)
     with pytest.raises(UserError, match="make-tiny-model: build_model: heads=4 is not divisible by kv_heads=3"):
         tiny.run(parser.parse_args([str(tmp_path / "bad"), "--kv-heads", "3"]))
+
+
+# Built at commit f2ec57c (before the tiny chat template) with torch 2.13.0+cpu:
+# sha256 of model.safetensors of build_model(dir, **PRESETS["tiny"]), i.e. artifacts/tiny-char.
+TINY_WEIGHTS_SHA256 = "e85028aa475866d9e414bdf0f65fa84c04e74800bb2611722138c8df442ce22d"
+TINY_WEIGHTS_TORCH = "2.13."
+CHAR_IDS = {"12+7=19\nodd": [5, 6, 76, 11, 84, 5, 13, 100, 28, 17, 17],
+            "Hello, world! ~\t\r": [47, 18, 25, 25, 28, 77, 98, 36, 28, 31, 25, 17, 66, 98, 97, 99, 101],
+            "<s>a</s>": [1, 14, 2]}
+
+
+def test_chat_template_saved_and_nothing_else_changed(tmp_path):
+    import hashlib
+
+    out = build_model(tmp_path / "tiny-char", **tiny.PRESETS["tiny"])
+    tok = AutoTokenizer.from_pretrained(out)
+    assert (out / "chat_template.jinja").read_text() == tok.chat_template == tiny.CHAT_TEMPLATE
+    for text, ids in CHAR_IDS.items():  # the ids of main before the template
+        assert tok(text)["input_ids"] == ids
+    assert len(tok) == 102
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+3?"},
+            {"role": "assistant", "content": "5"}, {"role": "tool", "content": "ok"}]
+    assert tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False) == \
+        "<s>S: Be brief.\nU: 2+3?\nA:\n5</s>\nT: ok\nA:\n"
+    if not torch.__version__.startswith(TINY_WEIGHTS_TORCH):
+        pytest.skip(f"weights digest recorded with torch {TINY_WEIGHTS_TORCH}x, not {torch.__version__}")
+    assert hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest() == TINY_WEIGHTS_SHA256

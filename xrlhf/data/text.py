@@ -14,9 +14,29 @@ def load_tokenizer(model_dir: str):
     return AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
 
 
-def encode_prompt(tokenizer, text: str) -> list[int]:
-    """Prompt ids: BOS (when the tokenizer has one) + the text's tokens, no EOS."""
-    ids = tokenizer.encode(text, add_special_tokens=False)
+def encode_prompt(tokenizer, prompt) -> list[int]:
+    """Prompt ids, no EOS.
+
+    Args:
+        tokenizer: the policy's tokenizer.
+        prompt: a ``str`` (BOS when the tokenizer has one + the text's tokens), or a
+            :class:`xrlhf.envs.Prompt`-like object: with ``messages`` (not ``None``) the chat
+            template applied to them with the generation prompt
+            (:meth:`xrlhf.data.chat.ChatFormat.prompt_ids`), else its ``text`` as a ``str``.
+
+    Returns:
+        ``list[int]`` of length P.
+
+    Raises:
+        ValueError: for messages and a tokenizer without a chat template (one line).
+    """
+    if not isinstance(prompt, str):
+        if getattr(prompt, "messages", None) is not None:
+            from xrlhf.data.chat import ChatFormat
+
+            return ChatFormat(tokenizer).prompt_ids(prompt.messages)
+        prompt = prompt.text
+    ids = tokenizer.encode(prompt, add_special_tokens=False)
     return ([tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []) + ids
 
 

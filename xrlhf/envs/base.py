@@ -46,16 +46,21 @@ class Prompt:
     """One problem for the policy.
 
     Attributes:
-        text: what the policy sees (the trainer tokenizes it).
+        text: what the policy sees (the trainer tokenizes it); for a prompt with ``messages``,
+            the last user message's content (for logs).
         answer: the reference answer, if the task has one.
         task: the task family, for per-task metrics.
         index: the position in its split; ``train_prompts(i, 1)[0].index == i``.
+        messages: chat messages (``{"role": ..., "content": ...}``) for the policy's chat
+            template (``xrlhf.data.chat``), instead of ``text``; ``None`` for plain text.
+            Not hashed, so prompts stay usable in sets.
     """
 
     text: str
     answer: str | None = None
     task: str = ""
     index: int = 0
+    messages: tuple[dict, ...] | None = field(default=None, hash=False)
 
 
 @dataclass

@@ -17,6 +17,25 @@ Two tokenizers are built with the ``tokenizers`` library:
 Both have the same special tokens: ``<pad>`` (id 0), ``<s>``, ``</s>``, ``<unk>``; neither adds
 any of them on its own, so the trainer decides where BOS and EOS go.
 
+Both also carry :data:`CHAT_TEMPLATE` (saved as ``chat_template.jinja``), so multi-turn envs
+(``Prompt.messages``, :mod:`xrlhf.data.chat`) run on the tiny models. It uses only characters
+the char tokenizer already has plus ``<s>`` / ``</s>``, so the vocabulary, every encoding and
+the weights are what they were without it. A system, user, assistant and tool message and the
+generation prompt render as (every line ends in a newline)::
+
+    <s>S: You are brief.
+    U: 2+3?
+    A:
+    <tool_call>calc: 2+3</tool_call></s>
+    T: 5
+    A:
+
+``</s>`` ends an assistant turn (the stop token), so the observation after a turn is
+``"\\nU: ...\\nA:\\n"``. The generation prompt is ``"A:\\n"`` rather than ``"A: "``: a byte-level
+BPE glues a space to the word after it (``" 5"`` is one token), so after ``"A: "`` the rendered
+conversation would tokenise a reply differently from the tokens sampled after the prompt; after
+a newline it does not (unless the reply itself starts with whitespace).
+
 The CLI subcommand ``xrlhf make-tiny-model DIR`` is :func:`add_arguments` + :func:`run`.
 """
 
@@ -39,6 +58,22 @@ SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>",
 
 CHARS = [c for c in string.printable if c not in "\x0b\x0c"]
 """The 98 characters of the char tokenizer: digits, letters, punctuation, space, \\t, \\n, \\r."""
+
+CHAT_TEMPLATE = (
+    "{{- '<s>' }}\n"
+    "{%- for message in messages %}\n"
+    "    {%- if message['role'] == 'system' %}{{ 'S: ' + message['content'] + '\\n' }}\n"
+    "    {%- elif message['role'] == 'user' %}{{ 'U: ' + message['content'] + '\\n' }}\n"
+    "    {%- elif message['role'] == 'tool' %}{{ 'T: ' + message['content'] + '\\n' }}\n"
+    "    {%- elif message['role'] == 'assistant' %}{{ 'A:\\n' + message['content'] + '</s>\\n' }}\n"
+    "    {%- else %}{{ raise_exception('the tiny chat template has no role ' + message['role']) }}\n"
+    "    {%- endif %}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}{{ 'A:\\n' }}{% endif %}"
+)
+"""The Jinja chat template of both tiny tokenizers (see the module docstring): ``<s>``, then
+``S: ``/``U: ``/``T: `` + content + newline for system/user/tool, ``A:\\n`` + content + ``</s>\\n``
+for the assistant; the generation prompt is ``A:\\n``."""
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -77,8 +112,9 @@ def build_tokenizer(kind: Literal["char", "bpe"] = "char", corpus: Iterable[str]
             yield that many merges gives a smaller vocabulary (logged as a warning).
 
     Returns:
-        A ``PreTrainedTokenizerFast`` with pad (id 0), bos, eos and unk set, which adds no
-        special tokens when encoding and decodes without inserting spaces.
+        A ``PreTrainedTokenizerFast`` with pad (id 0), bos, eos and unk set and
+        :data:`CHAT_TEMPLATE` as its ``chat_template``, which adds no special tokens when
+        encoding and decodes without inserting spaces.
 
     Raises:
         ValueError: for an unknown ``kind`` or a ``vocab_size`` too small for the byte alphabet.
@@ -89,8 +125,10 @@ def build_tokenizer(kind: Literal["char", "bpe"] = "char", corpus: Iterable[str]
         tok = _bpe_tokenizer(default_corpus() if corpus is None else corpus, vocab_size)
     else:
         raise ValueError(f"build_tokenizer: kind={kind!r} is not one of 'char', 'bpe'")
-    return PreTrainedTokenizerFast(tokenizer_object=tok, clean_up_tokenization_spaces=False,
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, clean_up_tokenization_spaces=False,
                                    **SPECIAL_TOKENS)
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
 
 
 def _char_tokenizer() -> Tokenizer:
