@@ -303,6 +303,8 @@ def async_grpo(entries: list | None, link) -> list[str]:
                    + f" | {seen} |")
     errors = [e for e in entries if e.get("error")]
     out += [""] + [f"* {e['variant']} on {e['gpu']} failed: `{e['error'].rstrip('.')}`." for e in errors]
+    out += [f"* {e['variant']} ({e['gpus']} × {e['gpu']}, {e.get('date', '')[:10]}): {e['note']}."
+            for e in entries if e.get("note")]
     out += ["", "Commands: " + "; ".join(f"`{c}`" for c in dict.fromkeys(e.get("command", "") for e in entries))
             + f" ({', '.join(sorted({e.get('date', '')[:10] for e in entries}))}).", ""]
     pngs = [(e["layout"], e["staleness"], e["timeline_png"]) for e in entries if e.get("timeline_png")]
