@@ -1,0 +1,237 @@
+"""Tools: small programs the policy calls in the middle of an episode.
+
+A tool is a class with a name, a one-line description the model reads in its system prompt, and
+its own validated options (a pydantic ``Config`` on the class, STYLE principle 12). The episode
+env parses a call out of the model's turn (``xrlhf.tools.format``), runs it with
+:func:`call_tool` and turns the :class:`ToolResult` into an observation.
+
+**A tool never raises into the run.** A model writes arbitrary arguments; a crash, a timeout or
+a bad argument is an *observation* for the model to learn from, not a failed training step.
+:func:`call_tool` is the one place that guarantees it: any exception becomes
+``ToolResult("error: ...", error=True)``, and every output is capped.
+
+**Adding a tool means adding a file** (principle 15): ``TOOLS`` finds ``xrlhf/tools/<name>.py``
+when ``<name>`` is asked for, and a user's tool anywhere is named by import path
+``pkg.module:Class``. Nothing here lists the tools by name.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from xrlhf.utils.registry import Registry
+
+TOOLS: Registry[type] = Registry("tool", package="xrlhf.tools", skip=("base", "format"))
+"""Tool classes by name, found by file: ``calculator`` lives in ``xrlhf/tools/calculator.py``."""
+
+NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+"""What a tool name may look like: it is written by the model inside a call (no spaces, no ':')."""
+
+
+def register_tool(name: str):
+    """Class decorator: ``@register_tool("name")`` adds a :class:`Tool` subclass to ``TOOLS`` and
+    sets its ``name`` (the name the model calls it by).
+
+    Raises:
+        ValueError: for a name the call format cannot carry, a class whose own ``name`` differs,
+            or a name already registered to another class.
+    """
+    if not NAME_PATTERN.fullmatch(name):
+        raise ValueError(f"tool name {name!r} must match {NAME_PATTERN.pattern} (the model writes it in a call)")
+
+    def deco(cls: type) -> type:
+        own = cls.__dict__.get("name", "")
+        if own and own != name:
+            raise ValueError(f"tool class {cls.__name__} has name {own!r} but is registered as {name!r}")
+        cls.name = name
+        return TOOLS.register(name)(cls)
+
+    return deco
+
+
+@dataclass
+class ToolResult:
+    """What a tool call gave back.
+
+    Attributes:
+        output: the text the model sees (an error's text starts with ``"error: "``).
+        error: the call failed (bad arguments, an exception, a timeout, a non-zero exit).
+        seconds: wall time of the call (set by :func:`call_tool`).
+    """
+
+    output: str
+    error: bool = False
+    seconds: float = 0.0
+
+
+class ToolOptions(BaseModel):
+    """Options every tool has; the base of every ``Tool.Config``. Unknown keys are rejected."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    timeout_s: float = Field(5.0, gt=0, description="wall-clock limit of one call, in seconds (enforced "
+                             "by tools that run out of process; in-process tools are bounded by construction)")
+    max_output_chars: int = Field(1000, ge=16, description="longer outputs are cut to this many characters, "
+                                  "keeping the start and the end")
+
+
+class Tool(ABC):
+    """A tool the model can call.
+
+    Subclasses set ``description`` (one line, shown to the model), ``argument`` (the name of the
+    tool's one argument in the JSON call format), optionally ``Config`` (a subclass of
+    :class:`ToolOptions`), and implement :meth:`run`. A registered tool gets ``name`` from
+    :func:`register_tool`; one chosen by import path sets ``name`` itself.
+
+    Args:
+        config: an instance of ``Config`` (``None``: all defaults).
+    """
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    argument: ClassVar[str] = "input"
+    Config: ClassVar[type[ToolOptions]] = ToolOptions
+
+    def __init__(self, config: ToolOptions | None = None):
+        if config is None:
+            config = self.Config()
+        if not isinstance(config, self.Config):
+            raise TypeError(f"{type(self).__name__}: config is a {type(config).__name__}, "
+                            f"expected {self.Config.__name__}")
+        self.config = config
+
+    @abstractmethod
+    def run(self, arguments: str | dict[str, Any]) -> ToolResult:
+        """Run one call. ``arguments`` is the compact format's string or the JSON format's object.
+
+        May raise on bad input: :func:`call_tool` turns any exception into an error result.
+        """
+
+    def text_argument(self, arguments: str | dict[str, Any]) -> str:
+        """The tool's one argument as text: ``arguments`` itself, or its ``argument`` key.
+
+        Raises:
+            ValueError: if a JSON call lacks the key or its value is not a string.
+        """
+        if isinstance(arguments, str):
+            return arguments
+        value = arguments.get(self.argument) if isinstance(arguments, dict) else None
+        if not isinstance(value, str):
+            raise ValueError(f"{self.name} takes one string argument {self.argument!r}, got {arguments!r}")
+        return value
+
+
+def truncate(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters with a marker, keeping the start and the end
+    (an error's last line, a program's final answer)."""
+    if len(text) <= limit:
+        return text
+    marker = f"\n...[cut: {len(text)} chars in all]...\n"
+    keep = limit - len(marker)
+    if keep <= 0:
+        return text[:limit]
+    head = keep * 2 // 3
+    return text[:head] + marker + text[len(text) - (keep - head):]
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """``text`` on one line (newlines become ``" | "``), cut to ``limit`` characters."""
+    text = " | ".join(part.strip() for part in str(text).strip().splitlines() if part.strip())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def call_tool(tool: Tool, arguments: str | dict[str, Any]) -> ToolResult:
+    """Run ``tool`` on ``arguments``; never raises (but ``KeyboardInterrupt`` passes).
+
+    An exception (``SystemExit`` included) becomes ``ToolResult("error: <type>: <message>",
+    error=True)``; the output is cut to ``tool.config.max_output_chars`` (:func:`truncate`);
+    ``seconds`` is the wall time.
+    """
+    start = time.monotonic()
+    try:
+        result = tool.run(arguments)
+        if not isinstance(result, ToolResult):
+            result = ToolResult(f"error: tool {tool.name!r} returned {type(result).__name__}, not a ToolResult",
+                                error=True)
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - a tool's failure is an observation, not the run's
+        result = ToolResult(f"error: {type(e).__name__}: {one_line(e)}", error=True)
+    limit = getattr(getattr(tool, "config", None), "max_output_chars", ToolOptions().max_output_chars)
+    result.output = truncate(str(result.output), limit)
+    result.seconds = time.monotonic() - start
+    return result
+
+
+def tool_class(name: str) -> type[Tool]:
+    """The :class:`Tool` subclass ``name`` (registered name or ``pkg.module:Class``).
+
+    Raises:
+        KeyError: for an unknown name, listing the valid ones.
+        TypeError: if ``name`` resolves to something that is not a named ``Tool`` subclass.
+    """
+    cls = TOOLS.get(name)
+    if not (isinstance(cls, type) and issubclass(cls, Tool)):
+        raise TypeError(f"tool {name!r} is {cls!r}, not a subclass of xrlhf.tools.Tool")
+    if not NAME_PATTERN.fullmatch(cls.name or ""):
+        raise TypeError(f"tool class {cls.__name__} has no valid name; set the class attribute "
+                        f"name (matching {NAME_PATTERN.pattern})")
+    return cls
+
+
+def build_tool(name: str, options: dict[str, Any] | None = None) -> Tool:
+    """The tool ``name`` (registered name or ``pkg.module:Class``) with validated options.
+
+    Raises:
+        KeyError: for an unknown name, listing the valid ones.
+        TypeError: if ``name`` is not a ``Tool`` subclass.
+        pydantic.ValidationError: for bad options (the caller prefixes the YAML path).
+    """
+    cls = tool_class(name)
+    return cls(cls.Config.model_validate(options or {}))
+
+
+class ToolSpec(BaseModel):
+    """One entry of an env's ``tools`` list in YAML: ``{name: calculator, options: {...}}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+def tool_errors(specs: list[dict[str, Any] | ToolSpec], where: str) -> list[str]:
+    """Every problem of a list of tool specs, one line each, prefixed with ``where`` (the YAML path
+    of the list, e.g. ``env.options.tools``). An empty list means the tools can be built.
+
+    Checks: each spec is ``{name, options}``; the name is a known tool; the options validate
+    against that tool's ``Config``; no two specs give the model the same tool name.
+    """
+    errors: list[str] = []
+    seen: dict[str, int] = {}
+    for i, spec in enumerate(specs):
+        at = f"{where}[{i}]"
+        if isinstance(spec, ToolSpec):
+            spec = spec.model_dump()
+        if not isinstance(spec, dict) or "name" not in spec or set(spec) - {"name", "options"}:
+            errors.append(f"{at}: expected {{name: <tool>, options: {{...}}}}, got {spec!r}")
+            continue
+        try:
+            cls = tool_class(str(spec["name"]))
+        except (KeyError, TypeError) as e:
+            errors.append(f"{at}.name: {e.args[0]}")
+            continue
+        options = spec.get("options") or {}
+        try:
+            cls.Config.model_validate(options)
+        except ValidationError as e:
+            errors += [f"{at}.options{''.join(f'.{p}' for p in err['loc'])}: {err['msg']} "
+                       f"(got {err['input']!r})" for err in e.errors()]
+        if cls.name in seen:
+            errors.append(f"{at}.name: tool {cls.name!r} is already {where}[{seen[cls.name]}]; list each tool once")
+        seen.setdefault(cls.name, i)
+    return errors
