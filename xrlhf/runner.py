@@ -180,6 +180,7 @@ def _stop_before_rl(stop: StopRequest, out: Path) -> None:
 
 def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resume: bool) -> dict[str, Any]:
     from xrlhf.algorithms import ALGORITHMS
+    from xrlhf.algorithms.base import episode_calls
     from xrlhf.algorithms.rewards import build_reward
     from xrlhf.algorithms.warmup import supervised_warmup
     from xrlhf.coordinator import Coordinator
@@ -205,7 +206,8 @@ def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resu
     trainer_cls = ALGORITHMS.get(cfg.algorithm.name)
     options = algorithm_options(cfg)
     coord = Coordinator(cfg, model_dir, trainer_cls.train_steps(cfg, options),
-                        policy_head=trainer_cls.policy_head, generate=trainer_cls.uses_generation)
+                        policy_head=trainer_cls.policy_head, generate=trainer_cls.uses_generation,
+                        concurrent_generate=episode_calls(cfg, env))
     try:
         stop.doing = "the Ray start-up, then stop (nothing to save before the first RL step)"
         coord.start()

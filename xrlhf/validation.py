@@ -240,6 +240,10 @@ def env_errors(cfg: XConfig) -> list[str]:
         _warn_unknown_text(env, tokenizer, cfg.env.name)
         if not trainer.uses_generation:
             return []
+        if getattr(env, "multi_turn", False) and not getattr(tokenizer, "chat_template", None):
+            return [f"policy.model: {cfg.policy.model} has no chat template, and env {cfg.env.name!r} runs chat "
+                    f"episodes; add a chat_template.jinja to the model directory (the tiny models of "
+                    f"`xrlhf make-tiny-model` have one: rebuild it)"]
         longest = env.max_prompt_tokens(tokenizer)
     except UserError as e:
         return e.messages

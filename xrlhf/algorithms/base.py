@@ -22,6 +22,7 @@ import torch
 from loguru import logger
 from pydantic import BaseModel
 
+from xrlhf.algorithms.episodes import EpisodeRunner, evaluate_episodes
 from xrlhf.algorithms.handles import Handles
 from xrlhf.algorithms.off_policy import staleness_stats
 from xrlhf.algorithms.producer import RolloutProducer
@@ -32,6 +33,7 @@ from xrlhf.data.lengths import check_prompt_lengths
 from xrlhf.data.text import decode_responses, encode_prompt
 from xrlhf.engines.base import GenerationOutput, Head, SamplingParams
 from xrlhf.envs import Env, Prompt, clean_response
+from xrlhf.envs.episode import is_episode_env
 from xrlhf.utils.errors import NonFiniteError
 from xrlhf.utils.registry import Registry
 from xrlhf.utils.timeline import Timeline
@@ -122,6 +124,8 @@ class Trainer(ABC):
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.timeline = Timeline()
         """Spans of the step's work by lane (``utils.timeline``); each step's row carries them."""
+        self.episodes = episode_runner(cfg, env, tokenizer, self.gen_handle) if is_episode_env(env) and self.gen_handle is not None else None
+        """Runs the samples of an episode env (``algorithms.episodes``); ``None`` for one-turn envs."""
 
     # -- config hooks -----------------------------------------------------------------------
     @classmethod
@@ -179,6 +183,9 @@ class Trainer(ABC):
     def evaluate(self) -> dict[str, float]:
         """The generator's answers to the env's held-out prompts, scored (``evaluate``)."""
         t = self.cfg.trainer
+        if self.episodes is not None:
+            return evaluate_episodes(self.episodes, sampling_params(self.cfg, t.eval_temperature), t.eval_size,
+                                     self.cfg.seed)
         reward = self.reward if self.env.reward_source == "model" else None
         return evaluate(self.gen_handle.generate, self.env, self.tok, sampling_params(self.cfg, t.eval_temperature),
                         t.eval_size, reward=reward)
@@ -218,7 +225,7 @@ class RLTrainer(Trainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.collector = RolloutCollector(self.cfg, self.env, self.tok, self.gen_handle, self.reward,
-                                          self.group_filter, self.timeline)
+                                          self.group_filter, self.timeline, self.episodes)
         self.producer: RolloutProducer | None = None
         self._producer_state: dict[str, Any] | None = None
 
@@ -243,7 +250,7 @@ class RLTrainer(Trainer):
         t = self.cfg.trainer
         timings: dict[str, float] = {}
         r = self.cfg.rollout
-        if r.dynamic_sampling.enabled or r.stream_rewards:
+        if r.dynamic_sampling.enabled or r.stream_rewards or self.episodes is not None:
             rollout, self.data_pos = self.collector(self.step_idx + 1, self.data_pos, lambda: None)
         else:
             prompts = self.env.train_prompts(self.data_pos, t.prompts_per_step)
@@ -362,6 +369,29 @@ class RLTrainer(Trainer):
         perm = torch.randperm(len(batch), generator=self.generator)
         shuffled = batch.index(perm)
         return list(shuffled.chunks(size))
+
+
+def _continuous(cfg: XConfig) -> bool:
+    from xrlhf.engines.base import engine_class
+
+    return bool(getattr(engine_class(cfg.policy.generate.engine, "generate"), "batches_concurrent_calls", False))
+
+
+def episode_runner(cfg: XConfig, env: Env, tokenizer, generator) -> EpisodeRunner:
+    """The runner of ``env``'s episodes on ``generator``: one call per episode turn when the
+    generate engine serves concurrent calls together (continuous batching), else waves."""
+    continuous = _continuous(cfg) and hasattr(generator, "generate_on")
+    return EpisodeRunner(env, tokenizer, generator, continuous=continuous, ranks=generator.world_size)
+
+
+def episode_calls(cfg: XConfig, env: Env) -> int:
+    """How many ``generate`` calls an episode env may have running at once on one generator
+    (one per episode of a batch, and of an evaluation beside it); 0 for a one-turn env or waves."""
+    if not is_episode_env(env) or not _continuous(cfg):
+        return 0
+    t = cfg.trainer
+    evals = t.eval_size or len(env.eval_prompts())
+    return min(4096, t.prompts_per_step * t.samples_per_prompt + evals)
 
 
 def staleness(batch: Batch, version: int) -> dict[str, float]:

@@ -50,6 +50,11 @@ class Handle(Protocol):
         versions; ``seeds``: one per prompt, for sampling that does not depend on the split
         (``GenerateEngine.generate``)."""
 
+    def generate_on(self, rank: int, prompts: list[list[int]], params: SamplingParams,
+                    seeds: list[int] | None = None, *, wait: bool = True) -> GenerationOutput | Pending:
+        """``generate`` on rank ``rank`` only, no padding copies (an episode's turns stay on one
+        generator; ``algorithms.episodes``)."""
+
     def infer(self, batch: Batch, *, wait: bool = True) -> Batch | Pending:
         """``logprobs`` / ``values`` ``[B, R]`` or ``scores`` ``[B]`` of ``batch``, no gradients."""
 

@@ -47,7 +47,7 @@ from xrlhf.algorithms.base import RLTrainer, Rollout, check_mini_batch, register
 from xrlhf.algorithms.losses import KTOLoss
 from xrlhf.algorithms.offline import OfflineConfig, OfflineTrainer, prefixed, sequence_logps
 from xrlhf.config.schema import Strict, XConfig
-from xrlhf.data.batch import Batch, build_sequences, unpack_sequences
+from xrlhf.data.batch import Batch, build_sequences, response_loss_masks, unpack_sequences
 from xrlhf.data.datasets import KTO
 
 TRAIN_KEYS = ("input_ids", "attention_mask", "response_mask", "ref_logps", "labels", "desirable_weight", "z_ref")
@@ -125,12 +125,14 @@ class KTOMixin:
     """The KTO update shared by the offline and online trainers (needs ``policy``, ``reference``)."""
 
     def kto_batches(self, prompts: list[list[int]], completions: list[list[int]], labels: torch.Tensor,
-                    group_ids: torch.Tensor) -> tuple[Batch, Batch]:
+                    group_ids: torch.Tensor, masks: list[list[float]] | None = None) -> tuple[Batch, Batch]:
         """The training rows ``(x_i, y_i)`` and the mismatched rows ``(x_i, y_j(i))``, each with
-        its reference sequence log-probs ``ref_logps`` ``[B]`` (one reference call for both)."""
+        its reference sequence log-probs ``ref_logps`` ``[B]`` (one reference call for both).
+        ``masks``: the completions' loss masks (an episode's observations are 0)."""
         b = len(prompts)
         j = mismatch_index(group_ids).tolist()
-        full = build_sequences(prompts + prompts, completions + [completions[k] for k in j], self.tok.pad_token_id)
+        full = build_sequences(prompts + prompts, completions + [completions[k] for k in j], self.tok.pad_token_id,
+                               response_masks=None if masks is None else masks + [masks[k] for k in j])
         ref = sequence_logps(self.reference, full)
         train, kl = full.index(slice(0, b)), full.index(slice(b, 2 * b))
         train["ref_logps"], kl["ref_logps"] = ref[:b], ref[b:]
@@ -224,7 +226,7 @@ class OnlineKTOTrainer(KTOMixin, RLTrainer):
             return metrics
         batch = batch.index(keep)
         prompts, completions = unpack_sequences(batch)
-        train, kl = self.kto_batches(prompts, completions, labels[keep], batch["group_ids"])
+        train, kl = self.kto_batches(prompts, completions, labels[keep], batch["group_ids"], response_loss_masks(batch))
         timings["time/infer_s"] = time.time() - t0
         t0 = time.time()
         sums: dict[str, float] = {}

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import torch
 
 from xrlhf.data.batch import Batch
-from xrlhf.data.dispatch import ALL, DP, DP_TRAIN, RANK0, plan
+from xrlhf.data.dispatch import ALL, DP, DP_TRAIN, ONE, RANK0, plan
 from xrlhf.engines.base import (DistInfo, EngineSpec, GenerateEngine, GenerationOutput, InferEngine, LossFn,
                                 SamplingParams, TrainEngine, merge_rank_states)
 from xrlhf.engines.host import EngineHost
@@ -81,6 +81,11 @@ class LocalHandle:
     def generate(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None, *,
                  wait: bool = True) -> GenerationOutput | Done:
         return self._call(DP, "generate", prompts, params, seeds=seeds, split_kwargs=("seeds",), wait=wait)
+
+    def generate_on(self, rank: int, prompts: list[list[int]], params: SamplingParams,
+                    seeds: list[int] | None = None, *, wait: bool = True) -> GenerationOutput | Done:
+        """``generate`` on rank ``rank`` only (``Handle.generate_on``)."""
+        return self._call(ONE, "generate", rank, prompts, params, seeds=seeds, wait=wait)
 
     def infer(self, batch: Batch, *, wait: bool = True) -> Batch | Done:
         return self._call(DP, "infer", batch, wait=wait)

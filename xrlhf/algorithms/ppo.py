@@ -180,7 +180,7 @@ class PolicyGradientTrainer(RLTrainer):
         value_loss = ValueLoss(self.options.value_clip_eps) if with_critic else None
         sums: dict[str, float] = {}
         n = 0
-        keys = [k for k in batch.keys() if k not in ("group_ids", "token_versions")]
+        keys = [k for k in batch.keys() if k not in ("group_ids", "token_versions", "turn_rewards", "truncated")]
         for _ in range(self.options.ppo_epochs):
             for mb in self.minibatches(batch.select(*keys), self.options.mini_batch_size):
                 pending = self.critic.train_step(mb, value_loss, wait=False) if with_critic else None
@@ -206,7 +206,11 @@ class PPOTrainer(PolicyGradientTrainer):
         metrics = self.score_logprobs(batch, timings, with_values=True)
         mask = batch["response_mask"]
         kl_coef = self.kl_ctl.value if o.kl_in_reward else 0.0
-        rewards = F.kl_penalized_rewards(batch["scores"], batch["kl"], mask, kl_coef)
+        if "turn_rewards" in batch:  # an episode env: each turn's reward on the token that earned it
+            rewards = F.kl_penalized_rewards(torch.zeros_like(batch["scores"]), batch["kl"], mask, kl_coef)
+            rewards = rewards + batch["turn_rewards"] * (mask != 0)
+        else:
+            rewards = F.kl_penalized_rewards(batch["scores"], batch["kl"], mask, kl_coef)
         adv, ret = F.gae(rewards, batch["old_values"], mask, o.gamma, o.lam)
         batch["advantages"] = F.masked_whiten(adv, mask) * mask if o.whiten_advantages else adv
         batch["returns"] = ret

@@ -29,6 +29,7 @@ from typing import Callable
 
 import torch
 
+from xrlhf.algorithms.episodes import EpisodeRunner, Trajectory, episode_batch, episode_metrics
 from xrlhf.algorithms.producer import sample_seed
 from xrlhf.config.schema import XConfig
 from xrlhf.data.batch import Batch, build_sequences
@@ -64,7 +65,7 @@ def sampling_params(cfg: XConfig, temperature: float | None = None) -> SamplingP
 
 @dataclass
 class Group:
-    """The ``n`` samples of one prompt, scored."""
+    """The ``n`` samples of one prompt, scored (``trajs``: an episode env's trajectories)."""
 
     prompt: Prompt
     prompt_ids: list[int]
@@ -73,6 +74,7 @@ class Group:
     versions: list[list[int]]
     texts: list[str]
     scores: torch.Tensor
+    trajs: list[Trajectory] | None = None
 
 
 Reward = Callable[[list[Prompt], list[str], Batch], tuple[torch.Tensor, dict]]
@@ -87,13 +89,17 @@ class RolloutCollector:
         generator: the handle that samples (``Handles.generator``).
         reward: ``(prompts, responses, batch) -> (scores [B], metrics)``.
         group_filter: ``scores [n] -> keep?`` for dynamic sampling.
+        episodes: runs an episode env's samples (``algorithms.episodes``); ``None`` for a
+            single-turn env.
     """
 
     def __init__(self, cfg: XConfig, env: Env, tokenizer, generator, reward: Reward,
-                 group_filter: Callable[[torch.Tensor], bool], timeline: Timeline | None = None):
+                 group_filter: Callable[[torch.Tensor], bool], timeline: Timeline | None = None,
+                 episodes: EpisodeRunner | None = None):
         self.cfg, self.env, self.tok, self.generator = cfg, env, tokenizer, generator
         self.reward, self.group_filter = reward, group_filter
         self.timeline = timeline or Timeline()
+        self.episodes = episodes
 
     def __call__(self, b: int, pos: int, on_generated: Callable[[], None]) -> tuple[Rollout, int]:
         t, ds = self.cfg.trainer, self.cfg.rollout.dynamic_sampling
@@ -123,6 +129,8 @@ class RolloutCollector:
     def generate_groups(self, prompts: list[Prompt], b: int, attempt: int, stats: dict[str, float],
                         rmetrics: dict[str, float]) -> list[Group]:
         """``n`` samples of each prompt, generated in parts that are scored as they arrive."""
+        if self.episodes is not None:
+            return self.episode_groups(prompts, b, attempt, stats, rmetrics)
         n = self.cfg.trainer.samples_per_prompt
         ids = [encode_prompt(self.tok, p.text) for p in prompts]
         check_prompt_lengths([i for i in ids for _ in range(n)], [p.text for p in prompts for _ in range(n)],
@@ -145,6 +153,34 @@ class RolloutCollector:
             with self.timeline.span("reward", f"b{b}"):
                 groups += self._score(prompts[lo:hi], ids[lo:hi], out, stats, rmetrics)
         return groups
+
+    def episode_groups(self, prompts: list[Prompt], b: int, attempt: int, stats: dict[str, float],
+                       rmetrics: dict[str, float]) -> list[Group]:
+        """``n`` episodes of each prompt; each is scored by its env as it ends (its return), or,
+        with ``reward.source`` model or function, the whole trajectory by that source."""
+        n = self.cfg.trainer.samples_per_prompt
+        expanded = [p for p in prompts for _ in range(n)]
+        seeds = [sample_seed(self.cfg.seed, b, row, attempt) for row in range(len(expanded))]
+        t0 = time.time()
+        with self.timeline.span("generator", f"b{b}"):
+            trajs = self.episodes.run(expanded, seeds, sampling_params(self.cfg))
+        stats["time/generate_s"] += time.time() - t0
+        stats["tokens"] += float(sum(sum(t.loss_mask) for t in trajs))
+        texts = [t.actions[-1] if t.actions else "" for t in trajs]
+        if self.cfg.reward.source == "env":
+            scores = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
+        else:
+            t0 = time.time()
+            with self.timeline.span("reward", f"b{b}"):
+                scores, metrics = self.reward(expanded, texts, episode_batch(trajs, self.tok.pad_token_id))
+            scores = scores.float()
+            for k, v in metrics.items():
+                rmetrics[k] = rmetrics.get(k, 0.0) + float(v) * len(prompts)
+            stats["time/reward_s"] += time.time() - t0
+        return [Group(p, trajs[g * n].prompt_ids, [t.tokens for t in trajs[g * n:(g + 1) * n]],
+                      [t.logprobs for t in trajs[g * n:(g + 1) * n]], [t.versions for t in trajs[g * n:(g + 1) * n]],
+                      texts[g * n:(g + 1) * n], scores[g * n:(g + 1) * n], trajs[g * n:(g + 1) * n])
+                for g, p in enumerate(prompts)]
 
     def _score(self, prompts: list[Prompt], ids: list[list[int]], out, stats: dict[str, float],
                rmetrics: dict[str, float]) -> list[Group]:
@@ -169,13 +205,20 @@ class RolloutCollector:
         """One ``Rollout`` of the groups, in order (``group_ids`` 0 .. len(groups) - 1)."""
         n = self.cfg.trainer.samples_per_prompt
         prompts = [g.prompt for g in groups for _ in range(n)]
-        rows = [g.prompt_ids for g in groups for _ in range(n)]
-        tokens = [t for g in groups for t in g.tokens]
-        batch = build_sequences(rows, tokens, self.tok.pad_token_id, [lp for g in groups for lp in g.logprobs])
-        versions = torch.zeros(batch["response_mask"].shape, dtype=torch.long)
-        for i, v in enumerate(v for g in groups for v in g.versions):
-            versions[i, :len(v)] = torch.tensor(v, dtype=torch.long)
-        batch["token_versions"] = versions
+        if self.episodes is not None:
+            trajs = [t for g in groups for t in g.trajs]
+            batch = episode_batch(trajs, self.tok.pad_token_id, self.env.config.mask_truncated)
+            if self.cfg.reward.source != "env":  # the reward source scored whole trajectories
+                del batch.tensors["turn_rewards"]
+            rmetrics = {**rmetrics, **episode_metrics(trajs)}
+        else:
+            rows = [g.prompt_ids for g in groups for _ in range(n)]
+            tokens = [t for g in groups for t in g.tokens]
+            batch = build_sequences(rows, tokens, self.tok.pad_token_id, [lp for g in groups for lp in g.logprobs])
+            versions = torch.zeros(batch["response_mask"].shape, dtype=torch.long)
+            for i, v in enumerate(v for g in groups for v in g.versions):
+                versions[i, :len(v)] = torch.tensor(v, dtype=torch.long)
+            batch["token_versions"] = versions
         scores = torch.cat([g.scores for g in groups])
         batch["scores"] = scores
         batch["group_ids"] = torch.arange(len(groups)).repeat_interleave(n)

@@ -18,13 +18,16 @@ from pathlib import Path
 from loguru import logger
 
 from xrlhf.algorithms.base import evaluate, sampling_params
+from xrlhf.algorithms.episodes import EpisodeRunner, evaluate_episodes
 from xrlhf.algorithms.local import LocalHandle
 from xrlhf.algorithms.losses import SFTLoss
 from xrlhf.config.schema import XConfig
-from xrlhf.data.batch import build_sequences
+from xrlhf.data.batch import Batch, build_sequences
+from xrlhf.data.chat import ChatFormat
 from xrlhf.data.text import encode_prompt, encode_target
 from xrlhf.engines.base import EngineSpec, engine_options
 from xrlhf.envs import Env
+from xrlhf.envs.episode import is_episode_env
 
 
 def warmup_specs(cfg: XConfig, model_dir: str) -> tuple[EngineSpec, EngineSpec]:
@@ -61,7 +64,10 @@ def supervised_warmup(cfg: XConfig, env: Env, tokenizer, model_dir: str, out_dir
         gen = LocalHandle.build("policy", {"generate": (cfg.policy.generate.engine, gen_spec)})
         params = sampling_params(cfg, cfg.trainer.eval_temperature)
         try:
-            before = evaluate(gen.generate, env, tokenizer, params, cfg.trainer.eval_size)
+            if is_episode_env(env):
+                before = evaluate_episodes(EpisodeRunner(env, tokenizer, gen), params, cfg.trainer.eval_size, cfg.seed)
+            else:
+                before = evaluate(gen.generate, env, tokenizer, params, cfg.trainer.eval_size)
         finally:
             gen.shutdown()  # before training starts: a vLLM generator gives its GPU memory back
         logger.info(f"warm-up: eval reward before {before['eval/reward_mean']:.3f}")
@@ -72,10 +78,7 @@ def supervised_warmup(cfg: XConfig, env: Env, tokenizer, model_dir: str, out_dir
         if stop():
             logger.warning(f"warm-up stopped at step {step}/{w.steps}")
             return model_dir, before
-        examples = env.sft_examples(step * w.batch_size, w.batch_size)
-        batch = build_sequences([encode_prompt(tokenizer, p) for p, _ in examples],
-                                [encode_target(tokenizer, c) for _, c in examples], tokenizer.pad_token_id)
-        m = policy.train_step(batch, SFTLoss())
+        m = policy.train_step(sft_batch(env, tokenizer, step * w.batch_size, w.batch_size), SFTLoss())
         if (step + 1) % max(1, w.steps // 10) == 0 or step + 1 == w.steps:
             logger.info(f"warm-up step {step + 1}/{w.steps} | nll {m['loss']:.3f} | "
                         f"token acc {m['sft/token_accuracy']:.2f} | {time.time() - t0:.0f}s")
@@ -83,3 +86,22 @@ def supervised_warmup(cfg: XConfig, env: Env, tokenizer, model_dir: str, out_dir
     path = out_dir / "warmup"
     policy.save_pretrained(str(path))
     return str(path), before
+
+
+def sft_batch(env: Env, tokenizer, start: int, n: int) -> Batch:
+    """Examples ``start .. start + n - 1`` of the env as a batch: a one-turn env's ``(prompt,
+    answer)`` pairs (answer + EOS trained), an episode env's whole conversations (the chat
+    template's assistant turns trained, everything else masked: ``ChatFormat.encode_conversation``)."""
+    if not is_episode_env(env):
+        examples = env.sft_examples(start, n)
+        return build_sequences([encode_prompt(tokenizer, p) for p, _ in examples],
+                               [encode_target(tokenizer, c) for _, c in examples], tokenizer.pad_token_id)
+    chat = ChatFormat(tokenizer)
+    prompts, responses, masks = [], [], []
+    for messages in env.sft_conversations(start, n):
+        ids, mask = chat.encode_conversation(messages)
+        first = mask.index(1)
+        prompts.append(ids[:first])
+        responses.append(ids[first:])
+        masks.append(mask[first:])
+    return build_sequences(prompts, responses, tokenizer.pad_token_id, response_masks=masks)

@@ -123,8 +123,11 @@ class Coordinator:
     """
 
     def __init__(self, cfg: XConfig, policy_model: str, total_train_steps: dict[str, int] | None = None,
-                 policy_head: str = "causal_lm", generate: bool = True):
+                 policy_head: str = "causal_lm", generate: bool = True, concurrent_generate: int = 0):
         self.cfg = cfg
+        self.concurrent_generate = concurrent_generate
+        """``generate`` calls the trainer may have running at once on one generating worker beyond
+        an asynchronous rollout's (an episode env's turns: one call per episode; 0: none)."""
         self.specs = handle_specs(cfg, policy_model, total_train_steps or {}, policy_head, generate)
         self.handles: dict[str, ModelHandle] = {}
         self.placement_groups: list = []
@@ -158,9 +161,11 @@ class Coordinator:
         return self
 
     def _create(self, s: HandleSpec, slot: Slot) -> tuple[ModelHandle, list]:
-        # asynchronous rollout: a generating worker runs generate beside its other calls
-        concurrent = "generate" in s.engines and self.cfg.rollout.max_staleness > 0
-        actor = ray.remote(concurrency_groups=ROLLOUT_GROUPS)(EngineWorker) if concurrent else ray.remote(EngineWorker)
+        # asynchronous rollout, episode turns: a generating worker runs generate calls beside each
+        # other and beside its other calls
+        concurrent = "generate" in s.engines and (self.cfg.rollout.max_staleness > 0 or self.concurrent_generate > 0)
+        groups = {"rollout": max(ROLLOUT_GROUPS["rollout"], self.concurrent_generate)}
+        actor = ray.remote(concurrency_groups=groups)(EngineWorker) if concurrent else ray.remote(EngineWorker)
         workers = [actor.options(**slot.options(rank), max_restarts=0,
                                  name=None).remote(s.name, rank, slot.threads)
                    for rank in range(s.resources.ranks)]

@@ -27,12 +27,12 @@ from typing import Any, Callable, Sequence
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from xrlhf.data.dispatch import ALL, DP, DP_TRAIN, RANK0, plan
+from xrlhf.data.dispatch import ALL, DP, DP_TRAIN, ONE, RANK0, plan
 from xrlhf.engines.base import merge_rank_states
 from xrlhf.utils import faults
 from xrlhf.utils.errors import WorkerDiedError
 
-__all__ = ["ALL", "DP", "DP_TRAIN", "RANK0", "ModelHandle", "Pending", "ROLLOUT_GROUPS", "dispatch"]
+__all__ = ["ALL", "DP", "DP_TRAIN", "ONE", "RANK0", "ModelHandle", "Pending", "ROLLOUT_GROUPS", "dispatch"]
 
 _SLICE_S = 1.0
 
@@ -57,19 +57,20 @@ class Pending:
 
 
 def dispatch(mode: str, gather: Callable[[list[Any]], Any] | None = None, split_kwargs: tuple[str, ...] = (),
-             group: str | None = None):
+             group: str | None = None, target: str | None = None):
     """Declare how a handle method's call is spread over ranks; the body is not run.
 
     ``gather`` replaces the mode's way of combining the ranks' results; ``split_kwargs`` are
     per-row keyword arguments split like the first (``plan``); ``group``: the actor's
     concurrency group the call runs in (``rollout``: generation, beside the default group's
-    training, on workers that have the group).
+    training, on workers that have the group); ``target``: the worker method called (default:
+    the handle method's name).
     """
 
     combine = gather
 
     def deco(fn):
-        method = fn.__name__
+        method = target or fn.__name__
         names = list(inspect.signature(fn).parameters)[1:]  # after self
 
         @functools.wraps(fn)
@@ -160,6 +161,11 @@ class ModelHandle:
     @dispatch(DP, split_kwargs=("seeds",), group="rollout")
     def generate(self, prompts, params, seeds=None):
         """Sample continuations; prompts (and their ``seeds``) split across ranks -> ``GenerationOutput``."""
+
+    @dispatch(ONE, group="rollout", target="generate")
+    def generate_on(self, rank, prompts, params, seeds=None):
+        """``generate`` on rank ``rank`` only (an episode's turns: continuous batching keeps each
+        episode on one generator) -> ``GenerationOutput``."""
 
     @dispatch(DP)
     def infer(self, batch):

@@ -89,7 +89,8 @@ def _cat_padded(key: str, ts: list[torch.Tensor]) -> torch.Tensor:
 
 
 def build_sequences(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
-                    pad_id: int, response_logprobs: Sequence[Sequence[float]] | None = None) -> Batch:
+                    pad_id: int, response_logprobs: Sequence[Sequence[float]] | None = None,
+                    response_masks: Sequence[Sequence[float]] | None = None) -> Batch:
     """Lay out prompts (left-padded) and responses (right-padded) as one ``Batch``.
 
     Args:
@@ -97,6 +98,9 @@ def build_sequences(prompts: Sequence[Sequence[int]], responses: Sequence[Sequen
         responses: ``B`` lists of response token ids (may be empty).
         pad_id: the padding token id.
         response_logprobs: optional ``B`` lists of the sampler's logprob per response token.
+        response_masks: optional ``B`` lists of the loss mask of each response token (a
+            multi-turn episode: 0 on the env's observation tokens, which are attended to but not
+            trained); default 1 on every response token.
 
     Returns:
         ``input_ids``/``attention_mask`` ``[B, P+R]``, ``response_mask`` ``[B, R]`` and, when
@@ -115,7 +119,8 @@ def build_sequences(prompts: Sequence[Sequence[int]], responses: Sequence[Sequen
         if rs:
             ids[i, p:p + len(rs)] = torch.tensor(rs, dtype=torch.long)
             attn[i, p:p + len(rs)] = 1
-            rmask[i, :len(rs)] = 1.0
+            rmask[i, :len(rs)] = 1.0 if response_masks is None else torch.tensor(
+                response_masks[i][:len(rs)], dtype=torch.float32)
             if response_logprobs is not None:
                 lps[i, :len(rs)] = torch.tensor(response_logprobs[i][:len(rs)], dtype=torch.float32)
     out = {"input_ids": ids, "attention_mask": attn, "response_mask": rmask}
@@ -125,12 +130,21 @@ def build_sequences(prompts: Sequence[Sequence[int]], responses: Sequence[Sequen
 
 
 def unpack_sequences(batch: Batch) -> tuple[list[list[int]], list[list[int]]]:
-    """Inverse of ``build_sequences``: the prompt and response token ids of every row."""
-    ids, attn, rmask = batch["input_ids"], batch["attention_mask"].bool(), batch["response_mask"].bool()
+    """Inverse of ``build_sequences``: the prompt and response token ids of every row (the
+    response's every attended token: a multi-turn episode's observations included)."""
+    ids, attn = batch["input_ids"], batch["attention_mask"].bool()
     p = ids.shape[1] - response_width(batch)
     prompts = [ids[i, :p][attn[i, :p]].tolist() for i in range(len(batch))]
-    responses = [ids[i, p:][rmask[i]].tolist() for i in range(len(batch))]
+    responses = [ids[i, p:][attn[i, p:]].tolist() for i in range(len(batch))]
     return prompts, responses
+
+
+def response_loss_masks(batch: Batch) -> list[list[float]]:
+    """Per row, the ``response_mask`` value of each response token ``unpack_sequences`` returns
+    (0 on a multi-turn episode's observations), for ``build_sequences(..., response_masks=)``."""
+    attn = batch["attention_mask"].bool()
+    p = attn.shape[1] - response_width(batch)
+    return [batch["response_mask"][i][attn[i, p:]].tolist() for i in range(len(batch))]
 
 
 def response_width(batch: Batch) -> int:

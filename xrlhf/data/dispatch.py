@@ -46,10 +46,12 @@ import torch
 
 from xrlhf.data.batch import Batch
 
-DP, DP_TRAIN, ALL, RANK0 = "dp", "dp_train", "all", "rank0"
+DP, DP_TRAIN, ALL, RANK0, ONE = "dp", "dp_train", "all", "rank0", "one"
 """Dispatch modes: split the first argument over the ranks (``DP``), the same for a train step
 (``DP_TRAIN``: padding rows weigh nothing, metrics weighted by units), the same call on every
-rank (``ALL``, a list of per-rank results back), rank 0 only (``RANK0``)."""
+rank (``ALL``, a list of per-rank results back), rank 0 only (``RANK0``), the rank given as the
+first argument only, with the other arguments (``ONE``: an episode's turns stay on one
+generator, no padding copies)."""
 
 
 @dataclass(frozen=True)
@@ -209,4 +211,9 @@ def plan(mode: str, ranks: int, args: tuple[Any, ...], kwargs: dict[str, Any], s
         return list(range(ranks)), [(args, kwargs)] * ranks, list
     if mode == RANK0:
         return [0], [(args, kwargs)], lambda results: results[0]
-    raise ValueError(f"unknown dispatch mode {mode!r}; valid: {DP}, {DP_TRAIN}, {ALL}, {RANK0}")
+    if mode == ONE:
+        rank = args[0]
+        if not 0 <= rank < ranks:
+            raise ValueError(f"rank {rank} of a handle with {ranks} ranks")
+        return [rank], [(args[1:], kwargs)], lambda results: results[0]
+    raise ValueError(f"unknown dispatch mode {mode!r}; valid: {DP}, {DP_TRAIN}, {ALL}, {RANK0}, {ONE}")

@@ -409,6 +409,9 @@ class GenerateEngine(Engine):
             at the first bucket, loads, stamps the tokens sampled after ``end_sync`` with the
             new ``version``, and resumes (``SamplingParams.on_update`` says how). Without it
             the caller must not sync during a ``generate`` call.
+        batches_concurrent_calls: keyed ``generate`` calls made at once from several threads are
+            served together (vLLM's request loop: continuous batching), so a caller may send one
+            small call per request (an episode's turn) instead of gathering them first.
         version: the policy version of the loaded weights (0: the initial ones), set by
             ``end_sync``; ``GenerationOutput.versions`` stamps each token with it.
     """
@@ -417,6 +420,7 @@ class GenerateEngine(Engine):
     shares_trainer_process: bool = True
     frees_memory_when_asleep: bool = False
     pauses_mid_generation: ClassVar[bool] = False
+    batches_concurrent_calls: ClassVar[bool] = False
     version: int = 0
 
     @classmethod

@@ -129,6 +129,7 @@ class VLLMGenerateEngine(GenerateEngine):
     pip_extra = "gpu"
     starts_alone = True  # vLLM sizes its KV cache from the GPU memory it sees free while it starts
     pauses_mid_generation = True  # keyed calls: vllm_loop pauses, loads, resumes
+    batches_concurrent_calls = True  # keyed calls: one request loop serves them all
 
     @classmethod
     def workers_per_engine(cls, options: BaseModel) -> int:
