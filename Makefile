@@ -1,7 +1,8 @@
 # Two commands set up a fresh machine (Python >= 3.10, no GPU needed):
 #   make quickstart   create .venv, install, build a tiny model, run configs/quickstart.yaml
 #   make test         create .venv, install with test extras, run the test suite
-#   make data         build the tiny model and the datasets the offline configs read (dpo, kto_offline, rm, qa_ppo)
+#   make data         build the tiny model and the datasets the offline configs read (dpo, kto_offline, rm, qa_ppo),
+#                     and the 4M-parameter char model configs/tool_calc.yaml trains
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -9,6 +10,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 EXTRAS ?= test
 MODEL ?= artifacts/tiny-char
+SMALL ?= artifacts/small-char
 
 .PHONY: install quickstart test data clean
 
@@ -29,7 +31,10 @@ $(MODEL)/config.json: | install
 quickstart: install $(MODEL)/config.json
 	$(BIN)/xrlhf run configs/quickstart.yaml
 
-data: install $(MODEL)/config.json
+$(SMALL)/config.json: | install
+	$(BIN)/xrlhf make-tiny-model $(SMALL) --preset small
+
+data: install $(MODEL)/config.json $(SMALL)/config.json
 	$(BIN)/xrlhf prepare-data
 
 test: install

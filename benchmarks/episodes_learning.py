@@ -26,6 +26,7 @@ RUNS = {"tool_calc": ("configs/tool_calc.yaml", []),
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("overrides", nargs="*", help="dotted config overrides applied to every run")
     p.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0])
     p.add_argument("--steps", type=int, default=None)
@@ -60,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         config, extra = RUNS[name]
         path = ROOT / config
         for seed in args.seeds:
-            overrides = model_override(path, args) + ["trainer.save_final=false", f"seed={seed}", *extra]
+            overrides = model_override(path, args) + ["trainer.save_final=false", f"seed={seed}", *extra,
+                                                      *args.overrides]
             overrides += [f"trainer.steps={args.steps}"] if args.steps else []
             overrides += [f"warmup.steps={args.warmup_steps}"] if args.warmup_steps is not None else []
             run_dir = runs_dir / f"{name}-s{seed}"

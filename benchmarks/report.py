@@ -361,6 +361,58 @@ def async_learning_gpu(r: dict | None, link) -> list[str]:
     return out
 
 
+def episodes_cpu(r: dict | None) -> list[str]:
+    """``benchmarks/episodes_learning.py``: the episode envs' learning on CPU, tool against no tool."""
+    out = ["## Episodes: do the episode envs learn? (CPU)", ""]
+    if r is None:
+        return out + ["Not run yet: `python -m benchmarks.episodes_learning --out benchmarks/results`.", ""]
+    out += [f"On {r.get('machine', 'the CPU box')}, one run at a time, each config as shipped (warm-up and Ray "
+            f"start included in wall). Eval: greedy, on the env's held-out problems, after the warm-up (before RL) "
+            f"and after the last RL step. Command: `{r.get('command', '')}`.", "",
+            "| run | config | RL steps | eval before RL | eval after | tool calls / episode (eval, before → after) "
+            "| first-try accuracy (before → after) | wall s | RL s |", "|---|---|---|---|---|---|---|---|---|"]
+    for x in r["runs"]:
+        ev = x.get("eval") or [{}]
+
+        def span(key: str) -> str:
+            a, b = ev[0].get(key), ev[-1].get(key)
+            return "—" if a is None else f"{fmt(a, 2)} → {fmt(b, 2)}"
+        out.append(f"| {x['run']} | `{x['config']}` | {x['steps']} | {fmt(x['eval_initial'])} | {fmt(x['eval_final'])} "
+                   f"| {span('tool_calls_mean')} | {span('first_turn_correct_mean')} | {fmt(x['wall_s'], 0)} "
+                   f"| {fmt(x['rl_s'], 0)} |")
+    return out + ["", "Per-step rows (train reward, tool calls, turns, truncation) and the eval curves are in "
+                  "`benchmarks/results/episodes_cpu.json`; docs/algorithms.md reads them.", ""]
+
+
+def episodes_gpu(entries: list[dict]) -> list[str]:
+    """``benchmarks/episodes_gpu.py``: episodes through vLLM, sync against one-step-off."""
+    out = ["## Episodes through vLLM: the calculator env (workload W's engines)", ""]
+    if not entries:
+        return out + ["Not run yet: `python -m benchmarks.episodes_gpu --mode sync --out benchmarks/results`.", ""]
+    e0 = entries[0]
+    out += [f"GPU: **{e0['gpu']}**, co-located (`configs/gpu/grpo_w.yaml`'s engines: vLLM generates, HF trains), "
+            f"the {e0['model']}, env `{e0['env']}` (3-digit products, calculator tool, up to 3 turns), GRPO on "
+            f"{e0['episodes_per_step']} episodes per step; vLLM serves one request per episode turn, sent the moment "
+            f"its episode is ready (continuous batching across turns). The model is warmed up (supervised, 60 "
+            f"steps) so that it calls the tool; it is not trained to answer (reward 0), so these are throughput "
+            f"figures. Medians over the steps after the first.", "",
+            "| mode | s/step | generate s | episodes/s (generation) | episodes/s (step) | sampled tokens/s "
+            "| turns / episode | tool calls / episode | tool errors / episode | tokens / episode | truncated |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for e in entries:
+        mode = "sync" if e["mode"] == "sync" else "one-step-off (`max_staleness: 1`)"
+        out.append(f"| {mode} | {fmt(e['step_s_median'], 2)} | {fmt(e['generate_s_median'], 2)} "
+                   f"| {fmt(e['episodes_per_s_generation'], 0)} | {fmt(e['episodes_per_s_step'], 0)} "
+                   f"| {fmt(e['tokens_per_s'], 0)} | {fmt(e['turns_mean'], 2)} | {fmt(e['tool_calls_mean'], 2)} "
+                   f"| {fmt(e['tool_errors_mean'], 2)} | {fmt(e['tokens_mean'], 1)} | {fmt(e['truncated_frac'], 2)} |")
+    sync = next((e for e in entries if e["mode"] == "sync"), None)
+    asyn = next((e for e in entries if e["mode"] == "async"), None)
+    if sync and asyn and sync["step_s_median"] and asyn["step_s_median"]:
+        out += ["", f"One-step-off over sync: **{sync['step_s_median'] / asyn['step_s_median']:.2f}×** episodes per "
+                f"second of the whole step (back to back on the same machine)."]
+    return out + ["", "Commands: " + "; ".join(f"`{e['command']}` ({e['date'][:10]})" for e in entries) + ".", ""]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
@@ -389,6 +441,8 @@ def main() -> None:
     lines += async_grpo(load(res / "async_grpo.json"), link)
     lines += async_learning_cpu(load(res / "async_learning_cpu.json"))
     lines += async_learning_gpu(load(res / "async_learning_gpu.json"), link)
+    lines += episodes_cpu(load(res / "episodes_cpu.json"))
+    lines += episodes_gpu([e for m in ("sync", "async") if (e := load(res / f"episodes_gpu_{m}.json"))])
     notes = res / "notes.md"  # what a person read off the logs: kept beside the JSON, appended as is
     if notes.is_file():
         lines += ["", notes.read_text().rstrip(), ""]

@@ -27,7 +27,9 @@ def _check_model_dir(v: str | None) -> str | None:
         if p.name == "final":
             raise ValueError(f"no such model directory {v!r}: a run writes it; run the config that trains it "
                              f"first (this config's header names it)")
-        raise ValueError(f"no such model directory {v!r} (build one with: xrlhf make-tiny-model {v})")
+        preset = next((n for n in ("small", "tiny") if p.name.startswith(n + "-")), None)
+        flag = f" --preset {preset}" if preset and preset != "tiny" else ""
+        raise ValueError(f"no such model directory {v!r} (build one with: xrlhf make-tiny-model {v}{flag})")
     if not (p / "config.json").is_file():
         raise ValueError(f"{v!r} is not an HF-format model directory (no config.json)")
     return str(p.resolve())

@@ -2,12 +2,14 @@
 
 ``multiturn_qa``: the ``reasoning`` env's problems (``problems``: its options), answered in up
 to ``max_turns`` tries; a wrong answer gets ``feedback`` ("wrong, try again") as a user message.
-A right answer at try ``t`` earns ``reward_correct * discount ** (t - 1)``. Counters:
+A right answer at try ``t`` earns ``reward_correct * discount ** (t - 1)``; a wrong last try ends
+the episode lost (done, reward 0: the game's rule, not a truncation). Counters:
 ``first_turn_correct`` (so first-try and final accuracy are both reported) and ``retries``.
 
 ``guess``: the env thinks of a number in ``1 .. max_number``; each turn the model guesses, the
 env answers ``higher`` or ``lower`` (or asks for a number), until found or ``max_turns``. Found
-at turn ``t``: ``discount ** (t - 1)``. Several steps of interaction are the only way to the
+at turn ``t``: ``discount ** (t - 1)``; a wrong (valid) guess at turn ``max_turns`` loses the game
+(done, reward 0; an invalid one there is a truncation). Several steps of interaction are the only way to the
 reward: binary search finds any number in ``ceil(log2(max_number + 1))`` turns. The held-out
 split is every number once (cycled up to ``eval_size``); training numbers are drawn per index
 (the same numbers appear on both sides: the task is the search, not the number).
@@ -49,6 +51,8 @@ class _Tries(Episode):
         if correct:
             reward = self.o.problems.reward_correct * self.o.discount ** (self.tries - 1)
             return Turn(reward=reward, done=True, correct=True, info=info)
+        if self.tries >= self.o.max_turns:  # out of tries: lost, not cut short (not truncation)
+            return Turn(done=True, correct=False, info=info)
         return Turn(observation={"role": "user", "content": self.o.feedback}, info=info)
 
 
@@ -107,6 +111,8 @@ class _Guessing(Episode):
         if guess == self.secret:
             return Turn(reward=self.o.discount ** (self.turns - 1), done=True, correct=True,
                         info={"invalid_guesses": 0.0})
+        if self.turns >= self.o.max_turns:  # out of guesses: lost, not cut short (not truncation)
+            return Turn(done=True, correct=False, info={"invalid_guesses": 0.0})
         hint = "higher" if self.secret > guess else "lower"
         return Turn(observation={"role": "user", "content": hint}, info={"invalid_guesses": 0.0})
 
