@@ -6,14 +6,22 @@ A checkpoint is a directory ``checkpoints/step-00000010`` holding:
   results so far), the driver's RNG states, the metrics.jsonl length, the RL start model;
 * ``<handle>.pt`` for every trainable handle (policy, critic): model, optimizer and LR
   scheduler state from rank 0 (all data-parallel ranks hold the same);
-* ``rng.pt``: the RNG state of every rank of every handle.
+* ``rng.pt``: the RNG state of every rank of every handle;
+* ``manifest.json``, written last: every other file's size and sha256.
 
 It is written to a temporary directory and renamed into place, so a run killed at any moment
-leaves either the previous checkpoint or the new one, never half of one.
+leaves either the previous checkpoint or the new one, never half of one. The manifest catches
+what renaming cannot: a file cut short or changed afterwards (a full disk, a copy that stopped,
+a shard written by a rank that died). A resume uses the newest checkpoint whose files match
+their manifest; one that does not is moved aside (``torn-step-...``) with a warning naming the
+file, and the one before it is used. Retention (``checkpoint.keep``) counts verified checkpoints
+only, and deletes old ones only after the new one is complete, so it never deletes the only good one.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import random
 import shutil
@@ -24,6 +32,8 @@ import torch
 from loguru import logger
 
 PREFIX = "step-"
+MANIFEST = "manifest.json"
+TORN = "torn-"
 
 
 def checkpoint_dir(out: Path) -> Path:
@@ -50,21 +60,90 @@ def save_checkpoint(out: Path, step: int, driver: dict[str, Any], handles: dict[
         if _trainable(handle):
             torch.save(handle.state_dict(), tmp / f"{name}.pt")
     torch.save({name: h.rng_state() for name, h in handles.items()}, tmp / "rng.pt")
+    write_manifest(tmp, step)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    for old in list_checkpoints(out)[:-keep]:
+    for old in list_checkpoints(out)[:-keep]:  # complete ones only: the new one is among them
         shutil.rmtree(old, ignore_errors=True)
     logger.info(f"checkpoint step {step} -> {final}")
     return final
 
 
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _files(path: Path) -> list[Path]:
+    return sorted(p for p in path.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+def write_manifest(path: Path, step: int) -> None:
+    """``manifest.json`` of the checkpoint directory ``path``: each file's size and sha256
+    (written last: its presence says every file was written)."""
+    files = {str(f.relative_to(path)): {"bytes": f.stat().st_size, "sha256": _sha256(f)} for f in _files(path)}
+    tmp = path / f".{MANIFEST}.tmp"
+    tmp.write_text(json.dumps({"step": step, "files": files}, indent=1))
+    os.replace(tmp, path / MANIFEST)
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """What is wrong with the checkpoint ``path`` (``None``: its files match its manifest)."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())["files"]
+    except FileNotFoundError:
+        if (path / "rng.pt").is_file():  # written before manifests existed (renamed into place whole)
+            return None
+        return f"no {MANIFEST}: its writing never finished"
+    except (ValueError, KeyError) as e:
+        return f"{MANIFEST} unreadable ({e})"
+    for name, want in manifest.items():
+        f = path / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != want["bytes"]:
+            return f"{name} has {f.stat().st_size} bytes, the manifest says {want['bytes']}"
+        if _sha256(f) != want["sha256"]:
+            return f"{name} does not match its sha256 in the manifest"
+    return None
+
+
 def list_checkpoints(out: Path) -> list[Path]:
-    """Complete checkpoints of a run, oldest first (temporary directories are ignored)."""
+    """Complete checkpoints of a run (a manifest was written), oldest first; temporary and torn
+    directories are ignored. Files are not re-read: :func:`resume_checkpoint` verifies them."""
     root = checkpoint_dir(out)
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and (p / "rng.pt").is_file())
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and _complete(p))
+
+
+def _complete(path: Path) -> bool:
+    return (path / MANIFEST).is_file() or (path / "rng.pt").is_file()  # rng.pt alone: before manifests
+
+
+def resume_checkpoint(out: Path) -> Path | None:
+    """The newest checkpoint whose files match its manifest (``None``: none). A newer one that
+    does not is renamed ``torn-step-...`` (kept for a person to look at, never resumed from) with
+    a warning saying what is wrong and which checkpoint is used instead."""
+    ckpts = list_checkpoints(out)
+    root = checkpoint_dir(out)
+    torn = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX)
+                  and not _complete(p)) if root.is_dir() else []
+    for path in sorted([*ckpts, *torn], reverse=True):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return path
+        older = [c for c in ckpts if c.name < path.name]
+        aside = path.with_name(TORN + path.name)
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(path, aside)
+        logger.warning(f"checkpoint {path.name} is torn ({problem}); moved to {aside.name} and "
+                       + (f"trying the one before it, {older[-1].name}" if older else "no older checkpoint is left"))
+    return None
 
 
 def load_driver_state(path: Path) -> dict[str, Any]:

@@ -22,7 +22,8 @@ from typing import Any
 import yaml
 from loguru import logger
 
-from xrlhf.checkpoint import list_checkpoints, load_driver_state, restore_handles, save_checkpoint
+from xrlhf.checkpoint import (checkpoint_dir, list_checkpoints, load_driver_state, restore_handles, resume_checkpoint,
+                              save_checkpoint)
 from xrlhf.config import XConfig, dump_config
 from xrlhf.data.text import load_tokenizer
 from xrlhf.envs import build_env
@@ -189,10 +190,14 @@ def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resu
     stop.doing = "the current warm-up step, then stop (nothing to save before the first RL step)"
     env = build_env(cfg.env.name, cfg.env.options, cfg.seed)
     tokenizer = load_tokenizer(cfg.policy.model)
-    ckpts = list_checkpoints(out) if resume else []
-    state = load_driver_state(ckpts[-1]) if ckpts else None
+    had_checkpoints = resume and bool(list_checkpoints(out))
+    ckpt = resume_checkpoint(out) if resume else None
+    if had_checkpoints and ckpt is None:
+        raise UserError(f"--resume: every checkpoint in {checkpoint_dir(out)} is torn (moved to torn-step-*, the "
+                        f"warnings above say why); start the run again in another --output-dir")
+    state = load_driver_state(ckpt) if ckpt else None
     if state is not None:
-        logger.info(f"resuming from {ckpts[-1]} (step {state['trainer']['step']})")
+        logger.info(f"resuming from {ckpt} (step {state['trainer']['step']})")
         truncate_metrics(tracker.path, state["metrics_offset"])
         model_dir, extra, t_start = state["model_dir"], state["extra"], t_start - state["wall_seconds"]
     else:
@@ -217,7 +222,7 @@ def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resu
         stop.doing = "the current step, then checkpoint and exit"
         trainer = trainer_cls(cfg, options, coord, env, tokenizer, build_reward(cfg, env, coord), tracker)
         if state is not None:
-            restore_handles(ckpts[-1], coord.handles)
+            restore_handles(ckpt, coord.handles)
             trainer.load_state_dict(state["trainer"])
             coord.sync_weights(trainer.step_idx)  # the generator holds the version of the checkpoint
 

@@ -18,6 +18,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from xrlhf.checkpoint import checkpoint_problem, list_checkpoints, resume_checkpoint
 from xrlhf.runner import check_output_dir, run
 from xrlhf.validation import load_config, validate_dict
 from xrlhf.utils.errors import UserError
@@ -88,6 +89,15 @@ def test_sigkill_then_resume_is_bit_identical(survival_config, tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "reward/mean" in r] == [1, 2, 3, 4, 5]  # nothing lost, nothing twice
     assert (tmp_path / "killed" / "report.md").is_file()
+    # a torn newest checkpoint (a byte of the policy's state changed): the one before is resumed from
+    ckpts = list_checkpoints(tmp_path / "killed")
+    assert len(ckpts) == 2 and all(checkpoint_problem(c) is None for c in ckpts)
+    state = ckpts[-1] / "policy.pt"
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    state.write_bytes(bytes(data))
+    assert resume_checkpoint(tmp_path / "killed") == ckpts[0]
+    assert (ckpts[-1].parent / f"torn-{ckpts[-1].name}").is_dir() and list_checkpoints(tmp_path / "killed") == ckpts[:1]
 
 
 def test_resume_refuses_a_different_config(survival_config, tmp_path):
