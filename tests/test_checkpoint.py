@@ -18,8 +18,10 @@ class Handle:
     def __init__(self, value):
         self.value = value
 
-    def state_dict(self):
-        return {"w": [self.value] * 1000}
+    def save_state(self, path):
+        import torch
+        os.makedirs(path)
+        torch.save({"w": [self.value] * 1000}, os.path.join(path, "state.pt"))
 
     def rng_state(self):
         return {"seed": self.value}
@@ -32,7 +34,7 @@ def save(out, step, keep=3):
 def test_manifest_lists_every_file_with_size_and_sha256(tmp_path):
     path = save(tmp_path, 1)
     manifest = json.loads((path / MANIFEST).read_text())
-    assert manifest["step"] == 1 and set(manifest["files"]) == {"driver.pt", "policy.pt", "rng.pt"}
+    assert manifest["step"] == 1 and set(manifest["files"]) == {"driver.pt", "policy/state.pt", "rng.pt"}
     assert all(len(f["sha256"]) == 64 and f["bytes"] == (path / n).stat().st_size for n, f in manifest["files"].items())
     assert checkpoint_problem(path) is None
 
@@ -40,7 +42,7 @@ def test_manifest_lists_every_file_with_size_and_sha256(tmp_path):
 @pytest.mark.parametrize("damage", ["flip", "truncate", "remove", "no_manifest"])
 def test_a_torn_checkpoint_is_set_aside_and_the_previous_used(tmp_path, damage):
     first, second = save(tmp_path, 1), save(tmp_path, 2)
-    victim = second / "policy.pt"
+    victim = second / "policy" / "state.pt"
     if damage == "flip":
         data = bytearray(victim.read_bytes())
         data[-10] ^= 1

@@ -4,8 +4,11 @@ A checkpoint is a directory ``checkpoints/step-00000010`` holding:
 
 * ``driver.pt``: the trainer's state (step, data position, KL controller, shuffle RNG, eval
   results so far), the driver's RNG states, the metrics.jsonl length, the RL start model;
-* ``<handle>.pt`` for every trainable handle (policy, critic): model, optimizer and LR
-  scheduler state from rank 0 (all data-parallel ranks hold the same);
+* ``<handle>/`` for every trainable handle (policy, critic): model, optimizer and LR scheduler
+  state, written by the handle's ranks themselves (``TrainEngine.save_state``): ``state.pt`` from
+  rank 0 of a replicated engine, every rank's shard files of a DeepSpeed engine. Nothing passes
+  through the driver, so its memory stays flat whatever the model's size; the run directory must
+  be on storage every rank's machine can write (a shared filesystem across machines);
 * ``rng.pt``: the RNG state of every rank of every handle;
 * ``manifest.json``, written last: every other file's size and sha256.
 
@@ -57,8 +60,8 @@ def save_checkpoint(out: Path, step: int, driver: dict[str, Any], handles: dict[
     state = {**driver, "python_rng": random.getstate(), "torch_rng": torch.get_rng_state()}
     torch.save(state, tmp / "driver.pt")
     for name, handle in handles.items():
-        if _trainable(handle):
-            torch.save(handle.state_dict(), tmp / f"{name}.pt")
+        if _trainable(handle):  # each rank writes its own part: no state through the driver
+            handle.save_state(str(tmp / name))
     torch.save({name: h.rng_state() for name, h in handles.items()}, tmp / "rng.pt")
     write_manifest(tmp, step)
     if final.exists():
@@ -157,7 +160,9 @@ def restore_handles(path: Path, handles: dict[str, Any]) -> None:
     """Load model/optimizer/scheduler and RNG states into every rank of every handle."""
     rng = torch.load(path / "rng.pt", weights_only=False)
     for name, handle in handles.items():
-        if _trainable(handle):
+        if _trainable(handle) and (path / name).is_dir():
+            handle.load_state(str(path / name))
+        elif _trainable(handle):  # a checkpoint written before ranks wrote their own parts
             handle.load_state_dict(torch.load(path / f"{name}.pt", weights_only=False))
         if name in rng:
             handle.set_rng_state(rng[name])

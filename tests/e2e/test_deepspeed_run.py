@@ -42,5 +42,9 @@ def test_ppo_with_deepspeed_zero3_on_two_ranks_split_layout(tmp_path):
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(summary["final_checkpoint"])
-    policy_state = next((out / "checkpoints").glob("step-*")) / "policy.pt"
-    assert policy_state.is_file()
+    ckpt = next((out / "checkpoints").glob("step-*"))
+    shards = sorted(p.name for p in (ckpt / "policy").rglob("*") if p.is_file())  # written by the ranks themselves
+    assert "xrlhf_world_size" in shards and sum("optim_states" in s for s in shards) == 2, shards
+    from xrlhf.checkpoint import checkpoint_problem
+
+    assert checkpoint_problem(ckpt) is None

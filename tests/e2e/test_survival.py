@@ -92,7 +92,7 @@ def test_sigkill_then_resume_is_bit_identical(survival_config, tmp_path):
     # a torn newest checkpoint (a byte of the policy's state changed): the one before is resumed from
     ckpts = list_checkpoints(tmp_path / "killed")
     assert len(ckpts) == 2 and all(checkpoint_problem(c) is None for c in ckpts)
-    state = ckpts[-1] / "policy.pt"
+    state = ckpts[-1] / "policy" / "state.pt"
     data = bytearray(state.read_bytes())
     data[len(data) // 2] ^= 0xFF
     state.write_bytes(bytes(data))

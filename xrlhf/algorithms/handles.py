@@ -70,6 +70,12 @@ class Handle(Protocol):
     def load_state_dict(self, state: dict[str, Any], *, wait: bool = True) -> Any:
         """Restore what ``state_dict`` returned, on every rank."""
 
+    def save_state(self, path: str, *, wait: bool = True) -> Any:
+        """Every rank writes its part of the training state into the directory ``path``."""
+
+    def load_state(self, path: str, *, wait: bool = True) -> Any:
+        """Every rank restores its part from what ``save_state`` wrote to ``path``."""
+
     def rng_state(self, *, wait: bool = True) -> list[dict[str, Any]] | Pending:
         """Every rank's RNG state."""
 

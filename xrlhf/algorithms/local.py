@@ -105,6 +105,12 @@ class LocalHandle:
     def load_state_dict(self, state: dict[str, Any], *, wait: bool = True) -> Any:
         return self._call(ALL, "load_state_dict", state, wait=wait)
 
+    def save_state(self, path: str, *, wait: bool = True) -> Any:
+        return self._call(ALL, "save_state", path, wait=wait)
+
+    def load_state(self, path: str, *, wait: bool = True) -> Any:
+        return self._call(ALL, "load_state", path, wait=wait)
+
     def rng_state(self, *, wait: bool = True) -> Any:
         return self._call(ALL, "rng_state", wait=wait)
 

@@ -219,6 +219,15 @@ class ModelHandle:
         step, the union of the ranks' shards for a sharded engine (``merge_rank_states``)."""
 
     @dispatch(ALL)
+    def save_state(self, path):
+        """Every rank writes its part of the training state into the directory ``path`` (a
+        sharded engine: each rank its own shard files; nothing passes through the driver)."""
+
+    @dispatch(ALL)
+    def load_state(self, path):
+        """Every rank restores its part from ``path``."""
+
+    @dispatch(ALL)
     def load_state_dict(self, state):
         """Every rank restores the same state."""
 

@@ -324,6 +324,19 @@ class TrainEngine(InferEngine):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what ``state_dict`` returned."""
 
+    def save_state(self, path: str) -> None:
+        """Write this rank's part of the training state into the directory ``path``, which every
+        rank of the handle reaches (a checkpoint; every rank calls it). Nothing passes through
+        the driver. Here: rank 0 writes ``state_dict()`` to ``state.pt`` (a replicated engine: every
+        rank holds the same); a sharded engine overrides it so that each rank writes its shard."""
+        if self.spec.dist.rank == 0:
+            os.makedirs(path, exist_ok=True)
+            torch.save(self.state_dict(), os.path.join(path, "state.pt"))
+
+    def load_state(self, path: str) -> None:
+        """Restore what ``save_state`` wrote to ``path`` (every rank calls it)."""
+        self.load_state_dict(torch.load(os.path.join(path, "state.pt"), weights_only=False))
+
 
 def merge_rank_states(states: list[Any]) -> Any:
     """One state every rank can load, from each rank's ``TrainEngine.state_dict()``.

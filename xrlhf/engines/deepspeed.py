@@ -463,6 +463,31 @@ class DeepSpeedTrainEngine(_DSModel, TrainEngine):
             shutil.rmtree(tmp, ignore_errors=True)
         return {"format": "deepspeed", "world_size": dist.get_world_size(), "shard_files": files}
 
+    def save_state(self, path: str) -> None:
+        """Every rank writes its own shard files with ``engine.save_checkpoint`` into ``path``
+        (a collective; no shard bytes leave the rank), rank 0 the world size beside them."""
+        os.makedirs(path, exist_ok=True)
+        dist.barrier()
+        self.engine.save_checkpoint(path, tag="state", client_state={})
+        if dist.get_rank() == 0:
+            Path(path, "xrlhf_world_size").write_text(str(dist.get_world_size()))
+        dist.barrier()
+
+    def load_state(self, path: str) -> None:
+        """Every rank loads its shards of what ``save_state`` wrote (a collective).
+
+        Raises:
+            ValueError: for a checkpoint of another data-parallel world size, or none at all.
+        """
+        saved = Path(path, "xrlhf_world_size")
+        if saved.is_file() and int(saved.read_text()) != dist.get_world_size():
+            raise ValueError(f"DeepSpeedTrainEngine.load_state: {path} was saved with {saved.read_text()} ranks, "
+                             f"loading on {dist.get_world_size()}")
+        loaded, _ = self.engine.load_checkpoint(path, tag="state")
+        if loaded is None:
+            raise ValueError(f"DeepSpeedTrainEngine.load_state: DeepSpeed found no checkpoint in {path}")
+        dist.barrier()
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore ``merge_rank_states`` of every rank's ``state_dict`` (a collective).
 

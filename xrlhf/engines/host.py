@@ -147,6 +147,12 @@ class EngineHost:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.train.load_state_dict(state)
 
+    def save_state(self, path: str) -> None:
+        self.train.save_state(path)
+
+    def load_state(self, path: str) -> None:
+        self.train.load_state(path)
+
     def rng_state(self) -> dict[str, Any]:
         return {"torch": torch.get_rng_state(), "gen": self.gen.rng_state() if self.gen is not None else {}}
 
