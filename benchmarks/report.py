@@ -368,7 +368,8 @@ def episodes_cpu(r: dict | None) -> list[str]:
         return out + ["Not run yet: `python -m benchmarks.episodes_learning --out benchmarks/results`.", ""]
     out += [f"On {r.get('machine', 'the CPU box')}, one run at a time, each config as shipped (warm-up and Ray "
             f"start included in wall). Eval: greedy, on the env's held-out problems, after the warm-up (before RL) "
-            f"and after the last RL step. Command: `{r.get('command', '')}`.", "",
+            f"and after the last RL step. Command: `{r.get('command', '')}`."
+            + (f" Note: {r['note']}." if r.get("note") else ""), "",
             "| run | config | RL steps | eval before RL | eval after | tool calls / episode (eval, before → after) "
             "| first-try accuracy (before → after) | wall s | RL s |", "|---|---|---|---|---|---|---|---|---|"]
     for x in r["runs"]:
