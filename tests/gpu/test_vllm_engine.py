@@ -121,6 +121,7 @@ def check_sync(vllm_engine, small_model, prompts, t, transport):
     other = (batch["rollout_logprobs"] - base_infer(small_model).infer(batch)["logprobs"].cpu())[mask].abs()
     assert diff.max() < 1e-2 and diff.mean() < 2e-3, (float(diff.max()), float(diff.mean()))
     assert other.mean() > 10 * diff.mean(), (float(other.mean()), float(diff.mean()))
+    return float(diff.mean()), float(diff.max())
 
 
 @pytest.mark.parametrize("name", ["cpu", "cuda_ipc", "disk"])

@@ -316,6 +316,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, type=kind, default=None, help=help_)
     parser.add_argument("--tokenizer", choices=["char", "bpe"], default=None, help="tokenizer kind")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="dtype of the weights")
+    parser.add_argument("--arch", choices=["llama", "qwen2", "gpt2"], default="llama",
+                        help="llama (default), or a Qwen2- / GPT-2-style model with the char tokenizer "
+                             "(xrlhf.models.archs; uses --layers/--hidden/--heads/--max-positions/--seed/--dtype)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -332,7 +335,14 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, key) is not None:
             kwargs[key] = getattr(args, key)
     try:
-        out = build_model(args.dir, **kwargs)
+        if getattr(args, "arch", "llama") != "llama":
+            from xrlhf.models.archs import build_arch_model
+
+            keys = ("layers", "hidden", "heads", "max_positions", "seed", "dtype")
+            kwargs = {k: v for k, v in kwargs.items() if k in keys}
+            out = build_arch_model(args.dir, args.arch, **kwargs)
+        else:
+            out = build_model(args.dir, **kwargs)
     except ValueError as e:
         raise UserError(f"make-tiny-model: {e}") from None
     logger.info(f"wrote a {count_params(out):,}-parameter model to {out} ({kwargs})")
