@@ -155,7 +155,7 @@ def run_workload(w: Workload, policy: HFTrainEngine, reference: HFInferEngine, s
                                                                                     device)
         seconds, peak, metrics = time_train(policy, batch, loss, steps, device)
         out[prefix + "train_s"], out[prefix + "train_peak_gib"] = seconds, peak
-        out[prefix + "micro_batches"] = metrics["perf/micro_batches"]
+        out[prefix + "micro_batches"] = metrics["micro_batches"]
         out[prefix + "loss"] = metrics["loss"]
     mask = batch["response_mask"]
     out["max_abs_logprob_diff"] = float(((logprobs[True] - logprobs[False]) * mask).abs().max())

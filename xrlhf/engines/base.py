@@ -226,7 +226,7 @@ class InferEngine(Engine):
             a token budget the ranks' micro-batch counts differ, so the templates agree on the
             largest (an all-reduce, as verl's ``same_micro_num_in_dp``) and a rank with fewer
             runs empty ones: a copy of its first rows, whose outputs count nowhere.
-        packed: micro-batches run packed into one row without padding (reported as ``perf/packed``).
+        packed: micro-batches run packed into one row without padding (reported as ``packed``).
     """
 
     Options: ClassVar[type[BaseModel]] = InferOptions
@@ -315,7 +315,7 @@ class TrainEngine(InferEngine):
 
         Returns:
             ``loss`` (per unit) and the loss function's metrics, each averaged over the
-            micro-batches weighted by their units; ``perf/micro_batches`` and ``perf/packed``
+            micro-batches weighted by their units; ``micro_batches`` and ``packed``
             (1.0 when packed); then ``optimizer_step``'s metrics (``grad_norm``, ``lr``, ``skipped``).
         """
         denom = global_units(batch, loss_fn.unit, self.device)
@@ -335,7 +335,7 @@ class TrainEngine(InferEngine):
             for k, v in {"loss": loss_sum.detach() / max(w, 1.0), **metrics}.items():
                 sums[k] = sums.get(k, 0.0) + float(v) * w
             total += w
-        perf = {"perf/micro_batches": float(len(parts)), "perf/packed": float(self.packed)}
+        perf = {"micro_batches": float(len(parts)), "packed": float(self.packed)}
         return {**{k: v / max(total, 1.0) for k, v in sums.items()}, **perf, **self.optimizer_step()}
 
     @abstractmethod
