@@ -171,3 +171,36 @@ def test_the_engine_says_which_path_it_took(tiny_model):
     assert "varlen micro-batches (SDPA over the sequences side by side)" in line and "chunks of 1024 tokens" in line
     off = HFInferEngine(EngineSpec(tiny_model, options={"packing": "off", "logprob_chunk_tokens": 0}))
     assert off.hf.attention_path == "padded" and off.hf.logprob_chunk == 0
+
+
+@pytest.mark.parametrize("style", ["2.10", "later"])
+def test_torch_varlen_wrapper_follows_the_signature(monkeypatch, style):
+    """torch 2.10's varlen_attn takes ``is_causal`` and no scale or GQA; later ones take
+    ``window_size=(-1, 0)``, ``scale`` and ``enable_gqa``. The GPU runs the real one."""
+    import torch.nn.attention.varlen as varlen
+
+    seen = {}
+
+    def old(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
+        seen.update(is_causal=is_causal, heads=key.shape[1])
+        return query
+
+    def new(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1),
+            enable_gqa=False):
+        seen.update(window_size=window_size, scale=scale, enable_gqa=enable_gqa, heads=key.shape[1])
+        return query
+
+    monkeypatch.setattr(varlen, "varlen_attn", old if style == "2.10" else new)
+    attention._torch_varlen.cache_clear()
+    try:
+        q, kv = torch.zeros(5, 4, 8), torch.zeros(5, 2, 8)
+        cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+        call = attention._torch_varlen(8, 8 ** -0.5)
+        call(q, kv, kv, cu, 3, 8 ** -0.5, 2)
+        if style == "2.10":
+            assert seen == {"is_causal": True, "heads": 4}  # GQA by repeating the key/value heads
+            assert attention._torch_varlen(8, 0.5) is None  # a scale it cannot take: not used
+        else:
+            assert seen == {"window_size": (-1, 0), "scale": 8 ** -0.5, "enable_gqa": True, "heads": 2}
+    finally:
+        attention._torch_varlen.cache_clear()

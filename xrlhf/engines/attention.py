@@ -41,6 +41,18 @@ if TYPE_CHECKING:
 NAME = "xrlhf_varlen"
 """The name ``xrlhf_varlen`` is registered under in transformers' ``AttentionInterface``."""
 
+_FLASH_FAILED: list[str] = []
+"""Why torch's varlen kernel failed in this process, if it did; then every call takes the SDPA path."""
+
+
+def _flash_failed(error: Exception) -> None:
+    from loguru import logger
+
+    if not _FLASH_FAILED:
+        _FLASH_FAILED.append(f"{type(error).__name__}: {str(error)[:200]}")
+        logger.warning(f"{NAME}: torch's varlen flash attention failed ({_FLASH_FAILED[0]}); packed micro-batches "
+                       f"use one masked SDPA over the sequences instead")
+
 
 def varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
@@ -75,12 +87,14 @@ def varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     if sliding_window or softcap or kwargs.get("s_aux") is not None:
         raise NotImplementedError(f"{NAME}: sliding windows, soft caps and sinks are not supported")
     groups = query.shape[1] // key.shape[1]
-    if query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and not dropout:
+    if query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and not dropout and not _FLASH_FAILED:
         flash = _torch_varlen(query.shape[-1], scaling)
         if flash is not None:
-            out = flash(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), cu, max_len,
-                        scaling, groups)
-            return out.unsqueeze(0), None
+            try:
+                q, k, v = (x[0].transpose(0, 1).contiguous() for x in (query, key, value))  # [T, H, D]
+                return flash(q, k, v, cu, max_len, scaling, groups).unsqueeze(0), None
+            except RuntimeError as e:  # an architecture or build the kernel does not support: say so once
+                _flash_failed(e)
     if groups > 1:
         key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
     return _padded_sdpa(query, key, value, cu, int(max_len), dropout, scaling), None
@@ -161,7 +175,26 @@ def install_varlen(module: torch.nn.Module) -> Callable[[], None] | str:
     AttentionInterface.register(NAME, varlen_attention)
     AttentionMaskInterface.register(NAME, varlen_mask)
     module.set_attn_implementation(NAME)
+    param = next(module.parameters())
+    if param.is_cuda and param.dtype in (torch.bfloat16, torch.float16):
+        config = module.config
+        _flash_self_test(param.device, param.dtype, getattr(config, "head_dim", None)
+                         or config.hidden_size // config.num_attention_heads)
     return lambda: module.set_attn_implementation(current)
+
+
+def _flash_self_test(device: torch.device, dtype: torch.dtype, head_dim: int) -> None:
+    """Run torch's varlen kernel forward and backward once on two tiny sequences, so a kernel
+    this GPU or build cannot run is found before training (``_FLASH_FAILED``), not mid-backward."""
+    flash = _torch_varlen(head_dim, None)
+    if flash is None or _FLASH_FAILED:
+        return
+    try:
+        q, k, v = (torch.randn(5, 2, head_dim, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+        cu = torch.tensor([0, 2, 5], dtype=torch.int32, device=device)
+        flash(q, k, v, cu, 3, head_dim ** -0.5, 1).sum().backward()
+    except RuntimeError as e:
+        _flash_failed(e)
 
 
 def choose_path(hf: "HFModel", mode: str) -> tuple[str, str]:
@@ -203,6 +236,8 @@ def _describe(hf: "HFModel", path: str) -> str:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     fast = (hf.device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
             and _torch_varlen(head_dim, None) is not None)
+    if fast and _FLASH_FAILED:
+        return f"SDPA over the sequences side by side: torch varlen flash attention failed ({_FLASH_FAILED[0]})"
     return "torch varlen flash attention" if fast else "SDPA over the sequences side by side"
 
 

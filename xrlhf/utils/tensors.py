@@ -61,7 +61,8 @@ def chunked_token_logprobs(hidden: torch.Tensor, head: Callable[[torch.Tensor], 
         out = one(hidden, targets)
     else:
         recompute = torch.is_grad_enabled()
-        parts = [checkpoint(one, hidden[s:s + chunk], targets[s:s + chunk], use_reentrant=False)
+        parts = [checkpoint(one, hidden[s:s + chunk], targets[s:s + chunk], use_reentrant=False,
+                            preserve_rng_state=False)  # nothing random to replay; saves a device sync per chunk
                  if recompute else one(hidden[s:s + chunk], targets[s:s + chunk]) for s in range(0, n, chunk)]
         out = torch.cat(parts) if parts else hidden.new_zeros((0, 2 if need_entropy else 1), dtype=torch.float32)
     return out[:, 0], (out[:, 1] if need_entropy else None)
