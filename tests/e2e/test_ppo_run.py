@@ -17,6 +17,7 @@ pytestmark = pytest.mark.usefixtures("ray_session")  # runs handles in this proc
 
 def test_ppo_run_writes_outputs(base_config, tmp_path):
     base_config["warmup"] = {"steps": 3, "batch_size": 16}
+    base_config["algorithm"]["log_entropy"] = True  # policy/entropy is reported only when asked for
     cfg = validate_dict(base_config)
     summary = run(cfg, tmp_path / "run")
     out = tmp_path / "run"

@@ -27,6 +27,7 @@ from xrlhf.models.tiny import build_model  # noqa: E402
 OPTS = dict(lr=1e-2, eps=1e-6, micro_batch_size=5, grad_clip=1.0, lr_warmup_steps=2, dtype="float32")
 TOTAL_STEPS = 10
 BUCKET_MB = 64 / 1024  # 64 KiB: the tiny model (~560 KiB) gathers in many buckets
+BUDGET = 20  # tokens per micro-batch: the two halves of make_batch() plan 5 and 4 micro-batches
 
 
 def make_batch(n=16, seed=0):
@@ -145,6 +146,14 @@ def _rank(rank, port, model_dir, out_dir):
     out["zero3"] = {k: v.clone() for k, v in z3.named_weights()}
     out["gather_stats"] = dict(z3.gather_stats)
     out["zero3_local_numel"] = sum(p.ds_tensor.numel() for p in z3.module.parameters())
+    # a token budget: the ranks plan different micro-batch counts and agree on the larger (ZeRO-3
+    # gathers in every forward and reduces in every backward: a count that differs would hang)
+    z3t = engine(zero_stage=3, max_tokens_per_micro_batch=BUDGET, micro_batch_size=8)
+    out["zero3_budget_metrics"] = z3t.train_step(half, SFTLoss())
+    out["zero3_budget"] = {k: v.clone() for k, v in z3t.named_weights()}
+    inf = build_engine("deepspeed", EngineSpec(model_path=model_dir, dist=dist_info, options={
+        "zero_stage": 3, "micro_batch_size": 8, "max_tokens_per_micro_batch": BUDGET}), "infer")
+    out["zero3_infer"] = inf.infer(half)["logprobs"]
     z3.save_pretrained(os.path.join(out_dir, "zero3-hf"))
     torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.barrier()
@@ -189,3 +198,22 @@ def test_two_ranks_zero3_gathers_by_bucket_and_saves_hf(two_ranks, ds_zero2_step
     saved = AutoModelForCausalLM.from_pretrained(out_dir / "zero3-hf").state_dict()
     assert max_diff({k: saved[k] for k in weights}, weights) == 0.0
     assert (out_dir / "zero3-hf" / "tokenizer.json").is_file()
+
+
+def test_two_ranks_zero3_with_a_token_budget_agree_on_the_micro_batch_count(two_ranks, hf_step, model_dir):
+    from xrlhf.data.micro_batches import plan_micro_batches
+
+    _, ranks = two_ranks
+    halves = make_batch().split(2)
+    counts = [len(plan_micro_batches(h["attention_mask"].sum(-1).tolist(), 8, BUDGET)) for h in halves]
+    assert counts[0] != counts[1]  # the case that hangs without the agreement
+    for r in ranks:
+        assert r["zero3_budget_metrics"]["micro_batches"] == max(counts)
+        assert r["zero3_budget_metrics"]["packed"] == 1.0
+    assert max_diff(ranks[0]["zero3_budget"], ranks[1]["zero3_budget"]) == 0.0
+    assert max_diff(ranks[0]["zero3_budget"], hf_step[1]) < 5e-6  # the one-rank update, any split
+    ref = build_engine("hf", EngineSpec(model_path=model_dir, options={"micro_batch_size": 4}), "infer")
+    want = ref.infer(make_batch())["logprobs"]
+    got = torch.cat([ranks[0]["zero3_infer"], ranks[1]["zero3_infer"]])
+    mask = make_batch()["response_mask"]
+    torch.testing.assert_close(got * mask, want * mask, atol=1e-5, rtol=1e-5)

@@ -44,6 +44,10 @@ class PolicyLoss:
     the KL term stay over every response token, as with ``tis_cap``. Metrics
     ``off_policy/clipped_frac``, ``off_policy/masked_frac``, ``off_policy/weight_mean`` are means
     over the micro-batch's response tokens, which the engine averages weighted by tokens.
+
+    Entropy: the engine computes it only when ``needs_entropy``: for the bonus
+    (``entropy_coef != 0``) or for the ``policy/entropy`` metric (``log_entropy``). It costs a
+    softmax over the vocabulary per token, so it is off unless asked for.
     """
 
     clip_eps: float = 0.2
@@ -53,13 +57,18 @@ class PolicyLoss:
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     tis_cap: float | None = None
     unit: str = "token"
-    needs_entropy: bool = True
     row_weighted: bool = False
     off_policy: OffPolicy | None = None
+    log_entropy: bool = False
 
     def __post_init__(self):
         if self.tis_cap is not None and self.off_policy is not None:
             raise ValueError("PolicyLoss takes tis_cap or off_policy, not both")
+
+    @property
+    def needs_entropy(self) -> bool:
+        """The forward must compute the entropy: a bonus term or the metric asks for it."""
+        return self.entropy_coef != 0 or self.log_entropy
 
     def __call__(self, out: ForwardOutput, mb: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask = mb["response_mask"]
@@ -78,7 +87,8 @@ class PolicyLoss:
         metrics["policy/pg_loss"] = loss.detach() / mask.sum().clamp(min=1)
         if out.entropy is not None:
             ent = F.masked_sum(out.entropy, mask)
-            loss = loss - self.entropy_coef * ent
+            if self.entropy_coef:
+                loss = loss - self.entropy_coef * ent
             metrics["policy/entropy"] = ent.detach() / mask.sum().clamp(min=1)
         if self.kl_coef > 0:
             kl = F.masked_sum(F.kl_estimate(out.logprobs, mb["ref_logprobs"], self.kl_estimator), mask)
@@ -179,6 +189,7 @@ class DPOLoss:
     unit: str = "sequence"
     needs_entropy: bool = False
     row_weighted: bool = False
+    rows_per_group: int = 2  # a micro-batch keeps a chosen / rejected pair together
 
     def __call__(self, out: ForwardOutput, mb: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask = mb["response_mask"]
@@ -203,6 +214,7 @@ class PairwiseRewardLoss:
     unit: str = "sequence"
     needs_entropy: bool = False
     row_weighted: bool = False
+    rows_per_group: int = 2
 
     def __call__(self, out: ForwardOutput, mb: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         chosen, rejected = _pairs(out.scores)

@@ -67,6 +67,8 @@ class PolicyGradientConfig(Strict):
     kl_horizon: int = Field(10000, ge=1, description="samples over which a full-size KL coefficient correction acts")
     kl_in_reward: bool = Field(True, description="KL as a per-token reward penalty (True) or a loss term")
     entropy_coef: float = Field(0.0, ge=0)
+    log_entropy: bool = Field(False, description="report policy/entropy (computed anyway when entropy_coef > 0); "
+                              "costs a softmax over the vocabulary per response token")
     whiten_advantages: bool = True
     tis_cap: float | None = Field(None, gt=0, description="truncated importance sampling vs rollout logprobs")
     off_policy: OffPolicyConfig | None = Field(None, description="off-policy correction (asynchronous rollouts); "
@@ -135,7 +137,8 @@ class PolicyGradientTrainer(RLTrainer):
         o = self.options
         return PolicyLoss(o.clip_eps, o.clip_eps_high, o.entropy_coef,
                           0.0 if o.kl_in_reward else self.kl_ctl.value, o.kl_estimator, o.tis_cap,
-                          off_policy=o.off_policy.spec() if o.off_policy is not None else None)
+                          off_policy=o.off_policy.spec() if o.off_policy is not None else None,
+                          log_entropy=o.log_entropy)
 
     def score_logprobs(self, batch: Batch, timings: dict[str, float], with_values: bool) -> dict[str, float]:
         """Old logprobs, reference logprobs (and critic values) for ``batch``, in parallel."""

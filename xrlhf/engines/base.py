@@ -39,10 +39,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator, Literal, Protocol
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from xrlhf.config.schema import GenerateConfig, InferConfig, TrainConfig
 from xrlhf.data.batch import Batch
+from xrlhf.data.micro_batches import in_row_order, plan_micro_batches
+from xrlhf.engines.training import max_over_ranks
 from xrlhf.utils.registry import Registry
 
 if TYPE_CHECKING:
@@ -54,17 +56,24 @@ ENGINES: Registry[type] = Registry("engine", package="xrlhf.engines")
 Role = Literal["train", "infer", "generate"]
 
 
+_TOKEN_BUDGET = ("micro-batches filled to this many tokens (prompt + response, padding excluded), at most "
+                 "micro_batch_size rows each; null: micro_batch_size rows each")
+
+
 class TrainOptions(TrainConfig):
     """Options of a train engine: the shared ``train`` section, unknown keys rejected. A
-    backend with options of its own subclasses it and adds fields."""
+    backend with options of its own subclasses it and adds fields. ``max_tokens_per_micro_batch``
+    is the template's (``TrainEngine.train_step``), so every backend has it."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    max_tokens_per_micro_batch: int | None = Field(None, ge=1, description=_TOKEN_BUDGET)
 
 
 class InferOptions(InferConfig):
     """Options of an infer engine (``reference.infer``, ``reward.infer``); see ``TrainOptions``."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    max_tokens_per_micro_batch: int | None = Field(None, ge=1, description=_TOKEN_BUDGET)
 
 
 class GenerateOptions(GenerateConfig):
@@ -157,6 +166,8 @@ class LossFn(Protocol):
         row_weighted: a sequence-unit loss that leaves out the rows whose ``row_weight`` ``[B]``
             is 0 (padding copies a data-parallel split adds; ``data.dispatch``), so a batch its
             ranks do not divide can be padded. The engines count ``row_weight``'s sum as the rows.
+        rows_per_group (optional, default 1): consecutive rows a micro-batch must keep together
+            (2 for losses on interleaved chosen / rejected pairs).
     """
 
     unit: Literal["token", "sequence"]
@@ -205,24 +216,60 @@ class Engine(ABC):
 
 
 class InferEngine(Engine):
-    """Computes logprobs, values or scores for a batch, without gradients."""
+    """Computes logprobs, values or scores for a batch, without gradients.
+
+    Attributes:
+        device: where a backend's forward runs (the micro-batch count is all-reduced there).
+        equal_micro_batches: every rank of the group must run as many forwards (and, training,
+            backwards) per call, because they are collectives (DeepSpeed: ZeRO-3 gathers the
+            parameters in every forward, ZeRO-2/3 reduce the gradients in every backward). With
+            a token budget the ranks' micro-batch counts differ, so the templates agree on the
+            largest (an all-reduce, as verl's ``same_micro_num_in_dp``) and a rank with fewer
+            runs empty ones: a copy of its first rows, whose outputs count nowhere.
+        packed: micro-batches run packed into one row without padding (reported as ``packed``).
+    """
 
     Options: ClassVar[type[BaseModel]] = InferOptions
+    device: torch.device = torch.device("cpu")
+    equal_micro_batches: bool = False
+    packed: bool = False
 
     @abstractmethod
     def forward(self, batch: Batch, need_entropy: bool = False) -> ForwardOutput:
         """Forward pass over ``batch`` (with autograd enabled if the caller enables it)."""
 
+    def micro_batches(self, batch: Batch, group: int = 1) -> list[tuple[torch.Tensor | slice | None, Batch]]:
+        """This rank's micro-batches of ``batch`` as ``(rows, part)``: ``micro_batch_size`` rows
+        each, filled to ``max_tokens_per_micro_batch`` tokens when set
+        (``data.micro_batches.plan_micro_batches``, ``group`` rows kept together). ``rows`` is a
+        slice or an index tensor into ``batch``, ``None`` for an empty micro-batch run only to
+        keep the ranks in step (``equal_micro_batches``)."""
+        o = self.options
+        budget = getattr(o, "max_tokens_per_micro_batch", None)
+        if budget is None:
+            return [(slice(s, s + len(p)), p) for s, p in zip(range(0, len(batch), o.micro_batch_size),
+                                                                batch.chunks(o.micro_batch_size))]
+        plan = plan_micro_batches(batch["attention_mask"].sum(-1).tolist(), o.micro_batch_size, budget, group)
+        parts: list[tuple[torch.Tensor | slice | None, Batch]] = [
+            (idx, batch.index(idx)) for idx in map(torch.tensor, plan)]
+        missing = max_over_ranks(len(parts), self.device) - len(parts) if self.equal_micro_batches else 0
+        if missing > 0:
+            empty = batch.index(slice(0, group))
+            empty["response_mask"] = torch.zeros_like(empty["response_mask"])
+            parts += [(None, empty)] * missing
+        return parts
+
     @torch.no_grad()
     def infer(self, batch: Batch) -> Batch:
-        """``forward`` in micro-batches of ``options.micro_batch_size`` rows; returns ``logprobs`` /
-        ``values`` ``[B, R]`` or ``scores`` ``[B]`` on the CPU."""
-        outs = [self.forward(mb) for mb in batch.chunks(self.options.micro_batch_size)]
+        """``forward`` in ``micro_batches``; returns ``logprobs`` / ``values`` ``[B, R]`` or
+        ``scores`` ``[B]`` on the CPU, in the rows' order."""
+        outs = [(rows, self.forward(mb)) for rows, mb in self.micro_batches(batch)]
+        outs = [(rows, o) for rows, o in outs if rows is not None]
         result = {}
         for key in ("logprobs", "values", "scores"):
-            parts = [getattr(o, key) for o in outs]
-            if parts and parts[0] is not None:
-                result[key] = torch.cat(parts).float().cpu()
+            parts = [(rows, getattr(o, key)) for rows, o in outs]
+            if parts and parts[0][1] is not None:
+                result[key] = in_row_order(parts, len(batch))
         return Batch(result)
 
 
@@ -258,7 +305,6 @@ class TrainEngine(InferEngine):
 
     Options: ClassVar[type[BaseModel]] = TrainOptions
     collective_weights: bool = False
-    device: torch.device = torch.device("cpu")
 
     def train_step(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
         """One optimizer step over this rank's share of a global mini-batch.
@@ -269,23 +315,28 @@ class TrainEngine(InferEngine):
 
         Returns:
             ``loss`` (per unit) and the loss function's metrics, each averaged over the
-            micro-batches weighted by their units; then ``optimizer_step``'s metrics
-            (``grad_norm``, ``lr``, ``skipped``).
+            micro-batches weighted by their units; ``micro_batches`` and ``packed``
+            (1.0 when packed); then ``optimizer_step``'s metrics (``grad_norm``, ``lr``, ``skipped``).
         """
         denom = global_units(batch, loss_fn.unit, self.device)
-        chunks = list(batch.chunks(self.options.micro_batch_size))
+        parts = self.micro_batches(batch, getattr(loss_fn, "rows_per_group", 1))
         sums: dict[str, float] = {}
         total = 0.0
-        for i, mb in enumerate(chunks):
+        for i, (rows, mb) in enumerate(parts):
             mb = mb.to(self.device)
-            out = self.forward(mb, need_entropy=loss_fn.needs_entropy)
+            last = i == len(parts) - 1
+            out = self.forward(mb, need_entropy=loss_fn.needs_entropy and rows is not None)
+            if rows is None:  # an empty micro-batch keeping the ranks in step: no loss, no metrics
+                self.backward(sum(t.sum() for t in vars(out).values() if t is not None) * 0.0, last=last)
+                continue
             loss_sum, metrics = loss_fn(out, mb)
-            self.backward(loss_sum / denom, last=i == len(chunks) - 1)
+            self.backward(loss_sum / denom, last=last)
             w = float(loss_units(mb, loss_fn.unit))
             for k, v in {"loss": loss_sum.detach() / max(w, 1.0), **metrics}.items():
                 sums[k] = sums.get(k, 0.0) + float(v) * w
             total += w
-        return {**{k: v / max(total, 1.0) for k, v in sums.items()}, **self.optimizer_step()}
+        perf = {"micro_batches": float(len(parts)), "packed": float(self.packed)}
+        return {**{k: v / max(total, 1.0) for k, v in sums.items()}, **perf, **self.optimizer_step()}
 
     @abstractmethod
     def backward(self, loss: torch.Tensor, last: bool) -> None:

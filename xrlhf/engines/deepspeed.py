@@ -40,8 +40,8 @@ from loguru import logger
 from pydantic import BaseModel, Field, ValidationInfo, model_validator
 
 from xrlhf.data.batch import Batch
-from xrlhf.engines.base import ENGINES, EngineSpec, ForwardOutput, InferEngine, InferOptions, TrainEngine, TrainOptions
-from xrlhf.engines.hf import HFModel, save_with_tokenizer
+from xrlhf.engines.base import ENGINES, EngineSpec, ForwardOutput, InferEngine, TrainEngine
+from xrlhf.engines.hf import HFInferOptions, HFModel, HFTrainOptions, save_with_tokenizer
 from xrlhf.engines.training import lr_lambda
 
 # -- options: the engine's own YAML fields and the DeepSpeed config made from them ----------------
@@ -78,7 +78,7 @@ def _without_conflicts(o: BaseModel, info: ValidationInfo | None, role: str) -> 
     return o
 
 
-class DeepSpeedTrainOptions(TrainOptions):
+class DeepSpeedTrainOptions(HFTrainOptions):
     """``<handle>.train`` with ``engine: deepspeed``: the shared train fields plus these.
 
     A free ``deepspeed:`` block is merged over the config xrlhf generates from the section's
@@ -98,7 +98,7 @@ class DeepSpeedTrainOptions(TrainOptions):
         return _without_conflicts(self, info, "train")
 
 
-class DeepSpeedInferOptions(InferOptions):
+class DeepSpeedInferOptions(HFInferOptions):
     """``<handle>.infer`` with ``engine: deepspeed``: a frozen model, replicated or ZeRO-3 partitioned."""
 
     zero_stage: Literal[0, 3] = Field(0, description="0 (replicated) or 3 (partitioned across the handle's ranks)")
@@ -349,6 +349,11 @@ class _DSModel:
         self.hf.device = self.engine.device
         self.module: torch.nn.Module = self.engine.module
         self.device = self.engine.device
+        self.hf.prepare()  # after placement: the probe runs where the engine will (a collective under ZeRO-3)
+
+    @property
+    def packed(self) -> bool:
+        return self.hf.attention_path != "padded"
 
     def forward(self, batch: Batch, need_entropy: bool = False) -> ForwardOutput:
         return self.hf.forward(batch, need_entropy)
@@ -369,6 +374,12 @@ class _DSModel:
     @property
     def collective_weights(self) -> bool:
         return self.zero_stage == 3
+
+    @property
+    def equal_micro_batches(self) -> bool:
+        """ZeRO-3 gathers parameters in every forward; ZeRO-2 and 3 reduce gradients in every
+        backward (stage 0 and 1 only at the accumulation boundary, once per step)."""
+        return self.zero_stage == 3 or (isinstance(self, TrainEngine) and self.zero_stage == 2)
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The full weights in HF naming. ZeRO 0-2: as they are; ZeRO-3: gathered bucket by

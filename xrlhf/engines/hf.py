@@ -18,20 +18,22 @@ between two tokens of a running call).
 from __future__ import annotations
 
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Literal
 
 import torch
 import torch.nn.functional as F
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from xrlhf.data.batch import Batch, response_width
 from xrlhf.engines.base import (ENGINES, EngineSpec, ForwardOutput, GenerateEngine, GenerateOptions, GenerationOutput,
-                                InferEngine, NamedTensors, SamplingParams, TrainEngine)
+                                InferEngine, InferOptions, NamedTensors, SamplingParams, TrainEngine, TrainOptions)
 from xrlhf.engines.hf_decode import StepHook, WeightGate, decode_keyed
+from xrlhf.engines.packing import Packed, Padded, pack_rows, pad_rows
 from xrlhf.engines.training import all_reduce_grads, lr_lambda
-from xrlhf.utils.tensors import entropy_from_logits
+from xrlhf.utils.tensors import chunked_token_logprobs, entropy_from_logits
 
 if TYPE_CHECKING:
     from xrlhf.weight_sync import Message, Transport
@@ -102,46 +104,163 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: floa
     return torch.gather(F.log_softmax(logits, dim=-1), -1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
+class HFModelOptions(BaseModel):
+    """The options ``HFModel`` reads: the hf and deepspeed train and infer engines inherit them."""
+
+    packing: Literal["auto", "varlen", "masked", "off"] = Field(
+        "auto", description="micro-batches packed into one row without padding: auto (varlen attention where a "
+        "probe at start-up passes, else padded), varlen, masked (transformers' block-diagonal mask: dense), off")
+    logprob_chunk_tokens: int = Field(1024, ge=0, description="logprobs and entropy from the last hidden states, "
+                                      "this many tokens at a time (fp32 logits of one chunk at once); 0: the "
+                                      "model's full logits at once")
+
+
 class HFModel:
-    """A Transformers model and the forward pass every role needs."""
+    """A Transformers model and the forward pass every role needs.
+
+    Attributes:
+        module: the Transformers model (``model`` may be a wrapper that calls it: DeepSpeed).
+        attention_path: how micro-batches are laid out: ``varlen`` / ``masked`` (packed into
+            one row, ``engines.packing``) or ``padded``; chosen by ``prepare``.
+        logprob_chunk: tokens per chunk of the logprob head (``utils.tensors.chunked_token_logprobs``);
+            0: the model's full logits.
+    """
 
     def __init__(self, spec: EngineSpec, keep_dropout: bool = False):
         """``keep_dropout``: a train engine's ``dropout`` option; frozen engines run in eval mode,
-        where dropout is off anyway."""
+        where dropout is off anyway. Until ``prepare`` runs the forward is the padded one with
+        full logits (an engine that never calls it keeps that)."""
         self.spec = spec
         torch.manual_seed(spec.seed)
-        self.model = load_hf_model(spec)
+        self.model = self.module = load_hf_model(spec)
         self.device = torch.device(spec.device)
         if not keep_dropout:
             disable_dropout(self.model)
+        self.options = spec.options if isinstance(spec.options, HFModelOptions) else HFModelOptions(packing="off")
+        self.attention_path = "padded"
+        self.logprob_chunk = 0
+
+    def prepare(self) -> str:
+        """Choose the logprob head and the layout by probing the placed model (every rank of a
+        ZeRO-3 group together); logged once and returned."""
+        from loguru import logger
+
+        from xrlhf.engines.attention import choose_path, probe_chunked
+
+        o = self.options
+        head = "logprobs: full logits"
+        if self.spec.head == "causal_lm" and o.logprob_chunk_tokens:
+            problem = probe_chunked(self, o.logprob_chunk_tokens)
+            if problem is None:
+                self.logprob_chunk = o.logprob_chunk_tokens
+                head = f"logprobs: chunks of {self.logprob_chunk} tokens"
+            else:
+                head = f"logprobs: full logits ({problem})"
+        self.attention_path, detail = choose_path(self, o.packing)
+        line = f"{self.spec.model_path} ({self.spec.head}): {self.attention_path} micro-batches ({detail})"
+        line += f"; {head}" if self.spec.head == "causal_lm" else ""
+        logger.info(line)
+        return line
 
     def forward(self, batch: Batch, need_entropy: bool = False) -> ForwardOutput:
-        """Forward over ``batch`` (layout of ``xrlhf.data.batch``); response part only."""
+        """Forward over ``batch`` (layout of ``xrlhf.data.batch``); response part only, ``[B, R]``
+        (``scores``: ``[B]``), zero where no response token is."""
         ids = batch["input_ids"].to(self.device)
         attn = batch["attention_mask"].to(self.device)
         r = response_width(batch)
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        head = self.spec.head
-        if head == "causal_lm":
-            out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=r + 1,
-                             use_cache=False)
-            logits = out.logits[:, :-1].float() / max(self.spec.temperature, 1e-6)
-            logp = torch.gather(F.log_softmax(logits, -1), -1, ids[:, -r:].unsqueeze(-1)).squeeze(-1)
-            return ForwardOutput(logprobs=logp, entropy=entropy_from_logits(logits) if need_entropy else None)
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos)
-        if head == "value":
-            return ForwardOutput(values=out.logits[:, -r - 1:-1, 0].float())
-        return ForwardOutput(scores=out.logits[:, 0].float())
+        layout = pad_rows(ids, attn, r) if self.attention_path == "padded" else pack_rows(ids, attn, r)
+        if self.spec.head == "causal_lm":
+            return self._logprobs(layout, need_entropy)
+        if self.spec.head == "value":
+            out = self.model(**layout.inputs, use_cache=False)
+            return ForwardOutput(values=layout.to_rows(out.logits[:, layout.keep, 0].float()))
+        return ForwardOutput(scores=self._scores(layout))
+
+    def _logprobs(self, layout: Packed | Padded, need_entropy: bool) -> ForwardOutput:
+        temperature = max(self.spec.temperature, 1e-6)
+        call = dict(layout.inputs, logits_to_keep=layout.keep, use_cache=False)
+        if self.logprob_chunk:
+            with logprob_head(self.module.get_output_embeddings(), layout.targets, temperature, self.logprob_chunk,
+                              need_entropy):
+                out = self.model(**call).logits  # [b, n, 1 or 2]: what the head returned
+            lp, ent = out[..., 0], (out[..., 1] if need_entropy else None)
+        else:
+            logits = self.model(**call).logits.float() / temperature
+            lp = torch.gather(F.log_softmax(logits, -1), -1, layout.targets.unsqueeze(-1)).squeeze(-1)
+            ent = entropy_from_logits(logits) if need_entropy else None
+        return ForwardOutput(logprobs=layout.to_rows(lp), entropy=None if ent is None else layout.to_rows(ent))
+
+    def _scores(self, layout: Packed | Padded) -> torch.Tensor:
+        if not layout.packed:
+            return self.model(**layout.inputs, use_cache=False).logits[:, 0].float()
+        seen: list[torch.Tensor] = []  # the score layer's per-token output, before the model pools it
+        hook = self.module.score.register_forward_hook(lambda module, args, out: seen.append(out))
+        try:
+            self.model(**layout.inputs, use_cache=False)
+        finally:
+            hook.remove()
+        return layout.last_token(seen[-1][..., 0].float())
+
+
+@contextmanager
+def logprob_head(lm_head: torch.nn.Module, targets: torch.Tensor, temperature: float, chunk: int,
+                 need_entropy: bool) -> Iterator[None]:
+    """Within the block, ``lm_head`` returns logprobs (and entropy) instead of logits.
+
+    ``lm_head``'s forward becomes ``[b, n, H] -> [b, n, 1 or 2]``: the fp32 logprob of
+    ``targets`` ``[b, n]`` (and the entropy) computed chunk by chunk from the original
+    forward (``utils.tensors.chunked_token_logprobs``). The model calls its head as it always
+    does, so whatever wraps the head still runs around it: DeepSpeed ZeRO-3 gathers the
+    weight once per forward and once per backward, on every rank alike, however many chunks a
+    rank has. ``HFModel.prepare`` checks that the model returns the head's output unchanged.
+    """
+    original = lm_head.forward
+    had_own = "forward" in vars(lm_head)
+
+    def forward(hidden: torch.Tensor) -> torch.Tensor:
+        lp, ent = chunked_token_logprobs(hidden.flatten(0, 1), original, targets.reshape(-1), temperature, chunk,
+                                         need_entropy)
+        return (lp.unsqueeze(-1) if ent is None else torch.stack((lp, ent), -1)).view(*hidden.shape[:2], -1)
+
+    lm_head.forward = forward
+    try:
+        yield
+    finally:
+        if had_own:
+            lm_head.forward = original
+        else:
+            del lm_head.forward
+
+
+class HFTrainOptions(TrainOptions, HFModelOptions):
+    """``<handle>.train`` of the Transformers and DeepSpeed train engines: the shared train
+    fields plus ``HFModelOptions``."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class HFInferOptions(InferOptions, HFModelOptions):
+    """``<handle>.infer`` of the Transformers and DeepSpeed infer engines."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 @ENGINES.register("hf.infer")
 class HFInferEngine(InferEngine):
     """Logprobs, values or scores with a frozen Transformers model."""
 
+    Options = HFInferOptions
+
     def __init__(self, spec: EngineSpec):
         super().__init__(spec)
         self.hf = HFModel(self.spec)
         self.hf.model.eval().requires_grad_(False)
+        self.device = self.hf.device
+        self.hf.prepare()
+
+    @property
+    def packed(self) -> bool:
+        return self.hf.attention_path != "padded"
 
     def forward(self, batch: Batch, need_entropy: bool = False) -> ForwardOutput:
         return self.hf.forward(batch, need_entropy)
@@ -151,6 +270,8 @@ class HFInferEngine(InferEngine):
 class HFTrainEngine(TrainEngine):
     """Plain PyTorch training of a Transformers model (AdamW); data parallel through
     torch.distributed (gradients summed in one flat all-reduce per dtype)."""
+
+    Options = HFTrainOptions
 
     def __init__(self, spec: EngineSpec):
         super().__init__(spec)
@@ -168,6 +289,11 @@ class HFTrainEngine(TrainEngine):
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(o.lr_warmup_steps, spec.total_steps, o.lr_schedule))
         self._broadcast_initial_weights()
+        self.hf.prepare()
+
+    @property
+    def packed(self) -> bool:
+        return self.hf.attention_path != "padded"
 
     def _broadcast_initial_weights(self) -> None:
         import torch.distributed as dist

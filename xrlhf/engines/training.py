@@ -40,6 +40,17 @@ def all_reduce_grads(params: list[torch.nn.Parameter]) -> None:
             offset += g.numel()
 
 
+def max_over_ranks(n: int, device: torch.device) -> int:
+    """The largest ``n`` over the data-parallel group (``n`` itself without one)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return n
+    t = torch.tensor([n], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
 def estimate_train_gib(params: int, dtype_bytes: int, micro_batch: int, seq_len: int, hidden: int, layers: int,
                        vocab: int, frozen_params: int = 0, intermediate: int | None = None) -> float:
     """A rough peak of one data-parallel rank training a causal LM with AdamW (GiB).

@@ -1,5 +1,7 @@
 """Tensor helpers shared by the engine and algorithm layers (no Ray, no model code)."""
 
+from typing import Callable
+
 import torch
 
 
@@ -20,3 +22,47 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     # zero the -inf logits BEFORE multiplying: 0 * -inf is nan, in the value and in the grad
     finite = torch.where(probs > 0, shifted, torch.zeros_like(shifted))
     return torch.logsumexp(shifted, dim=-1) - (probs * finite).sum(-1)
+
+
+def chunked_token_logprobs(hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor], targets: torch.Tensor,
+                           temperature: float = 1.0, chunk: int = 1024, need_entropy: bool = False
+                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token logprob (and entropy) of ``softmax(head(hidden) / temperature)``, ``chunk``
+    tokens at a time, so at most one chunk's ``[chunk, V]`` logits exist at once.
+
+    Each chunk is the plain computation (``head`` in the model's dtype, then fp32: divide by
+    the temperature, ``log_softmax``, gather; ``entropy_from_logits``). With autograd on, a
+    chunk runs under non-reentrant activation checkpointing: the graph keeps only the chunk's
+    ``hidden`` rows, and the backward recomputes its logits, one chunk at a time. That is the
+    point: a forward over ``[B, T]`` tokens with a ``V``-word vocabulary otherwise keeps
+    ``B * T * V`` fp32 values (logits, log-softmax, softmax) alive until the backward.
+
+    Args:
+        hidden: ``[N, H]`` the hidden states that predict each token.
+        head: ``[c, H] -> [c, V]`` (the model's output layer, called as it is).
+        targets: ``[N]`` token ids.
+        temperature: logits are divided by it (> 0).
+        chunk: tokens per chunk; 0: all at once without recomputation (the logits of every
+            token are kept for the backward: the layout before chunking, for comparison).
+        need_entropy: also return the entropy of each token's distribution.
+
+    Returns:
+        ``(logprobs [N], entropy [N] or None)``, fp32.
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    def one(h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        z = head(h).float() / temperature
+        lp = torch.gather(torch.log_softmax(z, -1), -1, t.unsqueeze(-1))
+        return torch.cat([lp, entropy_from_logits(z).unsqueeze(-1)], -1) if need_entropy else lp
+
+    n = hidden.shape[0]
+    if chunk <= 0 or n <= chunk and not torch.is_grad_enabled():
+        out = one(hidden, targets)
+    else:
+        recompute = torch.is_grad_enabled()
+        parts = [checkpoint(one, hidden[s:s + chunk], targets[s:s + chunk], use_reentrant=False,
+                            preserve_rng_state=False)  # nothing random to replay; saves a device sync per chunk
+                 if recompute else one(hidden[s:s + chunk], targets[s:s + chunk]) for s in range(0, n, chunk)]
+        out = torch.cat(parts) if parts else hidden.new_zeros((0, 2 if need_entropy else 1), dtype=torch.float32)
+    return out[:, 0], (out[:, 1] if need_entropy else None)

@@ -1,0 +1,214 @@
+"""Train step and logprob phase: the path before issue 16 vs packed micro-batches + chunked logprobs.
+
+On workload W's shapes (configs/gpu/grpo_w.yaml: the 0.5b preset, 512 sequences of a prompt of
+16-40 tokens and a 256-token response, one optimizer step over all of them, micro-batches of
+32 rows, GRPO's loss with the k3 KL term and TIS) it times, back to back in one process and on
+the same engines:
+
+* ``baseline``: today's path before issue 16: every micro-batch padded to its width, the
+  model's fp32 logits over the whole vocabulary, the entropy computed (PPO's loss always asked);
+* ``new``: micro-batches filled to a token budget and packed into one row (varlen attention),
+  logprobs from the hidden states chunk by chunk, no entropy (no loss term or metric needs it).
+
+For each: seconds per train step (one optimizer step over the batch), seconds per logprob
+phase (the old policy's and the reference's forward, as ``PolicyGradientTrainer`` runs them)
+and the device's peak memory during each. Then a longer workload (prompts of 32-512 tokens,
+responses of 1-1024), where padding costs most, reports the packed path's speed-up as a ratio.
+Both paths' logprobs on the same weights are compared (``max_abs_logprob_diff``).
+
+Writes ``train_efficiency.json`` (``gpu``, ``train_s``, ``logprob_s``, ``train_peak_gib``,
+``logprob_peak_gib`` and the same with ``baseline_``; ``long``: the same for the long workload
+plus the ratios). On the GPU machine::
+
+    python -m benchmarks.train_efficiency --out benchmarks/results
+
+``--smoke`` runs the same on a tiny model on the CPU in seconds (peak memory is ``null`` there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.common import ensure_model, gpu_name, table, write_json
+from xrlhf.algorithms.losses import PolicyLoss
+from xrlhf.data.batch import Batch, build_sequences
+from xrlhf.engines.base import EngineSpec
+from xrlhf.engines.hf import HFInferEngine, HFTrainEngine
+
+
+@dataclass
+class Workload:
+    """Rows of a prompt of ``prompt`` tokens and a response of ``response`` tokens (inclusive
+    ranges), trained in one optimizer step; ``rows`` per micro-batch on the padded path,
+    ``rows_cap``/``budget`` (tokens) on the packed one."""
+
+    name: str
+    sequences: int
+    prompt: tuple[int, int]
+    response: tuple[int, int]
+    rows: int
+    rows_cap: int
+    budget: int
+    infer_rows: int
+
+
+W = Workload("W", 512, (16, 40), (256, 256), rows=32, rows_cap=32, budget=6144, infer_rows=64)
+LONG = Workload("long", 256, (32, 512), (1, 1024), rows=8, rows_cap=64, budget=16384, infer_rows=16)
+SMOKE_W = Workload("W", 24, (2, 6), (8, 8), rows=4, rows_cap=8, budget=48, infer_rows=8)
+SMOKE_LONG = Workload("long", 16, (2, 12), (1, 24), rows=4, rows_cap=8, budget=64, infer_rows=4)
+
+
+def make_batch(w: Workload, vocab: int, seed: int = 0) -> Batch:
+    """``w.sequences`` random rows with what GRPO's policy loss reads (old, reference and rollout
+    logprobs near a random model's, advantages)."""
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(*w.prompt))] for _ in range(w.sequences)]
+    responses = [[rng.randrange(3, vocab) for _ in range(rng.randint(*w.response))] for _ in range(w.sequences)]
+    batch = build_sequences(prompts, responses, pad_id=0)
+    g = torch.Generator().manual_seed(seed)
+    shape = batch["response_mask"].shape
+    for key in ("old_logprobs", "ref_logprobs", "rollout_logprobs"):
+        batch[key] = -10.4 + 0.01 * torch.randn(shape, generator=g)
+    batch["advantages"] = torch.randn(shape, generator=g)
+    return batch
+
+
+def use_path(engines: list[Any], new: bool, rows: int, budget: int | None) -> None:
+    """Switch engines built with the defaults between the old and the new path in place."""
+    for e in engines:
+        e.hf.attention_path = e.hf_path if new else "padded"
+        e.hf.logprob_chunk = e.hf_chunk if new else 0
+        e.options.micro_batch_size = rows
+        e.options.max_tokens_per_micro_batch = budget if new else None
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _peak(device: str) -> float | None:
+    return torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
+
+
+def _reset(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def time_train(policy: HFTrainEngine, batch: Batch, loss: PolicyLoss, steps: int, device: str
+               ) -> tuple[float, float | None, dict[str, float]]:
+    """Seconds per ``train_step`` (after one warm-up step), the peak memory, the last metrics."""
+    policy.train_step(batch, loss)
+    _sync(device)
+    _reset(device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        metrics = policy.train_step(batch, loss)
+    _sync(device)
+    return (time.perf_counter() - t0) / steps, _peak(device), metrics
+
+
+def time_logprobs(policy: HFTrainEngine, reference: HFInferEngine, batch: Batch, steps: int, device: str
+                  ) -> tuple[float, float | None]:
+    """Seconds per logprob phase (old policy + reference ``infer``) and the peak memory."""
+    inputs = batch.select("input_ids", "attention_mask", "response_mask")
+    policy.infer(inputs)
+    _sync(device)
+    _reset(device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        policy.infer(inputs)
+        reference.infer(inputs)
+    _sync(device)
+    return (time.perf_counter() - t0) / steps, _peak(device)
+
+
+def run_workload(w: Workload, policy: HFTrainEngine, reference: HFInferEngine, steps: int, device: str,
+                 vocab: int) -> dict[str, Any]:
+    """Both paths on ``w``: times, peaks, and how far their logprobs are apart on the same weights."""
+    batch = make_batch(w, vocab)
+    attn = batch["attention_mask"]
+    out: dict[str, Any] = {"sequences": w.sequences, "prompt_len": list(w.prompt), "response_len": list(w.response),
+                           "tokens": int(attn.sum()), "padded_tokens": attn.numel()}
+    inputs = batch.select("input_ids", "attention_mask", "response_mask")
+    logprobs = {}
+    for new in (False, True):  # the same weights first: training moves them
+        use_path([policy], new, w.rows_cap if new else w.rows, w.budget)
+        logprobs[new] = policy.infer(inputs)["logprobs"]
+    for new in (False, True):
+        prefix = "" if new else "baseline_"
+        use_path([policy], new, w.rows_cap if new else w.rows, w.budget)
+        use_path([reference], new, w.infer_rows, w.budget)
+        # today's PolicyLoss asked for the entropy always; the new one only for a bonus or the metric
+        loss = PolicyLoss(clip_eps=0.2, kl_coef=0.04, kl_estimator="k3", tis_cap=2.0, log_entropy=not new)
+        out[prefix + "logprob_s"], out[prefix + "logprob_peak_gib"] = time_logprobs(policy, reference, batch, steps,
+                                                                                    device)
+        seconds, peak, metrics = time_train(policy, batch, loss, steps, device)
+        out[prefix + "train_s"], out[prefix + "train_peak_gib"] = seconds, peak
+        out[prefix + "micro_batches"] = metrics["micro_batches"]
+        out[prefix + "loss"] = metrics["loss"]
+    mask = batch["response_mask"]
+    out["max_abs_logprob_diff"] = float(((logprobs[True] - logprobs[False]) * mask).abs().max())
+    out["train_speedup"] = out["baseline_train_s"] / out["train_s"]
+    out["logprob_speedup"] = out["baseline_logprob_s"] / out["logprob_s"]
+    out["budget"], out["rows"], out["rows_cap"] = w.budget, w.rows, w.rows_cap
+    return out
+
+
+def build(model: str, device: str, dtype: str) -> tuple[HFTrainEngine, HFInferEngine]:
+    """The policy's train engine and the reference, with the defaults (packing, chunks); each
+    remembers the path it chose so ``use_path`` can switch back to it."""
+    policy = HFTrainEngine(EngineSpec(model, device=device, seed=0, total_steps=100,
+                                      options={"dtype": dtype, "lr": 1e-6}))
+    reference = HFInferEngine(EngineSpec(model, device=device, options={"dtype": dtype}))
+    for e in (policy, reference):
+        e.hf_path, e.hf_chunk = e.hf.attention_path, e.hf.logprob_chunk
+    return policy, reference
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="benchmarks/results", help="directory of train_efficiency.json")
+    ap.add_argument("--smoke", action="store_true", help="a tiny model on the CPU: the script runs, in seconds")
+    ap.add_argument("--steps", type=int, default=None, help="timed repetitions per path (default 3; smoke 1)")
+    ap.add_argument("--budget", type=int, default=None, help="W's token budget of the new path (default 6144)")
+    args = ap.parse_args(argv)
+    device = "cpu" if args.smoke or not torch.cuda.is_available() else "cuda"
+    if args.smoke:
+        model = ensure_model(Path(tempfile.mkdtemp(prefix="xrlhf-eff-")) / "tiny", preset="tiny", dtype="float32")
+        workloads, dtype, steps = [SMOKE_W, SMOKE_LONG], "float32", args.steps or 1
+    else:
+        model, workloads, dtype, steps = ensure_model(), [W, LONG], "bfloat16", args.steps or 3
+    if args.budget:
+        workloads[0].budget = args.budget
+    policy, reference = build(model, device, dtype)
+    vocab = policy.hf.module.config.vocab_size
+    results = {w.name: run_workload(w, policy, reference, steps, device, vocab) for w in workloads}
+    main_w = results["W"]
+    data = {"gpu": gpu_name(), "device": device, "model": model, "dtype": dtype, "steps": steps,
+            "attention_path": policy.hf_path, "logprob_chunk_tokens": policy.hf_chunk,
+            **{k: main_w[k] for k in ("train_s", "logprob_s", "train_peak_gib", "logprob_peak_gib", "baseline_train_s",
+                                      "baseline_logprob_s", "baseline_train_peak_gib", "baseline_logprob_peak_gib")},
+            "workload": main_w, "long": results["long"],
+            "targets": {"train_s": 1.2, "logprob_s": 0.7, "train_peak_gib": 16.0}}
+    rows = [[name, r["baseline_train_s"], r["train_s"], r["train_speedup"], r["baseline_logprob_s"], r["logprob_s"],
+             r["logprob_speedup"], r["baseline_train_peak_gib"], r["train_peak_gib"], r["max_abs_logprob_diff"]]
+            for name, r in results.items()]
+    print(table(rows, ["workload", "train old s", "train new s", "x", "logprob old s", "logprob new s", "x",
+                       "peak old GiB", "peak new GiB", "max |dlogp|"]))
+    write_json(args.out, "train_efficiency.json", data)
+    return data
+
+
+if __name__ == "__main__":
+    main()

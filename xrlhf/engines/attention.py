@@ -1,0 +1,323 @@
+"""Attention over packed sequences, and the choice of path an engine's model can take.
+
+Why a module: a packed row (``engines.packing``) holds several sequences; attention must not
+cross from one to the next. Transformers 5.x offers two ways, and xrlhf adds a third:
+
+* ``flash_attention_2/3``: with ``cu_seq_lens_q/k`` and ``max_length_q/k`` in the model's
+  kwargs, transformers runs the flash varlen kernel (modeling_flash_attention_utils.py). Not
+  installed on our GPU image (flash-attn has no wheel for its torch).
+* ``masked``: with ``attention_mask=None`` and no cache, ``masking_utils`` finds the sequence
+  boundaries in ``position_ids`` (``find_packed_sequence_indices``) and builds a block-diagonal
+  causal mask for ``sdpa``, ``eager`` and ``flex_attention``. Exact, but dense: ``T**2`` for
+  a packed row of ``T`` tokens, where the sequences need only the sum of their squares.
+* ``varlen`` (ours): the attention function ``xrlhf_varlen`` registered with transformers'
+  ``AttentionInterface``; the model's ``_attn_implementation`` names it, and each layer calls
+  it with the ``cu_seq_lens_*`` kwargs. On CUDA with bf16/fp16 it calls torch's
+  FlashAttention varlen kernel (``torch.nn.attention.varlen``, torch >= 2.10, with a
+  backward); elsewhere (CPU, fp32, attention dropout) one SDPA call over the sequences laid
+  out side by side, each padded to the longest and masked: padding inside the attention only,
+  none in the linear layers. Its mask function builds no mask for a packed
+  row and sdpa's mask for a padded batch, which the function then hands to transformers'
+  sdpa: the same model runs both layouts (the probe compares them).
+
+``choose_path`` decides once, when an engine is built, with a probe: three short random
+sequences forwarded packed and padded must agree, and the packed result of the later
+sequences must not change when the first one does (attention that crosses sequences would).
+A model whose code ignores packing falls back to the padded layout, and says so.
+"""
+
+from __future__ import annotations
+
+import inspect
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from xrlhf.engines.hf import HFModel
+
+NAME = "xrlhf_varlen"
+"""The name ``xrlhf_varlen`` is registered under in transformers' ``AttentionInterface``."""
+
+_FLASH_FAILED: list[str] = []
+"""Why torch's varlen kernel failed in this process, if it did; then every call takes the SDPA path."""
+
+
+def _flash_failed(error: Exception) -> None:
+    from loguru import logger
+
+    if not _FLASH_FAILED:
+        _FLASH_FAILED.append(f"{type(error).__name__}: {str(error)[:200]}")
+        logger.warning(f"{NAME}: torch's varlen flash attention failed ({_FLASH_FAILED[0]}); packed micro-batches "
+                       f"use one masked SDPA over the sequences instead")
+
+
+def varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                     sliding_window: int | None = None, softcap: float | None = None, **kwargs: Any
+                     ) -> tuple[torch.Tensor, None]:
+    """Causal attention within each packed sequence (transformers' attention-function interface).
+
+    Args:
+        query: ``[1, Hq, T, D]``; key, value: ``[1, Hkv, T, D]`` (``Hq`` a multiple of ``Hkv``).
+        kwargs: ``cu_seq_lens_q`` ``[S + 1]`` (int32 offsets of the sequences) and
+            ``max_length_q`` (int), as ``engines.packing.Packed.inputs`` passes them.
+
+    Returns:
+        ``([1, T, Hq, D], None)``.
+
+    A call without ``cu_seq_lens_q`` (a padded batch) is transformers' sdpa attention with the
+    mask ``varlen_mask`` made.
+
+    Raises:
+        ValueError: ``cu_seq_lens_q`` with more than one row.
+        NotImplementedError: a sliding window, a soft cap or attention sinks (the probe then
+            falls back to another path).
+    """
+    cu, max_len = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q")
+    if cu is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      sliding_window=sliding_window, softcap=softcap, **kwargs)
+    if max_len is None or query.shape[0] != 1:
+        raise ValueError(f"{NAME}: a packed forward passes cu_seq_lens_q and max_length_q with one row")
+    if sliding_window or softcap or kwargs.get("s_aux") is not None:
+        raise NotImplementedError(f"{NAME}: sliding windows, soft caps and sinks are not supported")
+    groups = query.shape[1] // key.shape[1]
+    if query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and not dropout and not _FLASH_FAILED:
+        flash = _torch_varlen(query.shape[-1], scaling)
+        if flash is not None:
+            try:
+                q, k, v = (x[0].transpose(0, 1).contiguous() for x in (query, key, value))  # [T, H, D]
+                return flash(q, k, v, cu, max_len, scaling, groups).unsqueeze(0), None
+            except RuntimeError as e:  # an architecture or build the kernel does not support: say so once
+                _flash_failed(e)
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    return _padded_sdpa(query, key, value, cu, int(max_len), dropout, scaling), None
+
+
+def _padded_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu: torch.Tensor, max_len: int,
+                 dropout: float, scaling: float | None) -> torch.Tensor:
+    """Causal attention within each sequence in one SDPA call: the ``S`` sequences of the packed
+    ``[1, H, T, D]`` inputs laid out as ``[S, H, max_len, D]``, keys past a sequence's end masked,
+    and the real positions gathered back to ``[1, T, H, D]``. Padding exists only inside this
+    call (``S * max_len**2`` attention), not in the model's linear layers."""
+    lengths = (cu[1:] - cu[:-1]).long()
+    steps = torch.arange(max_len, device=query.device)
+    real = steps < lengths[:, None]  # [S, max_len]
+    index = (cu[:-1, None].long() + steps).clamp(max=query.shape[2] - 1)  # [S, max_len] into T
+    q, k, v = (x[0][:, index].transpose(0, 1) for x in (query, key, value))  # [S, H, max_len, D]
+    mask = torch.ones(max_len, max_len, dtype=torch.bool, device=query.device).tril() & real[:, None, None, :]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling)
+    return out.transpose(1, 2)[real].unsqueeze(0)  # [1, T, H, D], the packed order
+
+
+def varlen_mask(*args: Any, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor | None:
+    """The mask function of ``xrlhf_varlen`` (transformers' mask interface): none for a packed
+    row (``attention_mask`` is ``None``; the sequence offsets keep the sequences apart, and a
+    ``[T, T]`` mask would cost what varlen saves), sdpa's for a padded batch."""
+    if attention_mask is None:
+        return None
+    from transformers.masking_utils import sdpa_mask
+
+    return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
+
+
+@lru_cache(maxsize=8)
+def _torch_varlen(head_dim: int, scaling: float | None) -> Callable | None:
+    """torch's varlen flash attention as ``(q, k, v [T, H, D], cu, max_len, scale, groups) ->
+    [T, Hq, D]``, or ``None`` where this torch lacks it or cannot take the scale. Its signature
+    changed: torch 2.10 takes ``is_causal``; later ones ``window_size=(-1, 0)``, ``scale`` and
+    ``enable_gqa``."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    params = inspect.signature(varlen_attn).parameters
+    if "window_size" not in params and "is_causal" not in params:
+        return None
+    if "scale" not in params and scaling is not None and abs(scaling - head_dim ** -0.5) > 1e-6 * scaling:
+        return None
+
+    def call(q, k, v, cu, max_len, scale, groups):
+        kw: dict[str, Any] = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+        if "scale" in params:
+            kw["scale"] = scale
+        if groups > 1:
+            if "enable_gqa" in params:
+                kw["enable_gqa"] = True
+            else:
+                k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+        return varlen_attn(q, k, v, cu, cu, max_len, max_len, **kw)
+
+    return call
+
+
+def install_varlen(module: torch.nn.Module) -> Callable[[], None] | str:
+    """Make ``module`` (a transformers model) attend by sequence in a packed row.
+
+    A flash implementation needs nothing (transformers reads ``cu_seq_lens_*``); ``sdpa`` and
+    ``eager`` are switched to ``xrlhf_varlen``. Returns the function that undoes it, or a
+    reason why it cannot be done.
+    """
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    current = getattr(module.config, "_attn_implementation", None) or "eager"
+    if current.startswith("flash_attention") or current == NAME:
+        return lambda: None
+    if current not in ("sdpa", "eager"):
+        return f"attention implementation {current!r} has no varlen path here (packing: masked may serve)"
+    AttentionInterface.register(NAME, varlen_attention)
+    AttentionMaskInterface.register(NAME, varlen_mask)
+    module.set_attn_implementation(NAME)
+    param = next(module.parameters())
+    if param.is_cuda and param.dtype in (torch.bfloat16, torch.float16):
+        config = module.config
+        _flash_self_test(param.device, param.dtype, getattr(config, "head_dim", None)
+                         or config.hidden_size // config.num_attention_heads)
+    return lambda: module.set_attn_implementation(current)
+
+
+def _flash_self_test(device: torch.device, dtype: torch.dtype, head_dim: int) -> None:
+    """Run torch's varlen kernel forward and backward once on two tiny sequences, so a kernel
+    this GPU or build cannot run is found before training (``_FLASH_FAILED``), not mid-backward."""
+    flash = _torch_varlen(head_dim, None)
+    if flash is None or _FLASH_FAILED:
+        return
+    try:
+        q, k, v = (torch.randn(5, 2, head_dim, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+        cu = torch.tensor([0, 2, 5], dtype=torch.int32, device=device)
+        flash(q, k, v, cu, 3, head_dim ** -0.5, 1).sum().backward()
+    except RuntimeError as e:
+        _flash_failed(e)
+
+
+def choose_path(hf: "HFModel", mode: str) -> tuple[str, str]:
+    """The layout ``hf`` will forward micro-batches in, and why.
+
+    Args:
+        hf: the engine's model (placed on its device; under ZeRO-3 every rank calls this
+            together: the probe's forwards are collectives).
+        mode: the ``packing`` option: ``auto`` (varlen, else padded), ``varlen`` or ``masked``
+            (that path or an error), ``off`` (padded).
+
+    Returns:
+        ``(path, detail)``: ``path`` one of ``varlen``, ``masked``, ``padded``.
+
+    Raises:
+        ValueError: ``varlen`` or ``masked`` asked for and the probe fails.
+    """
+    if mode == "off":
+        return "padded", "packing: off"
+    wanted = "masked" if mode == "masked" else "varlen"
+    undo = install_varlen(hf.module) if wanted == "varlen" else (lambda: None)
+    problem = undo if isinstance(undo, str) else probe(hf, wanted)
+    if problem is None:
+        return wanted, _describe(hf, wanted)
+    if callable(undo):
+        undo()
+    if mode != "auto":
+        raise ValueError(f"packing: {mode} is not possible for {type(hf.module).__name__}: {problem}")
+    return "padded", f"packing falls back to padded micro-batches: {problem}"
+
+
+def _describe(hf: "HFModel", path: str) -> str:
+    if path == "masked":
+        return "transformers' block-diagonal mask from position ids"
+    impl = hf.module.config._attn_implementation
+    if impl != NAME:
+        return f"transformers' {impl} varlen"
+    config, dtype = hf.module.config, next(hf.module.parameters()).dtype
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    fast = (hf.device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
+            and _torch_varlen(head_dim, None) is not None)
+    if fast and _FLASH_FAILED:
+        return f"SDPA over the sequences side by side: torch varlen flash attention failed ({_FLASH_FAILED[0]})"
+    return "torch varlen flash attention" if fast else "SDPA over the sequences side by side"
+
+
+def probe_batches(hf: "HFModel"):
+    """Two ``Batch``es of three random sequences (prompt + response lengths 3+4, 2+5, 6+1)
+    that differ only in the first sequence, from a generator of their own (the global RNG,
+    which a run's sampling uses, is not touched)."""
+    from xrlhf.data.batch import build_sequences
+
+    gen = torch.Generator().manual_seed(0)
+    vocab = int(getattr(hf.module.config, "vocab_size", 64) or 64)
+    rand = lambda n: torch.randint(3, max(4, min(vocab, 512)), (n,), generator=gen).tolist()  # noqa: E731
+    seqs = [(rand(p), rand(r)) for p, r in [(3, 4), (2, 5), (6, 1)]]
+    other = [(rand(3), rand(4))] + seqs[1:]
+    return [build_sequences([p for p, _ in s], [r for _, r in s], pad_id=0) for s in (seqs, other)]
+
+
+def _tolerance(hf: "HFModel") -> float:
+    return 1e-4 if next(hf.module.parameters()).dtype == torch.float32 else 5e-2
+
+
+def probe(hf: "HFModel", path: str) -> str | None:
+    """``None`` if ``hf`` forwards a packed micro-batch as it forwards the padded one, else why.
+
+    The ``probe_batches`` are forwarded packed and the first padded, without gradients and in
+    eval mode. The later sequences' packed outputs must not move when the first changes
+    (strict: nothing but attention across sequences can move them), and packed must match
+    padded (1e-4 in fp32, 5e-2 in bf16/fp16, relative to the outputs' scale).
+    """
+    batch, other = probe_batches(hf)
+    saved = hf.attention_path
+    try:
+        hf.attention_path = path
+        packed, packed_other = _outputs(hf, batch), _outputs(hf, other)
+        hf.attention_path = "padded"
+        padded = _outputs(hf, batch)
+    except Exception as e:  # noqa: BLE001 - any failure of the packed forward means: do not pack
+        return f"the packed forward raised {type(e).__name__}: {str(e)[:200]}"
+    finally:
+        hf.attention_path = saved
+    crossed = (packed[1:] - packed_other[1:]).abs().max().item()
+    if crossed > 1e-6 * (1 + packed[1:].abs().max().item()):
+        return f"attention crosses packed sequences (a later sequence moved by {crossed:.2e})"
+    diff = (packed - padded).abs().max().item()
+    if diff > _tolerance(hf) * (1 + padded.abs().max().item()):
+        return f"packed and padded forwards differ by {diff:.2e}"
+    return None
+
+
+def probe_chunked(hf: "HFModel", chunk: int) -> str | None:
+    """``None`` if the chunked logprob head (``hf.logprob_head``) gives the logprobs of the
+    model's own logits, else why: a model that changes its logits after the output layer
+    (Gemma's final soft cap, Cohere's logit scale) must keep the full logits."""
+    batch, _ = probe_batches(hf)
+    saved = hf.logprob_chunk
+    try:
+        hf.logprob_chunk = 0
+        full = _outputs(hf, batch)
+        hf.logprob_chunk = max(1, min(chunk, 3))  # several chunks even on the probe's few tokens
+        chunked = _outputs(hf, batch)
+    except Exception as e:  # noqa: BLE001 - any failure means: keep the full logits
+        return f"the chunked head raised {type(e).__name__}: {str(e)[:200]}"
+    finally:
+        hf.logprob_chunk = saved
+    diff = (chunked - full).abs().max().item()
+    if diff > _tolerance(hf) * (1 + full.abs().max().item()):
+        return f"the model changes its logits after the output layer (chunked logprobs differ by {diff:.2e})"
+    return None
+
+
+def _outputs(hf: "HFModel", batch) -> torch.Tensor:
+    """The probe's forward: eval mode, no gradients; the output on response tokens, ``[B, R]`` or ``[B, 1]``."""
+    training = hf.module.training
+    hf.module.eval()
+    try:
+        with torch.no_grad():
+            out = hf.forward(batch)
+    finally:
+        hf.module.train(training)
+    if out.scores is not None:
+        return out.scores.float().reshape(-1, 1)
+    x = out.logprobs if out.logprobs is not None else out.values
+    return x.float() * batch["response_mask"].to(x.device)  # padding columns are not compared
