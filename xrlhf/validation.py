@@ -185,6 +185,11 @@ def lora_errors(cfg: XConfig) -> list[str]:
         errors += [f"reference.{k}: not used: the reference is the policy's base with its LoRA adapters off "
                    f"(policy.train.lora); remove it, or set reference.from_policy_base: false for a reference model "
                    f"of its own" for k in unused]
+        for h in ("critic", "reward"):
+            sec = getattr(cfg, h)
+            if sec is not None and sec.resources.colocate_with == "reference":
+                errors.append(f"{h}.resources.colocate_with: the reference is the policy's base and has no workers "
+                              f"of its own; colocate with policy")
     if cfg.warmup.lora and adapter is None:
         errors.append("warmup.lora: warms up with the policy's LoRA adapters, but policy.train has no lora section; "
                       "remove it")

@@ -21,9 +21,15 @@ from xrlhf.validation import algorithm_options, validate_dict  # noqa: E402
 from xrlhf.weight_sync import checksum, compare_checksums  # noqa: E402
 
 
+def length_reward(prompts: list[str], responses: list[str]) -> list[float]:
+    """Rewards that differ within a group from the first step (the untrained model is never right)."""
+    return [float(len(r)) for r in responses]
+
+
 def test_grpo_with_lora_uses_the_policys_base_as_reference(tiny_model):
     lora = {"rank": 4, "alpha": 16}
     cfg = validate_dict({"env": {"name": "reasoning", "options": {"eval_size": 8}},
+                         "reward": {"source": "function", "function": f"{__name__}:length_reward"},
                          "policy": {"model": tiny_model, "train": {"lr": 1e-2, "lora": lora},
                                     "generate": {"max_new_tokens": 4}},
                          "reference": {}, "algorithm": {"name": "grpo", "mini_batch_size": 8, "kl_coef": 0.1},

@@ -58,7 +58,7 @@ def test_the_cli_exits_2_with_the_line_and_no_traceback(lora_config, tmp_path, t
 def test_unknown_keys_and_values_are_rejected_under_their_path(lora_config):
     lora_config["policy"]["train"]["lora"].update(ranks=4, sync="merge", dropout=0.1)
     lines = errors(lora_config)
-    assert "policy.train.lora.ranks: unknown key (valid: rank, alpha, dropout, target_modules, sync, save)" in lines
+    assert "policy.train.lora.ranks: unknown key (valid: alpha, dropout, rank, save, sync, target_modules)" in lines
     assert any(x.startswith("policy.train.lora.sync: ") and "'merge'" in x for x in lines)
     del lora_config["policy"]["train"]["lora"]["ranks"], lora_config["policy"]["train"]["lora"]["sync"]
     assert errors(lora_config) == ["policy.train.lora.dropout: 0.1 needs policy.train.dropout: true (train engines run "

@@ -2,6 +2,7 @@
 over two ranks gathers the merged weights (and the adapters alone) bucket by bucket, computes the
 reference with the adapters off, saves, and resumes exactly from checkpoints without the base."""
 
+import io
 import os
 import socket
 
@@ -16,7 +17,7 @@ from xrlhf.engines.base import EngineSpec, build_engine  # noqa: E402
 from xrlhf.models.tiny import build_model  # noqa: E402
 from tests.engines.test_deepspeed import OPTS, TOTAL_STEPS, make_batch, max_diff  # noqa: E402
 
-LORA = {"rank": 4, "alpha": 8.0}
+LORA = {"rank": 4, "alpha": 8.0, "sync": "adapter"}  # weights_for_sync: the adapters; named_weights: merged
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +73,11 @@ def test_zero2_lora_resumes_exactly_from_a_state_without_the_base(model_dir, one
     a.train_step(make_batch(), SFTLoss())
     state = a.state_dict()
     model_files = [n for n in state["shard_files"] if "model_states" in n]
-    frozen = torch.load(__import__("io").BytesIO(state["shard_files"][model_files[0]]), weights_only=False)["module"]
-    assert frozen and all(".lora_" in k for k in frozen)  # the adapters only
+    module = torch.load(io.BytesIO(state["shard_files"][model_files[0]]), weights_only=False)["module"]
+    # the adapters, and the tied lm_head (DeepSpeed leaves out frozen parameters by their name in
+    # named_parameters, where a tied weight appears once, as the embedding)
+    assert sorted(k for k in module if ".lora_" not in k) == ["base_model.model.lm_head.weight"]
+    assert len(module) == 1 + 28
     b = lora_engine("deepspeed", model_dir, zero_stage=2)
     b.load_state_dict(state)
     nxt = make_batch(seed=5)

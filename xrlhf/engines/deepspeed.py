@@ -347,6 +347,7 @@ class _DSModel:
         lora = self.adapter_options(self.options) if role == "train" else None
         if lora is not None:  # before DeepSpeed sees the model: only the adapters reach its optimizer
             self.hf.model = apply_lora(self.hf.model, lora, self.options.gradient_checkpointing)
+            init_kwargs["model_parameters"] = [p for p in self.hf.model.parameters() if p.requires_grad]
         if role == "train" and self.options.gradient_checkpointing:
             self.hf.model.gradient_checkpointing_enable()
         self.engine, *_ = deepspeed.initialize(model=self.hf.model, config=self.ds_config, **init_kwargs)

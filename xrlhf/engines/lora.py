@@ -290,8 +290,9 @@ class LoraModel:
         targets = sorted({n.split(".")[-1] for n in self.layers})
         o = self.options
         return {"peft_type": "LORA", "task_type": None, "r": o.rank, "lora_alpha": o.lora_alpha,
-                "lora_dropout": o.dropout, "target_modules": targets, "bias": "none", "fan_in_fan_out": False, "use_rslora": False,
-                "use_dora": False, "modules_to_save": None, "base_model_name_or_path": base_model_path}
+                "lora_dropout": o.dropout, "target_modules": targets, "bias": "none", "fan_in_fan_out": False,
+                "use_rslora": False, "use_dora": False, "modules_to_save": None,
+                "base_model_name_or_path": base_model_path}
 
     # -- state ------------------------------------------------------------------------------
     def trainable_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

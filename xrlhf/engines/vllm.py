@@ -18,6 +18,13 @@ Weights. Updates go through ``xrlhf.engines.vllm_ext.XrlhfWorkerExtension`` insi
 worker, called with ``collective_rpc``: the transport's receive side runs there, so CUDA IPC
 handles are mapped, NCCL buffers received and checksums checked where the weights land.
 
+LoRA adapters. When the policy syncs its LoRA adapter as such (``policy.train.lora.sync:
+adapter``, the spec's ``adapter``), vLLM is started with ``enable_lora`` (one slot of the
+adapter's rank); the tensors arrive through the transport into the worker extension, which
+writes them as a PEFT adapter directory in /dev/shm and loads it with the worker's ``add_lora``
+(``load_inplace``: one adapter id, replaced by each sync); every request then carries its
+``LoRARequest``. A merged sync needs none of this: vLLM gets full weights. See docs/lora.md.
+
 Threads. A call with ``seeds`` (the asynchronous rollout's) goes through ``vllm_loop``'s
 request loop: one thread streams every concurrent keyed call through ``llm.llm_engine``, and a
 weight sync that arrives while they generate pauses vLLM with its requests kept, loads, and
