@@ -66,7 +66,7 @@ def lora_trainer(model: str, sync: str):
     with torch.no_grad():
         for name, p in t.model.named_parameters():
             if p.requires_grad:
-                p.copy_(0.2 * torch.randn(p.shape, generator=g, device=p.device))
+                p.copy_(0.05 * torch.randn(p.shape, generator=g, device=p.device))
     return t
 
 

@@ -274,7 +274,7 @@ class VLLMGenerateEngine(GenerateEngine):
             self._reset_cache = False
         sp = self.sampling_params(params, len(prompts))
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts], sp,
-                                 use_tqdm=False, lora_request=self._lora)
+                                 use_tqdm=False, **({} if self._lora is None else {"lora_request": self._lora}))
         token_ids = [list(out.outputs[0].token_ids) for out in outs]
         return GenerationOutput(token_ids, [sampled_logprobs(out.outputs[0].logprobs, ids)
                                             for out, ids in zip(outs, token_ids)],

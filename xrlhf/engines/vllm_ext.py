@@ -190,6 +190,18 @@ class XrlhfWorkerExtension:
         state["loaded"] = set()
         return missing
 
+    def xrlhf_weight_checksums(self) -> dict[str, int]:
+        """Read-back: ``checksum`` by HF name of each tensor the loader was given in the last sync.
+
+        vLLM's loader converts what it is given (GPT-2's Conv1D weights transposed, q/k/v and
+        gate/up stacked, the vocabulary padded, tensor-parallel slices), so its parameters do
+        not compare with the trainer's tensors by name. The record (``weight_sync.LoadRecord``)
+        compares like with like: the tensors as received, by HF name, after checking that every
+        parameter still holds what the loader made of them at the end of that sync. Needs the
+        last sync to have run with verify on.
+        """
+        return self._xrlhf_state()["record"].read_back(self._xrlhf_model().named_parameters(), "vLLM")
+
     # -- LoRA adapters (``policy.train.lora.sync: adapter``) --------------------------------------
     def xrlhf_set_adapter(self, config: dict[str, Any], directory: str) -> None:
         """Adapter mode: from now on a sync carries the policy's LoRA adapter (PEFT's tensor
