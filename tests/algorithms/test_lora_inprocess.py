@@ -55,3 +55,26 @@ def test_grpo_with_lora_uses_the_policys_base_as_reference(tiny_model):
     assert not torch.equal(policy.infer(batch)["logprobs"], base)  # while the adapters have learnt
     compare_checksums({n: checksum(t) for n, t in train.named_weights()},  # the generator holds the merged weights
                       {n: checksum(t) for n, t in gen.model.state_dict().items()})
+
+
+@pytest.mark.parametrize("lora_warmup", [False, True])
+def test_the_warmup_writes_a_whole_model_for_the_adapters_to_start_on(tiny_model, tmp_path, lora_warmup):
+    from safetensors.torch import load_file
+
+    from xrlhf.algorithms.warmup import supervised_warmup, warmup_specs
+
+    cfg = validate_dict({"env": {"name": "reasoning", "options": {"eval_size": 8}},
+                         "policy": {"model": tiny_model, "train": {"lr": 1e-3, "lora": {"rank": 4, "save": "adapter"}},
+                                    "generate": {"max_new_tokens": 4}},
+                         "warmup": {"steps": 3, "batch_size": 8, "lora": lora_warmup},
+                         "algorithm": {"name": "grpo", "mini_batch_size": 8, "kl_coef": 0.0}, "reference": None,
+                         "trainer": {"prompts_per_step": 4, "samples_per_prompt": 2}})
+    train_spec, _ = warmup_specs(cfg, tiny_model)
+    lora = train_spec.options.lora
+    assert (lora is not None and lora.save == "merged") if lora_warmup else lora is None
+    env = build_env(cfg.env.name, cfg.env.options, cfg.seed)
+    path, _ = supervised_warmup(cfg, env, load_tokenizer(tiny_model), tiny_model, tmp_path)
+    weights = load_file(f"{path}/model.safetensors")  # a whole model either way, not an adapter
+    base = HFInferEngine(EngineSpec(tiny_model)).hf.model.state_dict()
+    assert set(weights) <= set(base) and not any("lora" in k for k in weights)
+    assert any(not torch.equal(weights[k], base[k]) for k in weights)

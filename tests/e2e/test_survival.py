@@ -104,7 +104,7 @@ def test_lora_sigkill_then_resume_ends_with_the_same_adapters(survival_config, t
     proc.wait()
     assert_no_leftovers(proc.pid)
     assert run(cfg, tmp_path / "killed", resume=True)["steps"] == 5
-    a, b = (load_file(str(d / "final" / "adapter_model.safetensors")) for d in (tmp_path / "straight", tmp_path / "killed"))
+    a, b = (load_file(str(tmp_path / d / "final" / "adapter_model.safetensors")) for d in ("straight", "killed"))
     assert a.keys() == b.keys() and all(".lora_A." in k or ".lora_B." in k for k in a)
     for k in a:
         assert torch.equal(a[k], b[k]), k

@@ -42,6 +42,8 @@ def warmup_specs(cfg: XConfig, model_dir: str) -> tuple[EngineSpec, EngineSpec]:
              "lr_warmup_steps": min(20, w.steps // 10), "lr_schedule": "cosine"}
     if train.get("lora") is not None:  # LoRA RL: the warm-up writes a whole model for the RL's adapters to start on
         train["lora"] = {**train["lora"], "save": "merged"} if w.lora else None
+        logger.info("warm-up: " + ("LoRA adapters, merged into the model it writes" if w.lora else
+                                   "every weight (warmup.lora: false); the RL's LoRA adapters start on its result"))
     train_spec = EngineSpec(model_path=model_dir, device=device, seed=cfg.seed, total_steps=w.steps,
                             options=engine_options(p.train.engine, "train", train, "policy.train"))
     gen_spec = EngineSpec(model_path=model_dir, device=device, seed=cfg.seed,

@@ -165,6 +165,9 @@ class Coordinator:
         self._wire_weight_sync()
         logger.info(f"Ray handles ready in {time.time() - t0:.1f}s: " + ", ".join(
             f"{h.name} x{h.world_size}" for h in self.handles.values()))
+        if self.reference_from_policy:
+            logger.info("reference: the policy's base with its LoRA adapters off (computed by the policy's workers; "
+                        "no model of its own)")
         return self
 
     def _create(self, s: HandleSpec, slot: Slot) -> tuple[ModelHandle, list]:

@@ -166,7 +166,8 @@ def target_errors(options: LoraOptions, where: str, model_dir: str, head: str) -
         return []
     names = ", ".join(sorted({n.split(".")[-1] for n in adaptable})) or "none"
     what = f"{', '.join(map(repr, unknown))} {'is' if len(unknown) == 1 else 'are'} not" if unknown else "none is"
-    head_note = f" ({', '.join(sorted({h.split('.')[-1] for h in heads}))}: output heads are not adapted)" if heads else ""
+    head_names = ", ".join(sorted({h.split(".")[-1] for h in heads}))
+    head_note = f" ({head_names}: output heads are not adapted)" if heads else ""
     return [f"{where}.target_modules: {what} a linear layer of {model_dir} that LoRA can adapt; its linear layers: "
             f"{names}{head_note}; or all-linear"]
 
