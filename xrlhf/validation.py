@@ -52,7 +52,7 @@ def validate_dict(data: dict[str, Any]) -> XConfig:
         errors += lines
     if cfg is not None:
         errors += engine_errors(cfg) + _transport_errors(cfg) + _reward_function_errors(cfg)
-        errors += file_errors(cfg, parsed)
+        errors += file_errors(cfg, parsed) + lora_errors(cfg)
     if not errors and cfg is not None:
         errors += _algorithms().get(cfg.algorithm.name).check_config(cfg, parsed["algorithm"])
     if not errors and cfg is not None:
@@ -137,6 +137,62 @@ def _section_errors(cfg: XConfig, path: str, role: str, section: Section) -> lis
         where = "policy.generate.resources" if split else "policy.resources"
         errors += cls.placement_errors(options, where, res.gpus_per_rank, split)
         errors += cls.rollout_errors(options, cfg.rollout, rollout_plan(cfg, split))
+        adapter = _policy_adapter(cfg)
+        if adapter is not None and adapter.sync == "adapter":
+            errors += cls.adapter_errors(options, adapter)
+    return errors
+
+
+def _policy_adapter(cfg: XConfig):
+    """The policy's LoRA options, or ``None`` (also when its train section is invalid: reported by itself)."""
+    from xrlhf.engines.lora import policy_adapter
+
+    try:
+        return policy_adapter(cfg)
+    except (KeyError, ValidationError):
+        return None
+
+
+def lora_errors(cfg: XConfig) -> list[str]:
+    """LoRA against the rest of the run: each train section's targets against its model (the
+    engine's ``model_errors``), the reference as the policy's base, the warm-up."""
+    from xrlhf.engines.base import engine_class
+    from xrlhf.engines.lora import reference_is_policy_base
+
+    errors = []
+    try:
+        head = _algorithms().get(cfg.algorithm.name).policy_head
+    except KeyError:
+        head = "causal_lm"
+    sections = [("policy.train", cfg.policy.train, cfg.policy.model, head)]
+    if cfg.critic is not None:
+        sections.append(("critic.train", cfg.critic.train, cfg.critic.model or cfg.policy.model, "value"))
+    for path, section, model_dir, model_head in sections:
+        try:
+            cls = engine_class(section.engine, "train")
+            options = cls.Options.model_validate(section.engine_fields(), context={"path": path})
+        except (KeyError, ValidationError):
+            continue  # reported by engine_errors
+        if not model_errors(path, model_dir, model_head):
+            errors += cls.model_errors(options, path, model_dir, model_head)
+    adapter = _policy_adapter(cfg)
+    r = cfg.reference
+    if r is not None and r.from_policy_base and adapter is None:
+        errors.append("reference.from_policy_base: the policy trains every weight (no policy.train.lora), so it keeps "
+                      "no base to compute the reference with; remove it (the reference is then a model of its own)")
+    elif r is not None and adapter is not None and reference_is_policy_base(cfg):
+        unused = [k for k in ("model", "infer", "resources") if k in r.model_fields_set]
+        errors += [f"reference.{k}: not used: the reference is the policy's base with its LoRA adapters off "
+                   f"(policy.train.lora); remove it, or set reference.from_policy_base: false for a reference model "
+                   f"of its own" for k in unused]
+        for h in ("critic", "reward"):
+            sec = getattr(cfg, h)
+            if sec is not None and sec.resources.colocate_with == "reference":
+                errors.append(f"{h}.resources.colocate_with: the reference is the policy's base and has no workers "
+                              f"of its own; colocate with policy")
+    if cfg.warmup.lora and adapter is None:
+        errors.append("warmup.lora: warms up with the policy's LoRA adapters, but policy.train has no lora section; "
+                      "remove it")
     return errors
 
 
@@ -176,12 +232,18 @@ def _trainer_gib(cfg: XConfig) -> float | None:
         params = count_params(cfg.policy.model)
     except Exception:  # noqa: BLE001 - reported by model_errors
         return None
+    from xrlhf.engines.lora import adapter_params, reference_is_policy_base
+
     train = cfg.policy.train
     dtype = 2 if train.dtype == "bfloat16" else 4
-    frozen = params if cfg.reference is not None and cfg.reference.resources.colocate_with == "policy" else 0
+    separate_ref = cfg.reference is not None and not reference_is_policy_base(cfg)
+    frozen = params if separate_ref and cfg.reference.resources.colocate_with == "policy" else 0
+    adapter, trained = _policy_adapter(cfg), params
+    if adapter is not None:  # LoRA: the base is frozen, only the adapters have gradients and Adam states
+        frozen, trained = frozen + params, adapter_params(cfg.policy.model, "causal_lm", adapter)
     seq = 64 + cfg.policy.generate.max_new_tokens  # a typical prompt and the longest response
     width = getattr(mc, "intermediate_size", None)
-    gib = estimate_train_gib(params, dtype, train.micro_batch_size, seq, mc.hidden_size, mc.num_hidden_layers,
+    gib = estimate_train_gib(trained, dtype, train.micro_batch_size, seq, mc.hidden_size, mc.num_hidden_layers,
                              mc.vocab_size, frozen, width)
     if cfg.critic is not None and cfg.critic.resources.colocate_with == "policy":  # a second trainer, no logits
         gib += estimate_train_gib(params, dtype, cfg.critic.train.micro_batch_size, seq, mc.hidden_size,

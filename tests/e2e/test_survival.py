@@ -100,6 +100,31 @@ def test_sigkill_then_resume_is_bit_identical(survival_config, tmp_path):
     assert (ckpts[-1].parent / f"torn-{ckpts[-1].name}").is_dir() and list_checkpoints(tmp_path / "killed") == ckpts[:1]
 
 
+def test_lora_sigkill_then_resume_ends_with_the_same_adapters(survival_config, tmp_path):
+    """LoRA policy and critic: checkpoints hold the adapters (the critic's new head too) and their
+    optimizer states, not the base; a run killed and resumed ends with bit-identical adapters."""
+    pytest.importorskip("peft")
+    survival_config["policy"]["train"]["lora"] = {"rank": 4, "alpha": 8, "save": "adapter"}
+    survival_config["critic"]["train"]["lora"] = {"rank": 4}
+    cfg = validate_dict(survival_config)
+    run(cfg, tmp_path / "straight")
+    proc = start(survival_config, tmp_path, tmp_path / "killed")
+    wait_for_step(tmp_path / "killed", 3, proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert_no_leftovers(proc.pid)
+    assert run(cfg, tmp_path / "killed", resume=True)["steps"] == 5
+    a, b = (load_file(str(tmp_path / d / "final" / "adapter_model.safetensors")) for d in ("straight", "killed"))
+    assert a.keys() == b.keys() and all(".lora_A." in k or ".lora_B." in k for k in a)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    ckpt = sorted((tmp_path / "killed" / "checkpoints").glob("step-*"))[-1]
+    policy, critic = (torch.load(ckpt / f"{h}.pt", weights_only=False) for h in ("policy", "critic"))
+    assert all(".lora_" in k for k in policy["model"])  # no base weights in the checkpoint
+    assert all(".lora_" in k or "score.modules_to_save" in k for k in critic["model"])
+    assert not (tmp_path / "killed" / "checkpoints" / ckpt.name / "reference.pt").exists()
+
+
 def test_resume_refuses_a_different_config(survival_config, tmp_path):
     cfg = validate_dict(survival_config)
     (tmp_path / "r").mkdir()

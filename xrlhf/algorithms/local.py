@@ -90,6 +90,17 @@ class LocalHandle:
     def infer(self, batch: Batch, *, wait: bool = True) -> Batch | Done:
         return self._call(DP, "infer", batch, wait=wait)
 
+    def infer_base(self, batch: Batch, *, wait: bool = True) -> Batch | Done:
+        """``infer`` with the train engines' start model (LoRA adapters off)."""
+        return self._call(DP, "infer_base", batch, wait=wait)
+
+    def base_reference(self) -> "LocalHandle":
+        """A reference handle that is this handle's base (``coordinator.handle.BaseReference``'s
+        in-process twin): same hosts, ``infer`` with the LoRA adapters off, nothing to save."""
+        ref = _BaseReference("reference", self.hosts)
+        ref.trainable = False
+        return ref
+
     def train_step(self, batch: Batch, loss_fn: LossFn, *, wait: bool = True) -> dict[str, float] | Done:
         if self.world_size > 1:
             raise NotImplementedError(f"{self.name}: in-process ranks cannot sum their gradients; "
@@ -136,6 +147,13 @@ class LocalHandle:
 
     def weight_checksums(self, role: str, *, wait: bool = True) -> Any:
         return self._call(RANK0, "weight_checksums", role, wait=wait)
+
+
+class _BaseReference(LocalHandle):
+    """See ``LocalHandle.base_reference``."""
+
+    def infer(self, batch: Batch, *, wait: bool = True) -> Batch | Done:
+        return self.infer_base(batch, wait=wait)
 
 
 class LocalHandles:

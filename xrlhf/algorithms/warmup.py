@@ -33,11 +33,17 @@ from xrlhf.envs.episode import is_episode_env
 def warmup_specs(cfg: XConfig, model_dir: str) -> tuple[EngineSpec, EngineSpec]:
     """The specs of the policy's train and generate engines for the warm-up: the policy's own
     backends, device and dtype; the warm-up's ``lr``, ``batch_size`` (as the micro-batch: one
-    micro-batch per step), clipping at 1 and a cosine schedule with 10% linear warm-up."""
+    micro-batch per step), clipping at 1 and a cosine schedule with 10% linear warm-up. With
+    ``policy.train.lora`` the warm-up trains every weight, or with ``warmup.lora`` the adapters
+    (merged into what it writes); either way it writes a whole model, the base of the RL's adapters."""
     p, w = cfg.policy, cfg.warmup
     device = "cuda" if p.resources.gpus_per_rank > 0 else "cpu"
     train = {**p.train.engine_fields(), "lr": w.lr, "micro_batch_size": w.batch_size, "grad_clip": 1.0,
              "lr_warmup_steps": min(20, w.steps // 10), "lr_schedule": "cosine"}
+    if train.get("lora") is not None:  # LoRA RL: the warm-up writes a whole model for the RL's adapters to start on
+        train["lora"] = {**train["lora"], "save": "merged"} if w.lora else None
+        logger.info("warm-up: " + ("LoRA adapters, merged into the model it writes" if w.lora else
+                                   "every weight (warmup.lora: false); the RL's LoRA adapters start on its result"))
     train_spec = EngineSpec(model_path=model_dir, device=device, seed=cfg.seed, total_steps=w.steps,
                             options=engine_options(p.train.engine, "train", train, "policy.train"))
     gen_spec = EngineSpec(model_path=model_dir, device=device, seed=cfg.seed,

@@ -140,6 +140,9 @@ class CriticConfig(Strict):
 
 class ReferenceConfig(Strict):
     model: ModelPath | None = Field(None, description="default: the policy's initial model")
+    from_policy_base: bool | None = Field(
+        None, description="the reference is the policy's base with its LoRA adapters off, computed by the policy's "
+        "train engine: no model of its own (default: on when policy.train.lora is set and reference.model is not)")
     infer: InferConfig = Field(default_factory=InferConfig)
     resources: Resources = Field(default_factory=lambda: Resources(colocate_with="policy"))
 
@@ -229,6 +232,9 @@ class WarmupConfig(Strict):
     steps: int = Field(0, ge=0)
     batch_size: int = Field(64, ge=1)
     lr: float = Field(1e-3, gt=0)
+    lora: bool = Field(False, description="with policy.train.lora: warm up the LoRA adapters too (merged into the "
+                       "model the warm-up writes); default: the warm-up trains every weight and RL's adapters start "
+                       "on its result")
 
 
 class CheckpointConfig(Strict):

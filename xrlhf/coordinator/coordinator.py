@@ -18,11 +18,12 @@ import ray
 from loguru import logger
 
 from xrlhf.config.schema import Resources, XConfig
-from xrlhf.coordinator.handle import ROLLOUT_GROUPS, ModelHandle
+from xrlhf.coordinator.handle import ROLLOUT_GROUPS, BaseReference, ModelHandle
 from xrlhf.coordinator.resources import Slot, anchor_of, place
 from xrlhf.coordinator.weight_routes import WeightRoutes
 from xrlhf.coordinator.worker import EngineWorker
 from xrlhf.engines.base import DistInfo, EngineSpec, engine_class, engine_options
+from xrlhf.engines.lora import policy_adapter, reference_is_policy_base
 
 
 @dataclass
@@ -44,18 +45,20 @@ def handle_specs(cfg: XConfig, policy_model: str, total_train_steps: dict[str, i
     """
 
     placed = {"policy": cfg.policy.resources, "rollout": cfg.policy.generate.resources}
+    from_base = reference_is_policy_base(cfg)  # the reference is the policy's own base: no handle
     placed.update({h: getattr(cfg, h).resources for h in ("critic", "reference", "reward")
-                   if getattr(cfg, h) is not None})
+                   if getattr(cfg, h) is not None and not (h == "reference" and from_base)})
     placed = {h: r for h, r in placed.items() if r is not None}
 
     def spec(model: str, head: str, res: Resources, section, role: str, path: str, temperature: float = 1.0,
-             total_steps: int = 0) -> EngineSpec:
+             total_steps: int = 0, adapter=None) -> EngineSpec:
         # A co-located handle runs where its anchor's bundle is: on a GPU if the anchor has one
         # (it gets a share of it), whatever its own gpus_per_rank says.
         anchor = res if res.colocate_with is None else placed[anchor_of(res.colocate_with, placed)]
         options = engine_options(section.engine, role, section.engine_fields(), path)  # validated before
         return EngineSpec(model_path=model, head=head, device="cuda" if anchor.gpus_per_rank > 0 else "cpu",
-                          options=options, seed=cfg.seed, temperature=temperature, total_steps=total_steps)
+                          options=options, seed=cfg.seed, temperature=temperature, total_steps=total_steps,
+                          adapter=adapter)
 
     p = cfg.policy
     temp = p.generate.temperature or 1.0
@@ -64,8 +67,10 @@ def handle_specs(cfg: XConfig, policy_model: str, total_train_steps: dict[str, i
     out = [HandleSpec("policy", policy, p.resources)]
     if generate:
         gen_res = p.generate.resources or p.resources  # split layout: the generators' own handle, 'rollout'
+        adapter = policy_adapter(cfg)  # a LoRA adapter the syncs carry as such, not merged
+        adapter = adapter if adapter is not None and adapter.sync == "adapter" else None
         gen = (p.generate.engine, spec(policy_model, "causal_lm", gen_res, p.generate, "generate", "policy.generate",
-                                       temp))
+                                       temp, adapter=adapter))
         if p.generate.resources is None:
             policy["generate"] = gen
         else:
@@ -75,7 +80,7 @@ def handle_specs(cfg: XConfig, policy_model: str, total_train_steps: dict[str, i
         out.append(HandleSpec("critic", {"train": (c.train.engine, spec(
             c.model or policy_model, "value", c.resources, c.train, "train", "critic.train",
             total_steps=total_train_steps.get("critic", 0)))}, c.resources))
-    if cfg.reference is not None:
+    if cfg.reference is not None and not from_base:
         r = cfg.reference
         out.append(HandleSpec("reference", {"infer": (r.infer.engine, spec(
             r.model or policy_model, "causal_lm", r.resources, r.infer, "infer", "reference.infer", temp))},
@@ -129,6 +134,8 @@ class Coordinator:
         """``generate`` calls the trainer may have running at once on one generating worker beyond
         an asynchronous rollout's (an episode env's turns: one call per episode; 0: none)."""
         self.specs = handle_specs(cfg, policy_model, total_train_steps or {}, policy_head, generate)
+        self.reference_from_policy = reference_is_policy_base(cfg)
+        """The reference is the policy's base with its LoRA adapters off (no handle of its own)."""
         self.handles: dict[str, ModelHandle] = {}
         self.placement_groups: list = []
         self.pids: dict[str, list[int]] = {}
@@ -158,6 +165,9 @@ class Coordinator:
         self._wire_weight_sync()
         logger.info(f"Ray handles ready in {time.time() - t0:.1f}s: " + ", ".join(
             f"{h.name} x{h.world_size}" for h in self.handles.values()))
+        if self.reference_from_policy:
+            logger.info("reference: the policy's base with its LoRA adapters off (computed by the policy's workers; "
+                        "no model of its own)")
         return self
 
     def _create(self, s: HandleSpec, slot: Slot) -> tuple[ModelHandle, list]:
@@ -203,6 +213,10 @@ class Coordinator:
 
     @property
     def reference(self) -> ModelHandle | None:
+        """The reference's handle, or the policy's base (``BaseReference``) when the reference is
+        the policy with its LoRA adapters off (``reference.from_policy_base``)."""
+        if self.reference_from_policy and "policy" in self.handles:
+            return BaseReference(self.handles["policy"])
         return self.handles.get("reference")
 
     @property

@@ -32,7 +32,8 @@ from xrlhf.engines.base import merge_rank_states
 from xrlhf.utils import faults
 from xrlhf.utils.errors import WorkerDiedError
 
-__all__ = ["ALL", "DP", "DP_TRAIN", "ONE", "RANK0", "ModelHandle", "Pending", "ROLLOUT_GROUPS", "dispatch"]
+__all__ = ["ALL", "DP", "DP_TRAIN", "ONE", "RANK0", "BaseReference", "ModelHandle", "Pending", "ROLLOUT_GROUPS",
+           "dispatch"]
 
 _SLICE_S = 1.0
 
@@ -171,6 +172,10 @@ class ModelHandle:
     def infer(self, batch):
         """Logprobs / values / scores of ``batch`` -> ``Batch``."""
 
+    @dispatch(DP)
+    def infer_base(self, batch):
+        """Logprobs of ``batch`` under the train engines' start model (LoRA adapters off) -> ``Batch``."""
+
     @dispatch(DP_TRAIN)
     def train_step(self, batch, loss_fn):
         """One optimizer step on a global mini-batch, data-parallel -> metrics, unit-weighted mean
@@ -253,6 +258,21 @@ class ModelHandle:
     def kill(self) -> None:
         for w in self.workers:
             ray.kill(w, no_restart=True)
+
+
+class BaseReference(ModelHandle):
+    """The reference as the policy's own base: the policy's workers, whose train engines compute
+    ``infer`` with their LoRA adapters off (``TrainEngine.infer_base``). No worker, no model and
+    no state of its own: the coordinator keeps it out of its handles (not checkpointed, not
+    killed twice); a trainer calls ``reference.infer`` as on any reference.
+    """
+
+    def __init__(self, policy: ModelHandle):
+        super().__init__("reference", policy.workers, trainable=False, concurrent=policy.concurrent)
+
+    @dispatch(DP, target="infer_base")
+    def infer(self, batch):
+        """Logprobs of ``batch`` under the policy's base -> ``Batch``."""
 
 
 def _first_line(e: BaseException) -> str:

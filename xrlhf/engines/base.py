@@ -123,6 +123,8 @@ class EngineSpec:
         seed: the base seed; engines offset it by rank where sampling must differ.
         temperature: the sampling temperature logprobs are computed at (train / infer engines).
         total_steps: optimizer steps the run will take (LR schedules of train engines).
+        adapter: a generate engine's: the LoRA adapter (``engines.lora.LoraOptions`` with
+            ``sync: adapter``) its weight syncs carry instead of full weights; ``None``: full weights.
     """
 
     model_path: str
@@ -133,6 +135,7 @@ class EngineSpec:
     seed: int = 0
     temperature: float = 1.0
     total_steps: int = 0
+    adapter: BaseModel | None = None
 
 
 @dataclass
@@ -355,9 +358,35 @@ class TrainEngine(InferEngine):
             the step was not applied).
         """
 
+    @classmethod
+    def adapter_options(cls, options: BaseModel) -> BaseModel | None:
+        """The LoRA adapter this engine trains with ``options`` (``engines.lora.LoraOptions``), or
+        ``None`` when every weight trains. Where it is set, the base weights stay as loaded, so
+        ``infer_base`` computes the start model (a reference without a second copy)."""
+        return None
+
+    @classmethod
+    def model_errors(cls, options: BaseModel, where: str, model_dir: str, head: str) -> list[str]:
+        """What ``options`` (the section at YAML path ``where``) cannot do with the model at
+        ``model_dir`` built with ``head`` (a LoRA target that is not a layer of it). Each line names
+        the path and the fix."""
+        return []
+
+    def infer_base(self, batch: Batch) -> Batch:
+        """``infer`` with the start model's weights: the base of a LoRA engine with its adapters
+        off (see ``adapter_options``). Engines that train every weight keep no start model."""
+        raise NotImplementedError(f"{type(self).__name__} trains every weight and keeps no base model; "
+                                  f"the reference needs a model of its own")
+
     @abstractmethod
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The full weights, tensor by tensor (gathered if sharded), in HF naming."""
+
+    def weights_for_sync(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """What a weight sync sends the generator: ``named_weights`` (full weights), unless the
+        engine trains a LoRA adapter synced as an adapter (then its tensors only, PEFT's names).
+        A collective where ``named_weights`` is."""
+        return self.named_weights()
 
     @abstractmethod
     def save_pretrained(self, path: str) -> None:
@@ -506,6 +535,13 @@ class GenerateEngine(Engine):
             return [f"rollout.in_flight_updates: generate engine {cls.__name__} cannot load weights while it "
                     f"generates; set in_flight_updates: false"]
         return []
+
+    @classmethod
+    def adapter_errors(cls, options: BaseModel, adapter: BaseModel) -> list[str]:
+        """What this engine cannot do with the LoRA ``adapter`` (``engines.lora.LoraOptions``) the
+        policy's syncs carry as an adapter (``sync: adapter``). By default it loads full weights only."""
+        return [f"policy.train.lora.sync: 'adapter' sends the generator LoRA adapters, and generate engine "
+                f"{cls.__name__} loads full weights only; set sync: merged (or use engine: vllm)"]
 
     @abstractmethod
     def generate(self, prompts: list[list[int]], params: SamplingParams,

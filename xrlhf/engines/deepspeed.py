@@ -32,7 +32,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator, Literal, Mapping
+from typing import Any, Callable, Iterator, Literal, Mapping
 
 import torch
 import torch.distributed as dist
@@ -42,6 +42,7 @@ from pydantic import BaseModel, Field, ValidationInfo, model_validator
 from xrlhf.data.batch import Batch
 from xrlhf.engines.base import ENGINES, EngineSpec, ForwardOutput, InferEngine, TrainEngine
 from xrlhf.engines.hf import HFInferOptions, HFModel, HFTrainOptions, save_with_tokenizer
+from xrlhf.engines.lora import LoraModel, LoraTraining, apply_lora
 from xrlhf.engines.training import lr_lambda
 
 # -- options: the engine's own YAML fields and the DeepSpeed config made from them ----------------
@@ -274,9 +275,10 @@ def _is_zero3_param(t: torch.Tensor) -> bool:
     return hasattr(t, "ds_id")
 
 
-def gathered_weights(module: torch.nn.Module, bucket_bytes: int, stats: dict[str, int] | None = None
-                     ) -> Iterator[tuple[str, torch.Tensor]]:
-    """``module``'s state dict in HF naming, ZeRO-3 parameters gathered a bucket at a time.
+def gathered_weights(module: torch.nn.Module, bucket_bytes: int, stats: dict[str, int] | None = None,
+                     keep: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """``module``'s state dict in HF naming, ZeRO-3 parameters gathered a bucket at a time
+    (only the entries whose key ``keep`` accepts, when given: a LoRA adapter's tensors).
 
     Collective under ZeRO-3: every rank must iterate it to the end, in step. Tensors are
     cloned (on the accelerator) before their bucket is released, so a consumer may keep them.
@@ -286,7 +288,7 @@ def gathered_weights(module: torch.nn.Module, bucket_bytes: int, stats: dict[str
     import deepspeed
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
-    items = list(module.state_dict(keep_vars=True).items())
+    items = [(k, v) for k, v in module.state_dict(keep_vars=True).items() if keep is None or keep(k)]
     zero3 = list({id(p): p for _, p in items if _is_zero3_param(p)}.values())  # tied weights once
     stats = stats if stats is not None else {}
     stats.setdefault("buckets", 0)
@@ -342,6 +344,10 @@ class _DSModel:
             _cpu_adam_or_torch(self.ds_config)
         self.zero_stage = int(self.ds_config["zero_optimization"]["stage"])
         self.hf = _load(spec, keep_dropout=role == "train" and self.options.dropout)
+        lora = self.adapter_options(self.options) if role == "train" else None
+        if lora is not None:  # before DeepSpeed sees the model: only the adapters reach its optimizer
+            self.hf.model = apply_lora(self.hf.model, lora, self.options.gradient_checkpointing)
+            init_kwargs["model_parameters"] = [p for p in self.hf.model.parameters() if p.requires_grad]
         if role == "train" and self.options.gradient_checkpointing:
             self.hf.model.gradient_checkpointing_enable()
         self.engine, *_ = deepspeed.initialize(model=self.hf.model, config=self.ds_config, **init_kwargs)
@@ -349,6 +355,7 @@ class _DSModel:
         self.hf.device = self.engine.device
         self.module: torch.nn.Module = self.engine.module
         self.device = self.engine.device
+        self.lora = LoraModel(self.module, lora) if lora is not None else None
         self.hf.prepare()  # after placement: the probe runs where the engine will (a collective under ZeRO-3)
 
     @property
@@ -381,17 +388,18 @@ class _DSModel:
         backward (stage 0 and 1 only at the accumulation boundary, once per step)."""
         return self.zero_stage == 3 or (isinstance(self, TrainEngine) and self.zero_stage == 2)
 
-    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The full weights in HF naming. ZeRO 0-2: as they are; ZeRO-3: gathered bucket by
-        bucket (a collective: every rank must consume the iterator to the end)."""
+    def _state_items(self, keep: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """The module's state-dict pairs (those whose key ``keep`` accepts). ZeRO 0-2: as they
+        are; ZeRO-3: gathered bucket by bucket (a collective: every rank must consume the
+        iterator to the end)."""
         if self.zero_stage < 3:
-            yield from self.module.state_dict().items()
+            yield from ((k, v) for k, v in self.module.state_dict().items() if keep is None or keep(k))
             return
         self.release_gathered()
         self.gather_stats = {}
-        yield from gathered_weights(self.module, self.gather_bucket_bytes, self.gather_stats)
+        yield from gathered_weights(self.module, self.gather_bucket_bytes, self.gather_stats, keep)
 
-    def save_pretrained(self, path: str) -> None:
+    def _save_full(self, path: str) -> None:
         """HF-format directory at ``path`` from any stage; called on every rank, rank 0 writes.
 
         Under ZeRO-3 every rank joins the bucket-by-bucket gather and rank 0 keeps a CPU copy.
@@ -402,7 +410,7 @@ class _DSModel:
                 save_with_tokenizer(self.module, self.spec.model_path, path)
             return
         state = {}
-        for name, t in self.named_weights():
+        for name, t in self._state_items():
             if rank == 0:
                 state[name] = t.cpu()
         if rank == 0:
@@ -410,7 +418,7 @@ class _DSModel:
 
 
 @ENGINES.register("deepspeed.train")
-class DeepSpeedTrainEngine(_DSModel, TrainEngine):
+class DeepSpeedTrainEngine(LoraTraining, _DSModel, TrainEngine):
     """Training with DeepSpeed ZeRO stage 0-3, optional optimizer / parameter CPU offload.
     Options: ``DeepSpeedTrainOptions``."""
 
@@ -466,7 +474,10 @@ class DeepSpeedTrainEngine(_DSModel, TrainEngine):
         tmp = Path(tempfile.mkdtemp(prefix="xrlhf-ds-ckpt-"))
         try:
             dist.barrier()
-            self.engine.save_checkpoint(str(tmp), tag="state", client_state={})
+            # with LoRA the frozen base is not state: it comes back from the model directory
+            lora = {} if self.lora is None else {"lora_base": self.lora.base_fingerprint()}
+            self.engine.save_checkpoint(str(tmp), tag="state", client_state=lora,
+                                        exclude_frozen_parameters=self.lora is not None)
             dist.barrier()
             files = {str(f.relative_to(tmp)): f.read_bytes() for f in sorted(tmp.rglob("*")) if f.is_file()}
             dist.barrier()
@@ -516,12 +527,14 @@ class DeepSpeedTrainEngine(_DSModel, TrainEngine):
                 f = tmp / rel
                 f.parent.mkdir(parents=True, exist_ok=True)
                 f.write_bytes(data)
-            path, _ = self.engine.load_checkpoint(str(tmp), tag="state")
+            path, client = self.engine.load_checkpoint(str(tmp), tag="state", load_module_strict=self.lora is None)
             if path is None:
                 raise ValueError("DeepSpeedTrainEngine.load_state_dict: DeepSpeed found no checkpoint in the state")
             dist.barrier()
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+        if self.lora is not None:  # the frozen base is not in the files: it must be the one they were made on
+            self.lora.check_base((client or {}).get("lora_base"))
 
 
 @ENGINES.register("deepspeed.infer")

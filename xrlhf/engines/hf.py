@@ -31,6 +31,7 @@ from xrlhf.data.batch import Batch, response_width
 from xrlhf.engines.base import (ENGINES, EngineSpec, ForwardOutput, GenerateEngine, GenerateOptions, GenerationOutput,
                                 InferEngine, InferOptions, NamedTensors, SamplingParams, TrainEngine, TrainOptions)
 from xrlhf.engines.hf_decode import StepHook, WeightGate, decode_keyed
+from xrlhf.engines.lora import LoraModel, LoraTraining, LoraTrainOptions, apply_lora
 from xrlhf.engines.packing import Packed, Padded, pack_rows, pad_rows
 from xrlhf.engines.training import all_reduce_grads, lr_lambda
 from xrlhf.utils.tensors import chunked_token_logprobs, entropy_from_logits
@@ -232,7 +233,7 @@ def logprob_head(lm_head: torch.nn.Module, targets: torch.Tensor, temperature: f
             del lm_head.forward
 
 
-class HFTrainOptions(TrainOptions, HFModelOptions):
+class HFTrainOptions(LoraTrainOptions, HFModelOptions):
     """``<handle>.train`` of the Transformers and DeepSpeed train engines: the shared train
     fields plus ``HFModelOptions``."""
 
@@ -267,9 +268,10 @@ class HFInferEngine(InferEngine):
 
 
 @ENGINES.register("hf.train")
-class HFTrainEngine(TrainEngine):
+class HFTrainEngine(LoraTraining, TrainEngine):
     """Plain PyTorch training of a Transformers model (AdamW); data parallel through
-    torch.distributed (gradients summed in one flat all-reduce per dtype)."""
+    torch.distributed (gradients summed in one flat all-reduce per dtype). With ``lora`` set,
+    PEFT adapters train and the base stays frozen (``xrlhf.engines.lora``)."""
 
     Options = HFTrainOptions
 
@@ -277,9 +279,14 @@ class HFTrainEngine(TrainEngine):
         super().__init__(spec)
         spec.dist.init_process_group()
         self.hf = HFModel(self.spec, keep_dropout=self.options.dropout)
+        o = self.options
+        lora = self.adapter_options(o)
+        self.lora: LoraModel | None = None
+        if lora is not None:
+            self.hf.model = apply_lora(self.hf.model, lora, o.gradient_checkpointing)
+            self.lora = LoraModel(self.hf.model, lora)
         self.model = self.hf.model
         self.device = self.hf.device
-        o = self.options
         if o.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.model.train()
@@ -326,19 +333,28 @@ class HFTrainEngine(TrainEngine):
         self.optimizer.zero_grad(set_to_none=True)
         return {"grad_norm": float(norm), "lr": lr, "skipped": float(not torch.isfinite(norm))}
 
-    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        yield from self.model.state_dict().items()
+    def _state_items(self, keep=None) -> Iterator[tuple[str, torch.Tensor]]:
+        return ((k, v) for k, v in self.model.state_dict().items() if keep is None or keep(k))
 
-    def save_pretrained(self, path: str) -> None:
+    def _save_full(self, path: str) -> None:
         if self.spec.dist.rank == 0:  # every rank is called (sharded engines gather); rank 0 writes
             save_with_tokenizer(self.model, self.spec.model_path, path)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"model": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()},
+        """Model (with LoRA: the trainable tensors only), optimizer and scheduler state."""
+        model = self.model.state_dict()
+        if self.lora is not None:
+            return {"model": self.lora.trainable_state(model), "lora_base": self.lora.base_fingerprint(),
+                    "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+        return {"model": {k: v.detach().cpu().clone() for k, v in model.items()},
                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
+        if self.lora is not None:
+            self.lora.check_base(state.get("lora_base"))
+            self.lora.load_trainable_state(state["model"])
+        else:
+            self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
 
@@ -352,6 +368,11 @@ def save_with_tokenizer(model: torch.nn.Module, source_dir: str, path: str,
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, **({"state_dict": state_dict} if state_dict is not None else {}))
+    copy_tokenizer_files(source_dir, out)
+
+
+def copy_tokenizer_files(source_dir: str, out: Path) -> None:
+    """Copy the tokenizer files of the model directory ``source_dir`` into ``out``."""
     for f in Path(source_dir).iterdir():
         if f.is_file() and (f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json", "vocab.json",
                                                                         "merges.txt", "chat_template.jinja")):

@@ -82,6 +82,10 @@ class EngineHost:
         engine = self.infer_engine or self.train
         return engine.infer(batch)
 
+    def infer_base(self, batch: Batch) -> Batch:
+        """The train engine's start model (LoRA adapters off): a reference without a model of its own."""
+        return self.train.infer_base(batch)
+
     def train_step(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
         return self.train.train_step(batch, loss_fn)
 
@@ -89,17 +93,17 @@ class EngineHost:
     def sync_weights_local(self, version: int | None = None) -> int:
         """Train engine -> generate engine of this worker, through the configured transport;
         ``version``: the policy version sent (stamped on the tokens sampled with it)."""
-        n = push_weights(self.transport, self.train.named_weights(), self.gen.receive_weights)
+        n = push_weights(self.transport, self.train.weights_for_sync(), self.gen.receive_weights)
         self._end_sync(version)
         return n
 
     def send_weights(self) -> list[Message]:
         """Sender side of a message transport to other workers: every bucket's message."""
-        return list(self.transport.send(self.train.named_weights()))
+        return list(self.transport.send(self.train.weights_for_sync()))
 
     def broadcast_weights(self) -> int:
         """Sender side of a broadcast transport (the receivers run ``receive_weights`` meanwhile)."""
-        return sum(len(m.names) for m in self.transport.send(self.train.named_weights()))
+        return sum(len(m.names) for m in self.transport.send(self.train.weights_for_sync()))
 
     def receive_weights(self, messages: list[Message] | None = None, version: int | None = None) -> int:
         """Receiver side: load a message transport's buckets, or a broadcast's (``None``)."""
@@ -117,14 +121,15 @@ class EngineHost:
         while rank 0 sends them; nothing to do where ``named_weights`` is not a collective."""
         if not self.train.collective_weights:
             return 0
-        return sum(1 for _ in self.train.named_weights())
+        return sum(1 for _ in self.train.weights_for_sync())
 
     def weight_checksums(self, role: str) -> dict[str, int]:
-        """Checksums by HF name: the trainer's (``"train"``, in the generator's dtype) or the generator's."""
+        """Checksums by name of what a sync sends (``"train"``, in the generator's dtype: full weights by HF
+        name, or a LoRA adapter's tensors) or of what the generator holds (``"generate"``)."""
         if role == "generate":
             return self.gen.weight_checksums()
         dtype = getattr(self.transport, "dtype", None)
-        return {n: checksum(t if dtype is None else t.to(dtype)) for n, t in self.train.named_weights()}
+        return {n: checksum(t if dtype is None else t.to(dtype)) for n, t in self.train.weights_for_sync()}
 
     def memory_stats(self, reset: bool = True) -> dict[str, float]:
         """This process's peak allocated and reserved GPU memory (GiB), and the device's use."""

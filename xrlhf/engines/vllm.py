@@ -18,6 +18,13 @@ Weights. Updates go through ``xrlhf.engines.vllm_ext.XrlhfWorkerExtension`` insi
 worker, called with ``collective_rpc``: the transport's receive side runs there, so CUDA IPC
 handles are mapped, NCCL buffers received and checksums checked where the weights land.
 
+LoRA adapters. When the policy syncs its LoRA adapter as such (``policy.train.lora.sync:
+adapter``, the spec's ``adapter``), vLLM is started with ``enable_lora`` (one slot of the
+adapter's rank); the tensors arrive through the transport into the worker extension, which
+writes them as a PEFT adapter directory in /dev/shm and loads it with the worker's ``add_lora``
+(``load_inplace``: one adapter id, replaced by each sync); every request then carries its
+``LoRARequest``. A merged sync needs none of this: vLLM gets full weights. See docs/lora.md.
+
 Threads. A call with ``seeds`` (the asynchronous rollout's) goes through ``vllm_loop``'s
 request loop: one thread streams every concurrent keyed call through ``llm.llm_engine``, and a
 weight sync that arrives while they generate pauses vLLM with its requests kept, loads, and
@@ -42,7 +49,7 @@ from pydantic import BaseModel, Field
 
 from xrlhf.engines.base import (ENGINES, EngineSpec, GenerateEngine, GenerateOptions, GenerationOutput, NamedTensors,
                                 RolloutPlan, SamplingParams)
-from xrlhf.engines.vllm_ext import ShmPool, to_payload
+from xrlhf.engines.vllm_ext import LORA_ID, LORA_NAME, ShmPool, to_payload
 from xrlhf.engines.vllm_loop import RequestLoop, sampled_logprobs
 from xrlhf.weight_sync import Message, Transport, WeightSyncError, build_transport
 
@@ -113,11 +120,22 @@ def llm_kwargs(spec: EngineSpec) -> tuple[dict[str, Any], dict[str, str]]:
     for key in TYPED_OPTIONS:
         if getattr(opts, key) is not None:
             kwargs[key] = getattr(opts, key)
+    if spec.adapter is not None:  # syncs carry the policy's LoRA adapter: one slot of its rank
+        kwargs.update(enable_lora=True, max_loras=1, max_cpu_loras=1, max_lora_rank=lora_rank(spec.adapter.rank))
     if kwargs.get("tensor_parallel_size", 1) > 1:
         # Inside a Ray actor vLLM would pick its Ray executor and ask Ray for GPUs the actor holds.
         kwargs["distributed_executor_backend"] = "mp"
     kwargs.update(extra)
     return kwargs, env
+
+
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The ``max_lora_rank`` values vLLM 0.25.1 accepts (``vllm.config.lora.MaxLoRARanks``)."""
+
+
+def lora_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds an adapter of ``rank``."""
+    return next(r for r in LORA_RANKS if r >= rank)
 
 
 @ENGINES.register("vllm.generate")
@@ -143,6 +161,20 @@ class VLLMGenerateEngine(GenerateEngine):
                           "(policy.generate.resources with gpus_per_rank >= tensor_parallel_size)")
         if gpus_per_rank == 0 or tp > 1 and gpus_per_rank < tp:
             errors.append(f"{where}.gpus_per_rank: engine vllm needs {tp} GPU(s) per generator, got {gpus_per_rank:g}")
+        return errors
+
+    @classmethod
+    def adapter_errors(cls, options: BaseModel, adapter: BaseModel) -> list[str]:
+        """vLLM serves the policy's LoRA adapter from tensors (``vllm_ext``): up to rank 512, and
+        only while it keeps the base weights (an adapter sync does not send them again)."""
+        errors = []
+        if adapter.rank > LORA_RANKS[-1]:
+            errors.append(f"policy.train.lora.rank: vLLM serves LoRA adapters up to rank {LORA_RANKS[-1]}, got "
+                          f"{adapter.rank}; lower it or set policy.train.lora.sync: merged")
+        if options.sleep_level == 2:
+            errors.append("policy.generate.sleep_level: 2 drops vLLM's weights while training, and an adapter sync "
+                          "(policy.train.lora.sync: adapter) sends only the adapter, never the base again; set "
+                          "sleep_level: 1 (weights to CPU memory) or 0, or sync: merged")
         return errors
 
     @classmethod
@@ -191,7 +223,19 @@ class VLLMGenerateEngine(GenerateEngine):
         self._verify = False
         self._reset_cache = False
         self._shm: ShmPool | None = None  # buffers for vLLM's engine process (cpu transport)
-        self._loop = RequestLoop(self.llm, version=lambda: self.version, prepare=self._prepare_requests)
+        self._lora = None  # the LoRARequest of the policy's adapter, once a sync has installed one
+        self._adapter_sent = False
+        self._adapter_dir: str | None = None
+        if spec.adapter is not None:  # syncs carry a LoRA adapter, which the workers write here for vLLM's loader
+            import tempfile
+
+            a = spec.adapter
+            self._adapter_dir = tempfile.mkdtemp(prefix="xrlhf-lora-", dir="/dev/shm" if os.path.isdir("/dev/shm")
+                                                 else None)
+            self._rpc("xrlhf_set_adapter", {"r": a.rank, "lora_alpha": a.lora_alpha, "target_modules": a.target_modules,
+                                            "bias": "none"}, self._adapter_dir)
+        self._loop = RequestLoop(self.llm, version=lambda: self.version, prepare=self._prepare_requests,
+                                 lora=lambda: self._lora)
         self._sync: bool | None = None  # during a sync (its thread only): whether it paused generation
 
     # -- generation ---------------------------------------------------------------------------
@@ -230,7 +274,7 @@ class VLLMGenerateEngine(GenerateEngine):
             self._reset_cache = False
         sp = self.sampling_params(params, len(prompts))
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts], sp,
-                                 use_tqdm=False)
+                                 use_tqdm=False, **({} if self._lora is None else {"lora_request": self._lora}))
         token_ids = [list(out.outputs[0].token_ids) for out in outs]
         return GenerationOutput(token_ids, [sampled_logprobs(out.outputs[0].logprobs, ids)
                                             for out, ids in zip(outs, token_ids)],
@@ -300,6 +344,7 @@ class VLLMGenerateEngine(GenerateEngine):
                 n += int(self._rpc("xrlhf_receive", to_payload((transport, local), self._shm))[0])  # vllm_ext
             self._weights_valid = True
             self._reset_cache = True
+            self._adapter_sent = self._adapter_sent or n > 0
             return n
 
     def update_weights(self, weights: NamedTensors) -> None:
@@ -313,6 +358,7 @@ class VLLMGenerateEngine(GenerateEngine):
             self._wake({"weights"})
             self._rpc("xrlhf_load_weights", weights)
             self._weights_valid, self._reset_cache = True, True
+            self._adapter_sent = self._adapter_sent or bool(weights)
 
     def end_sync(self, version: int | None = None) -> None:
         """After the last bucket: check every parameter was loaded (with verify on), set the
@@ -325,6 +371,10 @@ class VLLMGenerateEngine(GenerateEngine):
             if verify and missing:
                 raise WeightSyncError(f"weight sync: {len(missing)} vLLM parameters were not loaded: "
                                       + ", ".join(missing[:8]))
+            if self.spec.adapter is not None and self._lora is None and self._adapter_sent:  # the first one is in
+                from vllm.lora.request import LoRARequest
+
+                self._lora = LoRARequest(LORA_NAME, LORA_ID, lora_path=f"{self._adapter_dir}/tp0")
             self._wake({"weights", "kv_cache"})
         paused, self._sync = self._sync, None
         self._loop.finish_sync(bool(paused))
@@ -370,10 +420,16 @@ class VLLMGenerateEngine(GenerateEngine):
             if tag in tags and tag in self._asleep:
                 self.llm.wake_up(tags=[tag])
                 self._asleep.discard(tag)
+                if tag == "weights" and self._lora is not None:  # the adapter is loaded again after a wake
+                    self._rpc("xrlhf_reload_adapter")
 
     def shutdown(self) -> None:
         if getattr(self, "_loop", None) is not None:
             self._loop.stop()
+        if getattr(self, "_adapter_dir", None):
+            import shutil
+
+            shutil.rmtree(self._adapter_dir, ignore_errors=True)
         if getattr(self, "_shm", None) is not None:
             self._shm.close()
         llm = getattr(self, "llm", None)

@@ -35,12 +35,17 @@ from typing import Any
 
 import torch
 
-from xrlhf.weight_sync import LoadRecord, Transport
+from xrlhf.weight_sync import LoadRecord, Transport, WeightSyncError
 from xrlhf.weight_sync.memory import SHM_DIR, SharedFiles, map_shared
 
 
 SHM_MIN_BYTES = 1 << 20
 """Buffers of at least this size go through shared memory instead of the RPC."""
+
+LORA_ID = 1
+"""The id of the one LoRA adapter a policy syncs (``sync: adapter``): every sync replaces it in
+place, so requests running across a sync go on with the new adapter, as with full weights."""
+LORA_NAME = "xrlhf-policy"
 
 
 class ShmPool:
@@ -138,16 +143,14 @@ class XrlhfWorkerExtension:
         if transport.kind == "broadcast":  # keep the connection: one transport object per group
             key = repr(sorted(transport.__getstate__().items()))
             transport = state["transports"].setdefault(key, transport)
-        model = self._xrlhf_model()
         record = state["record"]
         n = 0
         for named in transport.receive_all(messages, self.device, rank_offset=self._xrlhf_tp_rank(),
                                            checked=record.checked):
-            loaded = model.load_weights(weights=named)
+            self._xrlhf_load(named)
             record.loaded(named)
-            state["loaded"].update(loaded or ())
             n += len(named)
-            del named, loaded
+            del named
         if self.device.type == "cuda":  # copies done before the sender reuses or frees its memory
             torch.cuda.synchronize(self.device)
         return n
@@ -155,14 +158,32 @@ class XrlhfWorkerExtension:
     def xrlhf_load_weights(self, named: list[tuple[str, torch.Tensor]]) -> int:
         """Load ``(HF name, tensor)`` pairs given directly (engine in the caller's process)."""
         self._xrlhf_state()["record"].unverified()
-        self._xrlhf_state()["loaded"].update(self._xrlhf_model().load_weights(weights=named) or ())
+        self._xrlhf_load(named)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return len(named)
 
-    def xrlhf_end_sync(self) -> list[str]:
-        """Parameters not loaded since the last call (a complete sync loads every one)."""
+    def _xrlhf_load(self, named: list[tuple[str, torch.Tensor]]) -> None:
+        """Weights into the model; in adapter mode, adapter tensors kept (copied: a transport may
+        reuse its memory) until ``xrlhf_end_sync`` installs them."""
         state = self._xrlhf_state()
+        adapter = state.get("adapter")
+        if adapter is not None:
+            adapter["tensors"].update((n, t.detach().to("cpu", copy=True)) for n, t in named)
+            return
+        state["loaded"].update(self._xrlhf_model().load_weights(weights=named) or ())
+
+    def xrlhf_end_sync(self) -> list[str]:
+        """Parameters not loaded since the last call (a complete sync loads every one). In adapter
+        mode the sync's adapter is installed first, and only an adapter tensor can be missing."""
+        state = self._xrlhf_state()
+        adapter = state.get("adapter")
+        if adapter is not None:
+            tensors, adapter["tensors"] = adapter["tensors"], {}
+            if tensors:
+                self._xrlhf_install_adapter(tensors, adapter["config"])
+            state["record"].end_sync(self._xrlhf_model().named_parameters())
+            return []
         state["record"].end_sync(self._xrlhf_model().named_parameters())
         names = {n for n, _ in self._xrlhf_model().named_parameters()}
         missing = sorted(names - state["loaded"])
@@ -180,3 +201,62 @@ class XrlhfWorkerExtension:
         last sync to have run with verify on.
         """
         return self._xrlhf_state()["record"].read_back(self._xrlhf_model().named_parameters(), "vLLM")
+
+    # -- LoRA adapters (``policy.train.lora.sync: adapter``) --------------------------------------
+    def xrlhf_set_adapter(self, config: dict[str, Any], directory: str) -> None:
+        """Adapter mode: from now on a sync carries the policy's LoRA adapter (PEFT's tensor
+        names; ``config``: its ``adapter_config.json``) instead of the model's weights; this
+        worker writes it under ``directory`` (``tp<rank>``) for vLLM's adapter loader."""
+        path = f"{directory}/tp{self._xrlhf_tp_rank()}"
+        self._xrlhf_state()["adapter"] = {"config": dict(config), "tensors": {}, "dir": path, "installed": False}
+
+    def _xrlhf_install_adapter(self, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
+        """Write ``tensors`` as a PEFT adapter directory (in /dev/shm: memory) and load it as
+        vLLM's adapter ``LORA_ID`` in place of the previous one, through the worker's own
+        ``add_lora`` (vLLM 0.25.1 loads adapters from files only; no private loader is patched)."""
+        import json
+        from pathlib import Path
+
+        from safetensors.torch import save_file
+
+        adapter = self._xrlhf_state()["adapter"]
+        out = Path(adapter["dir"])
+        out.mkdir(parents=True, exist_ok=True)
+        save_file({n: t.contiguous() for n, t in tensors.items()}, str(out / "adapter_model.safetensors"))
+        (out / "adapter_config.json").write_text(json.dumps(config))
+        adapter["installed"] = True
+        self.xrlhf_reload_adapter()
+
+    def xrlhf_reload_adapter(self) -> bool:
+        """(Re)load the last adapter written (after a sync, and after a wake: vLLM may lose an
+        adapter's GPU copy across sleep, vllm#53888); ``False`` when there is none yet.
+
+        Raises:
+            WeightSyncError: vLLM runs without LoRA, or the adapter has a layer vLLM has no LoRA
+                slot for (it would be ignored silently, generating with the base there).
+        """
+        from vllm.lora.request import LoRARequest
+
+        adapter = self._xrlhf_state().get("adapter")
+        if adapter is None or not adapter["installed"]:
+            return False
+        if getattr(self.model_runner, "lora_manager", None) is None:
+            raise WeightSyncError("weight sync: an adapter arrived, but vLLM runs without LoRA (enable_lora)")
+        self.add_lora(LoRARequest(LORA_NAME, LORA_ID, adapter["dir"], load_inplace=True))
+        unused = self._xrlhf_unused_lora_layers()
+        if unused:
+            raise WeightSyncError(f"weight sync: vLLM has no LoRA layer for {len(unused)} adapted layer(s) of the "
+                                  f"adapter: {', '.join(unused[:5])}; use policy.train.lora.sync: merged")
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return True
+
+    def _xrlhf_unused_lora_layers(self) -> list[str]:
+        """Layers of the loaded adapter that match no LoRA layer of vLLM's model (a check only:
+        it reads the adapter manager, which vLLM keeps private; skipped if that changes)."""
+        try:
+            inner = self.model_runner.lora_manager._adapter_manager
+            lora = inner.get_adapter(LORA_ID)
+            return sorted(set(lora.loras) - set(inner.modules)) if lora is not None else []
+        except AttributeError:
+            return []

@@ -134,12 +134,15 @@ class RequestLoop:
         prepare: called by the loop, owning the ``LLM``, before it adds a call's requests, with
             whether vLLM is idle (wake memory, reset the prefix cache); what it raises fails
             that call only.
+        lora: the ``LoRARequest`` new requests carry (the policy's synced adapter), or ``None``.
     """
 
-    def __init__(self, llm, version: Callable[[], int], prepare: Callable[[bool], None]):
+    def __init__(self, llm, version: Callable[[], int], prepare: Callable[[bool], None],
+                 lora: Callable[[], Any] = lambda: None):
         self.llm = llm
         self._version = version
         self._prepare = prepare
+        self._lora = lora
         self._cv = threading.Condition()
         self._owner: int | None = None  # thread id of whoever may touch the LLM
         self._waiting = 0  # threads waiting to own it: the loop admits no new calls meanwhile
@@ -311,7 +314,9 @@ class RequestLoop:
 
         row, rid = call.rows[i], call.request_id(i)
         prompt = tokens_input(row.prompt, cache_salt=f"xrlhf-{self.epoch}")
-        self.llm.llm_engine.add_request(rid, prompt, call.params(derive_seed(row.seed, row.attempt)))
+        lora = self._lora()
+        self.llm.llm_engine.add_request(rid, prompt, call.params(derive_seed(row.seed, row.attempt)),
+                                        **({} if lora is None else {"lora_request": lora}))
         self._running[rid] = (call, i)
 
     def _step(self) -> list:
