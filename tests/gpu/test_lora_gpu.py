@@ -174,3 +174,20 @@ def test_grpo_w_with_lora_fits_and_syncs(model_05b, tmp_path, sync):
                                    "step_s": [round(r["time/step_s"], 2) for r in steps],
                                    "mismatch_mean": [r["mismatch/logprob_abs_diff_mean"] for r in steps]})
     assert peak <= 10.0, peak  # the target of issue 16 for W with LoRA r16 on every linear layer
+
+
+@pytest.mark.gpus(2)
+@pytest.mark.parametrize("sync", ["merged", "adapter"])
+def test_ppo_zero3_lora_with_colocated_vllm(model_05b, tmp_path, sync):
+    """PPO 3 steps (configs/gpu/ppo_deepspeed_zero3.yaml) with LoRA on the ZeRO-3 policy (and the
+    critic): the merged weights (or the adapters alone) gathered from both GPUs' shards reach
+    each rank's vLLM, checksummed; the reference is the policy's base (no reference model)."""
+    pytest.importorskip("deepspeed")
+    pytest.importorskip("ray")
+    from tests.gpu.test_ppo_vllm import run_config
+
+    extra = ("reference={}", f"policy.train.lora={{rank: 16, sync: {sync}}}", "critic.train.lora={rank: 16}",
+             "policy.train.lr=1e-4") + (("policy.generate.sleep_level=1",) if sync == "adapter" else ())
+    steps = run_config("ppo_deepspeed_zero3", model_05b, tmp_path, extra)
+    assert abs(steps[0]["kl/mean"]) < 1e-3  # the base is the reference: no KL before the first update
+    assert (tmp_path / "final" / "config.json").is_file()  # save: merged, gathered from the ZeRO-3 shards
