@@ -166,6 +166,17 @@ def test_a_model_whose_attention_crosses_sequences_falls_back_to_padded(tiny_mod
         HFInferEngine(EngineSpec(tiny_model, options={"packing": "varlen"}))
 
 
+def test_yaml_off_is_packing_off():
+    import yaml
+
+    from xrlhf.engines.hf import HFTrainOptions
+
+    assert HFTrainOptions.model_validate(yaml.safe_load("packing: off")).packing == "off"
+    assert HFTrainOptions.model_validate({"packing": True}).packing == "auto"
+    with pytest.raises(ValueError, match="packing"):
+        HFTrainOptions.model_validate({"packing": "sometimes"})
+
+
 def test_the_engine_says_which_path_it_took(tiny_model):
     line = HFInferEngine(EngineSpec(tiny_model)).hf.prepare()
     assert "varlen micro-batches (SDPA over the sequences side by side)" in line and "chunks of 1024 tokens" in line

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Literal
 import torch
 import torch.nn.functional as F
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from xrlhf.data.batch import Batch, response_width
 from xrlhf.engines.base import (ENGINES, EngineSpec, ForwardOutput, GenerateEngine, GenerateOptions, GenerationOutput,
@@ -114,6 +114,13 @@ class HFModelOptions(BaseModel):
     logprob_chunk_tokens: int = Field(1024, ge=0, description="logprobs and entropy from the last hidden states, "
                                       "this many tokens at a time (fp32 logits of one chunk at once); 0: the "
                                       "model's full logits at once")
+
+    @field_validator("packing", mode="before")
+    @classmethod
+    def _yaml_booleans(cls, v: Any) -> Any:
+        """YAML reads an unquoted ``off`` (and ``no``, ``false``) as ``False``: that means off;
+        ``True`` means auto."""
+        return {False: "off", True: "auto"}.get(v, v) if isinstance(v, bool) else v
 
 
 class HFModel:
