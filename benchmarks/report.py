@@ -414,6 +414,41 @@ def episodes_gpu(entries: list[dict]) -> list[str]:
     return out + ["", "Commands: " + "; ".join(f"`{e['command']}` ({e['date'][:10]})" for e in entries) + ".", ""]
 
 
+def train_efficiency(r: dict | None, lora: dict | None) -> list[str]:
+    """``benchmarks/train_efficiency.py`` (issue 16): packed + chunked against the path before."""
+    out = ["## Train efficiency: packed micro-batches, chunked logprobs, LoRA (issue 16)", ""]
+    if r is None:
+        return out + ["Not run yet: `python -m benchmarks.train_efficiency --out benchmarks/results`.", ""]
+    t = r.get("targets") or {}
+    out += [f"GPU: **{r['gpu']}**, {r['dtype']}, the 0.5b preset; one process, both paths back to back on the same "
+            f"engines, {r['steps']} timed steps each (median). *old*: padded micro-batches of 32 rows, the model's fp32 "
+            f"logits over the whole vocabulary, entropy computed; *new*: micro-batches filled to a token budget and "
+            f"packed ({r['attention_path']} attention), logprobs from the hidden states in chunks of "
+            f"{r['logprob_chunk_tokens']} tokens, no entropy. Peak: the device's peak allocated memory in the phase. "
+            f"Command: `{r.get('command', '')}` ({str(r.get('date', ''))[:10]}).", "",
+            "| workload | tokens (padded) | micro-batches old / new | train s old / new | x | logprob s old / new | x "
+            "| train peak GiB old / new | max abs logprob diff |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, w in (("W", r["workload"]), ("long (prompts 32-512, responses 1-1024)", r["long"])):
+        out.append(f"| {name} | {w['tokens']:,} ({w['padded_tokens']:,}) | {fmt(w['baseline_micro_batches'], 0)} / "
+                   f"{fmt(w['micro_batches'], 0)} | {fmt(w['baseline_train_s'], 2)} / {fmt(w['train_s'], 2)} "
+                   f"| {fmt(w['train_speedup'], 2)} | {fmt(w['baseline_logprob_s'], 2)} / {fmt(w['logprob_s'], 2)} "
+                   f"| {fmt(w['logprob_speedup'], 2)} | {fmt(w['baseline_train_peak_gib'], 1)} / "
+                   f"{fmt(w['train_peak_gib'], 1)} | {fmt(w['max_abs_logprob_diff'], 3)} |")
+    out += ["", f"Targets on W: train ≤ {t.get('train_s')} s ({_met(r['train_s'] <= t.get('train_s', 0))}: "
+            f"{fmt(r['train_s'], 2)}), logprob phase ≤ {t.get('logprob_s')} s ({_met(r['logprob_s'] <= t.get('logprob_s', 0))}: "
+            f"{fmt(r['logprob_s'], 2)}), memory while training ≤ {t.get('train_peak_gib')} GiB "
+            f"({_met(r['train_peak_gib'] <= t.get('train_peak_gib', 0))}: {fmt(r['train_peak_gib'], 1)})."]
+    if lora:
+        for name, x in lora.items():
+            out += ["", f"LoRA on W (`configs/gpu/grpo_w_lora.yaml`: r 16 on every linear layer, micro-batch 16, "
+                    f"gradient checkpointing, reference = the base with adapters off; `{name}`): the policy workers' "
+                    f"peak allocated memory during the update (vLLM asleep) **{x['train_peak_gib_lora']} GiB** "
+                    f"(target ≤ 10), sync {', '.join(f'{v:.2f}' for v in x['sync_s'])} s, step "
+                    f"{', '.join(f'{v:.1f}' for v in x['step_s'])} s, vLLM-trainer logprob mismatch "
+                    f"{x['mismatch_mean'][0]:.4f} nats/token (3 steps; `pytest -m gpu tests/gpu/test_lora_gpu.py`)."]
+    return out + [""]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
@@ -442,6 +477,7 @@ def main() -> None:
     lines += async_grpo(load(res / "async_grpo.json"), link)
     lines += async_learning_cpu(load(res / "async_learning_cpu.json"))
     lines += async_learning_gpu(load(res / "async_learning_gpu.json"), link)
+    lines += train_efficiency(load(res / "train_efficiency.json"), load(res / "lora_gpu.json"))
     lines += episodes_cpu(load(res / "episodes_cpu.json"))
     lines += episodes_gpu([e for m in ("sync", "async") if (e := load(res / f"episodes_gpu_{m}.json"))])
     notes = res / "notes.md"  # what a person read off the logs: kept beside the JSON, appended as is
