@@ -61,7 +61,7 @@ def test_grpo_lora_learns_and_changes_only_the_adapters(tmp_path):
     adapter = load_file(str(out / "final" / "adapter_model.safetensors"))
     assert adapter and all(".lora_A." in k or ".lora_B." in k for k in adapter)
     assert not (out / "final" / "model.safetensors").exists()
-    policy = torch.load(next((out / "checkpoints").glob("step-*")) / "policy.pt", weights_only=False)
+    policy = torch.load(next((out / "checkpoints").glob("step-*")) / "policy" / "state.pt", weights_only=False)
     assert sorted(policy["model"]) == sorted(k.replace(".lora_A.", ".lora_A.default.").replace(
         ".lora_B.", ".lora_B.default.") for k in adapter)  # the checkpoint: adapters and their optimizer states
     merged = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(out / "warmup"), out / "final")
@@ -90,4 +90,4 @@ def test_ppo_lora_on_deepspeed_zero3_two_ranks_split_layout(tmp_path):
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(out / "final")  # save: merged (default) -> an HF model
-    assert not list((out / "checkpoints").glob("step-*/reference.pt"))
+    assert not list((out / "checkpoints").glob("step-*/reference*"))

@@ -62,9 +62,12 @@ def test_training_reduces_loss_and_micro_batches_do_not_matter(tiny_model, tok):
     m_big = big.train_step(batch, SFTLoss())
     m_small = small.train_step(batch, SFTLoss())
     assert m_big["loss"] == pytest.approx(m_small["loss"], rel=1e-5)
+    # the gradient itself, before Adam (whose first step is blind to a gradient's scale)
+    assert m_big["grad_norm"] == pytest.approx(m_small["grad_norm"], rel=1e-5)
     for (n1, a), (_, b) in zip(big.named_weights(), small.named_weights()):
-        # Adam divides by |grad|: fp32 summation-order noise shows up at ~1e-6 of a 1e-2 step
-        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-5, msg=n1)
+        # Adam's first step is lr * g / (|g| + eps): where |g| is near eps, fp32 summation-order
+        # noise (packed rows differ with the micro-batch size) moves it by up to ~2e-3 of the step
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-5, msg=n1)
     losses = [big.train_step(batch, SFTLoss())["loss"] for _ in range(10)]
     assert losses[-1] < m_big["loss"] * 0.7
 

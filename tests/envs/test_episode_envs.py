@@ -9,6 +9,7 @@ import math
 import pytest
 
 from xrlhf.envs import build_env
+from xrlhf.envs.base import ENVS
 
 
 def calc(**options):
@@ -132,8 +133,9 @@ def test_docs_episode_env_example_runs_as_written(tmp_path, monkeypatch):
     (tmp_path / "my_pkg" / "__init__.py").write_text("")
     (tmp_path / "my_pkg" / "envs.py").write_text(code)
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(ENVS, "_items", dict(ENVS._items))  # the page's registration stays here
     try:
-        env = build_env("my_pkg.envs:EchoEnv", {"word": "hi", "max_turns": 2}, seed=0)
+        env = build_env("my_pkg.envs:SayWordEnv", {"word": "hi", "max_turns": 2}, seed=0)
         p = env.train_prompts(0, 1)[0]
         retry, ok = play(env, p, ["hello", "hi"])
         assert retry.observation == {"role": "user", "content": "say hi"} and ok.done and ok.reward == 1.0
