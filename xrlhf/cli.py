@@ -111,8 +111,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         how = (f"continue from {list_checkpoints(Path(out))[-1].name} with: "
                f"{resume_command(args.config, out, args.overrides)}" if list_checkpoints(Path(out))
                else "no checkpoint was written (checkpoint.every); start it again in a new --output-dir")
-        logger.error(f"{e}; {how}. fault_tolerance.max_restarts: N restarts dead workers from the last "
-                     f"checkpoint on its own (now {cfg.fault_tolerance.max_restarts})")
+        n = cfg.fault_tolerance.max_restarts
+        logger.error(f"{e}; {how}. " + (f"fault_tolerance.max_restarts: all {n} restarts were used" if n else
+                     "fault_tolerance.max_restarts: N heals dead workers on its own (0 here: off)"))
         return 1
     return 0
 

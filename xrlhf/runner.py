@@ -25,6 +25,7 @@ from loguru import logger
 from xrlhf.checkpoint import (checkpoint_dir, list_checkpoints, load_driver_state, restore_handles, resume_checkpoint,
                               save_checkpoint)
 from xrlhf.config import XConfig, dump_config
+from xrlhf.utils.faults import Healing
 from xrlhf.data.text import load_tokenizer
 from xrlhf.envs import build_env
 from xrlhf.tracking import Tracker, truncate_metrics
@@ -143,18 +144,17 @@ def run(cfg: XConfig, output_dir: str | Path | None = None, resume: bool = False
     (out / "config.yaml").write_text(dump_config(cfg))
     sink = logger.add(out / "train.log", level="DEBUG")
     tracker = Tracker(out, cfg.logging, cfg.name or out.name, cfg.model_dump(mode="json"))
-    restarts = 0
+    healing = Healing(cfg.fault_tolerance.max_restarts)
+    ray_started = [False]  # a restart from a checkpoint reuses the Ray the first attempt started
     try:
         with StopRequest() as stop:
             while True:
                 try:
-                    return _run_once(cfg, out, tracker, stop, resume)
+                    return _run_once(cfg, out, tracker, stop, resume, healing, ray_started)
                 except WorkerDiedError as e:
-                    if restarts >= cfg.fault_tolerance.max_restarts:
+                    if healing.left <= 0:
                         raise
-                    restarts += 1
-                    logger.warning(f"{e}; restarting the workers from the last checkpoint "
-                                   f"({restarts}/{cfg.fault_tolerance.max_restarts})")
+                    _restart_from_checkpoint(e, out, healing)
                     resume = True
     except KeyboardInterrupt:
         ckpts = list_checkpoints(out)
@@ -171,6 +171,32 @@ def run(cfg: XConfig, output_dir: str | Path | None = None, resume: bool = False
             except Exception as e:  # noqa: BLE001 - the report must never hide the run's own outcome
                 logger.warning(f"report.md not written: {e}")
         logger.remove(sink)
+        if ray_started[0]:
+            import ray
+
+            ray.shutdown()
+
+
+def _restart_from_checkpoint(error: WorkerDiedError, out: Path, healing: Healing) -> None:
+    """Log and record a restart of every worker from the last complete checkpoint (the next
+    ``_run_once`` resumes there; with none, the run starts again: deterministic, so exact too)."""
+    ckpt = resume_checkpoint(out)
+    start = int(ckpt.name[len("step-"):]) if ckpt is not None else 0
+    at = error.step if error.step is not None else start + 1
+    redone = f"steps {start + 1}..{at}" if at > start + 1 else f"step {at}"
+    where = f"checkpoint {ckpt.name}" if ckpt is not None else "the start (no checkpoint yet: checkpoint.every)"
+    healing.record(error, f"every worker from {where}", 0.0, redone, step=at, from_step=start, t0=time.time())
+    logger.warning(f"{error} (during step {at}); restarting every worker from {where}, redoing {redone} "
+                   f"({len(healing.events)}/{healing.max_restarts})")
+
+
+def _healed(healing: Healing, coord) -> None:
+    """A restart from a checkpoint is over once the workers are back: its event gets its time."""
+    last = healing.events[-1] if healing.events else None
+    if last is not None and "t0" in last:
+        last["recover_s"] = round(time.time() - last.pop("t0"), 2)
+        logger.info(f"workers back after {last['recover_s']:.1f} s (Ray start-up, model loads); resuming from step "
+                    f"{last['from_step']}")
 
 
 def _stop_before_rl(stop: StopRequest, out: Path) -> None:
@@ -179,7 +205,8 @@ def _stop_before_rl(stop: StopRequest, out: Path) -> None:
         raise Interrupted(stop.signum, out, saved=bool(list_checkpoints(out)))
 
 
-def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resume: bool) -> dict[str, Any]:
+def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resume: bool, healing: Healing,
+              ray_started: list[bool]) -> dict[str, Any]:
     from xrlhf.algorithms import ALGORITHMS
     from xrlhf.algorithms.base import episode_calls
     from xrlhf.algorithms.rewards import build_reward
@@ -212,19 +239,29 @@ def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resu
     options = algorithm_options(cfg)
     coord = Coordinator(cfg, model_dir, trainer_cls.train_steps(cfg, options),
                         policy_head=trainer_cls.policy_head, generate=trainer_cls.uses_generation,
-                        concurrent_generate=episode_calls(cfg, env))
+                        concurrent_generate=episode_calls(cfg, env), healing=healing, keep_ray=True)
+    trainer = None
     try:
         stop.doing = "the Ray start-up, then stop (nothing to save before the first RL step)"
         coord.start()
-        (out / "workers.json").write_text(json.dumps(coord.pids))  # which process is which handle's rank
+        ray_started[0] = ray_started[0] or coord.owns_ray
+        _healed(healing, coord)
+
+        def write_pids(pids: dict[str, list[int]]) -> None:  # which process is which handle's rank
+            (out / "workers.json").write_text(json.dumps(pids))
+
+        write_pids(coord.pids)
+        coord.on_pids = write_pids
         stop.install()
         _stop_before_rl(stop, out)
         stop.doing = "the current step, then checkpoint and exit"
         trainer = trainer_cls(cfg, options, coord, env, tokenizer, build_reward(cfg, env, coord), tracker)
+        healing.step = lambda: trainer.step_idx + 1
         if state is not None:
             restore_handles(ckpt, coord.handles)
             trainer.load_state_dict(state["trainer"])
             coord.sync_weights(trainer.step_idx)  # the generator holds the version of the checkpoint
+        coord.keep_rng()
 
         def checkpoint(step: int) -> None:
             save_checkpoint(out, step, {"trainer": trainer.state_dict(), "model_dir": model_dir, "extra": extra,
@@ -244,12 +281,15 @@ def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resu
         if cfg.trainer.save_final:
             final = str((out / "final").resolve())
             coord["policy"].save_pretrained(final)
+    except WorkerDiedError as e:
+        e.step = trainer.step_idx + 1 if trainer is not None else None
+        raise
     finally:
         coord.shutdown()
     summary = {"steps": result["steps"], "wall_seconds": round(time.time() - t_start, 1),
                "eval_reward_initial": result["eval_reward_initial"],
                "eval_reward_final": result["eval_reward_final"], "final_checkpoint": final, **extra,
-               **result.get("summary", {}),
+               **result.get("summary", {}), **({"healed": healing.events} if healing.events else {}),
                "eval_initial": result["eval_initial"], "eval_final": result["eval_final"]}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     logger.info(f"done in {summary['wall_seconds']:.0f}s: eval reward {summary['eval_reward_initial']:.3f} -> "

@@ -24,5 +24,5 @@ def test_grpo_async_learns_within_ten_minutes(tmp_path):
     assert summary["wall_seconds"] <= 600, summary
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "reward/mean" in r]
-    assert len(steps) == 300 and all(r["staleness/min"] == r["staleness/max"] == 1 for r in steps[1:])
+    assert len(steps) == 400 and all(r["staleness/min"] == r["staleness/max"] == 1 for r in steps[1:])
     assert (tmp_path / "run" / "plots" / "timeline.png").is_file()

@@ -1,5 +1,6 @@
 """Runs that survive: SIGKILL + resume is bit-identical, signals checkpoint and exit cleanly,
-a dead worker stops the run (or restarts it), no process is left behind."""
+a dead worker stops the run when healing is off (healing: tests/e2e/test_healing.py), no
+process is left behind."""
 
 from __future__ import annotations
 
@@ -177,7 +178,9 @@ def test_sigint_during_warmup_stops_there_saying_nothing_was_saved(survival_conf
 
 
 def test_dead_worker_stops_the_run_naming_it(survival_config, tmp_path):
+    """With healing off (tests/e2e/test_healing.py: on, the default)."""
     survival_config["trainer"]["steps"] = 50
+    survival_config["fault_tolerance"] = {"max_restarts": 0}
     proc = start(survival_config, tmp_path, tmp_path / "run")
     wait_for_step(tmp_path / "run", 1, proc)
     workers = [p for p in psutil.Process(proc.pid).children(recursive=True)
@@ -192,19 +195,3 @@ def test_dead_worker_stops_the_run_naming_it(survival_config, tmp_path):
     assert "fault_tolerance.max_restarts" in out  # how to go on: --resume, or start again if nothing was saved
     assert "--output-dir" in out and ("--resume" in out or "no checkpoint was written" in out)
     assert_no_leftovers(proc.pid)
-
-
-def test_dead_worker_restarts_from_checkpoint(survival_config, tmp_path):
-    survival_config["fault_tolerance"] = {"max_restarts": 1}
-    survival_config["checkpoint"]["every"] = 1
-    survival_config["trainer"]["steps"] = 6
-    proc = start(survival_config, tmp_path, tmp_path / "run")
-    wait_for_step(tmp_path / "run", 2, proc)
-    workers = [p for p in psutil.Process(proc.pid).children(recursive=True)
-               if "EngineWorker" in " ".join(p.cmdline())]
-    workers[-1].kill()
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out
-    assert "restarting the workers from the last checkpoint (1/1)" in out
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["steps"] == 6

@@ -247,7 +247,12 @@ class CheckpointConfig(Strict):
 class FaultToleranceConfig(Strict):
     """What happens when something goes wrong mid-run."""
 
-    max_restarts: int = Field(0, ge=0, description="restart dead workers from the last checkpoint up to N times")
+    max_restarts: int = Field(3, ge=0, description="heal up to N times: a dead (or frozen) worker's handle is "
+                              "restarted in place when it holds no training state (reference, reward model, the "
+                              "split layout's generators), else every worker restarts from the last checkpoint; "
+                              "0: a dead worker stops the run (docs/healing.md)")
+    heartbeat_timeout_s: float = Field(60.0, ge=0, description="a worker that answers no heartbeat for this long "
+                                       "(SIGSTOP, a hung process) is killed and healed as a dead one; 0: no heartbeats")
     max_bad_steps: int = Field(3, ge=1, description="abort after K consecutive steps with NaN/inf loss or rewards")
     reward_errors: Literal["fail", "zero"] = Field("fail", description="a reward function that raises: stop, or score 0")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,11 +20,14 @@ from loguru import logger
 
 from xrlhf.config.schema import Resources, XConfig
 from xrlhf.coordinator.handle import ROLLOUT_GROUPS, BaseReference, ModelHandle
+from xrlhf.coordinator.health import HEALTH_GROUP, Heartbeat
 from xrlhf.coordinator.resources import Slot, anchor_of, place
 from xrlhf.coordinator.weight_routes import WeightRoutes
 from xrlhf.coordinator.worker import EngineWorker
 from xrlhf.engines.base import DistInfo, EngineSpec, engine_class, engine_options
 from xrlhf.engines.lora import policy_adapter, reference_is_policy_base
+from xrlhf.utils.errors import WorkerDiedError
+from xrlhf.utils.faults import Healing
 
 
 @dataclass
@@ -111,7 +115,9 @@ def init_ray(cfg: XConfig) -> bool:
     if cfg.ray.address:
         ray.init(address=cfg.ray.address, **kwargs)
     else:
-        ray.init(num_cpus=cfg.ray.num_cpus or os.cpu_count(), num_gpus=cfg.ray.num_gpus,
+        # "local": a Ray of this run's own, even where a cluster started by `ray start` runs on
+        # this machine (ray.init would join it, and refuse num_cpus); joining one is ray.address
+        ray.init(address="local", num_cpus=cfg.ray.num_cpus or os.cpu_count(), num_gpus=cfg.ray.num_gpus,
                  include_dashboard=False, **kwargs)
     return True
 
@@ -128,8 +134,14 @@ class Coordinator:
     """
 
     def __init__(self, cfg: XConfig, policy_model: str, total_train_steps: dict[str, int] | None = None,
-                 policy_head: str = "causal_lm", generate: bool = True, concurrent_generate: int = 0):
+                 policy_head: str = "causal_lm", generate: bool = True, concurrent_generate: int = 0,
+                 healing: Healing | None = None, keep_ray: bool = False):
         self.cfg = cfg
+        self.healing = healing or Healing(cfg.fault_tolerance.max_restarts)
+        """Restarts left and made; shared with the runner's restarts from a checkpoint."""
+        self.keep_ray = keep_ray
+        """``shutdown`` leaves a Ray this coordinator started running (the runner stops it at the end:
+        a restart from a checkpoint reuses it)."""
         self.concurrent_generate = concurrent_generate
         """``generate`` calls the trainer may have running at once on one generating worker beyond
         an asynchronous rollout's (an episode env's turns: one call per episode; 0: none)."""
@@ -140,14 +152,20 @@ class Coordinator:
         self.placement_groups: list = []
         self.pids: dict[str, list[int]] = {}
         """Each handle's worker process ids, in rank order (the runner writes them to workers.json)."""
+        self.on_pids: Any = None
+        """Called with ``pids`` after a handle was restarted in place (the runner rewrites workers.json)."""
+        self.version: int | None = None
+        """The policy version the generators hold (the last ``sync_weights``'s)."""
+        self.slots: dict[str, Slot] = {}
         self._owns_ray = False
+        self._heal_lock = threading.Lock()
 
     def start(self) -> "Coordinator":
         t0 = time.time()
         logger.info("starting Ray and the workers (" + ", ".join(f"{s.name} x{s.resources.ranks}" for s in self.specs)
                     + "); this takes 20-40 s on a laptop CPU")
         self._owns_ray = init_ray(self.cfg)
-        slots = place({s.name: s.resources for s in self.specs})
+        slots = self.slots = place({s.name: s.resources for s in self.specs})
         self.placement_groups = list({id(s.pg): s.pg for s in slots.values()}.values())
         # vLLM sizes its KV cache from the GPU memory it sees free while it starts: it starts first,
         # alone, so that no other worker allocates or frees GPU memory meanwhile.
@@ -163,6 +181,10 @@ class Coordinator:
         for handle, refs in pending:
             self.pids[handle.name] = [r["pid"] for r in handle._get(refs, list(range(handle.world_size)))]
         self._wire_weight_sync()
+        monitor = (Heartbeat(lambda: self.handles, self.cfg.fault_tolerance.heartbeat_timeout_s)
+                   if self.cfg.fault_tolerance.heartbeat_timeout_s > 0 else None)
+        for h in self.handles.values():
+            h.monitor, h.healer = monitor, self
         logger.info(f"Ray handles ready in {time.time() - t0:.1f}s: " + ", ".join(
             f"{h.name} x{h.world_size}" for h in self.handles.values()))
         if self.reference_from_policy:
@@ -174,8 +196,10 @@ class Coordinator:
         # asynchronous rollout, episode turns: a generating worker runs generate calls beside each
         # other and beside its other calls
         concurrent = "generate" in s.engines and (self.cfg.rollout.max_staleness > 0 or self.concurrent_generate > 0)
-        groups = {"rollout": max(ROLLOUT_GROUPS["rollout"], self.concurrent_generate)}
-        actor = ray.remote(concurrency_groups=groups)(EngineWorker) if concurrent else ray.remote(EngineWorker)
+        groups = {HEALTH_GROUP: 1}  # heartbeats are answered beside any call (``health.Heartbeat``)
+        if concurrent:
+            groups["rollout"] = max(ROLLOUT_GROUPS["rollout"], self.concurrent_generate)
+        actor = ray.remote(concurrency_groups=groups)(EngineWorker)
         workers = [actor.options(**slot.options(rank), max_restarts=0,
                                  name=None).remote(s.name, rank, slot.threads)
                    for rank in range(s.resources.ranks)]
@@ -231,7 +255,63 @@ class Coordinator:
     def sync_weights(self, version: int | None = None) -> float:
         """Push the policy's new weights (policy ``version``) to the generate engines; returns
         seconds taken."""
+        self.version = version
         return self.weight_sync.sync(version) if self.weight_sync is not None else 0.0
+
+    # -- healing ------------------------------------------------------------------------------
+    def keep_rng(self) -> None:
+        """Remember the RNG states of the handles restarted in place that sample (after the start
+        or a resume; ``Pending`` renews them after each unkeyed ``generate``), so that a restarted
+        generator samples what the dead one would have."""
+        for name, h in self.handles.items():
+            spec = next(s for s in self.specs if s.name == name)
+            if "generate" in spec.engines and self.in_place(name):
+                h.saved_rng = h.rng_state()
+
+    def in_place(self, name: str) -> bool:
+        """Whether handle ``name`` is restarted on its own when a worker dies: one without training
+        state (the reference, the reward model, the split layout's generators when the rollout is
+        synchronous: what they hold is on disk or is the trainer's current weights)."""
+        spec = next((s for s in self.specs if s.name == name), None)
+        if spec is None or "train" in spec.engines:
+            return False
+        return not ("generate" in spec.engines and self.cfg.rollout.max_staleness > 0)
+
+    def heal(self, error: WorkerDiedError) -> bool:
+        """Restart the dead worker's handle in place (new workers in the same placement-group
+        bundles, the same engines; generators get the trainer's current weights, verified); True
+        when done (or done already by another thread), False when the run must restart from a
+        checkpoint: a handle with training state, or no restart left."""
+        name = error.handle
+        if name is None or not self.in_place(name) or name not in self.handles:
+            return False
+        with self._heal_lock:
+            old = self.handles[name]
+            if error.worker is not None and all(w._actor_id != error.worker._actor_id for w in old.workers):
+                return True  # another thread healed it meanwhile
+            if self.healing.left <= 0:
+                return False
+            t0 = time.time()
+            logger.warning(f"{error}; restarting {name} ({old.world_size} worker(s)) in place "
+                           f"({len(self.healing.events) + 1}/{self.healing.max_restarts})")
+            old.kill()
+            spec = next(s for s in self.specs if s.name == name)
+            new, setup = self._create(spec, self.slots[name])
+            self.pids[name] = [r["pid"] for r in new._get(setup, list(range(new.world_size)), timeout=600)]
+            old.workers = new.workers  # the trainer's handle objects stay valid
+            if old.saved_rng is not None:  # unkeyed sampling goes on where the dead workers were
+                old.set_rng_state(old.saved_rng)
+            synced = ""
+            if "generate" in spec.engines and self.weight_sync is not None:
+                self.weight_sync.setup()
+                self.weight_sync.sync(self.version)
+                synced = f", weights of policy version {self.version or 0} re-synced" + \
+                    (" (verified)" if self.cfg.policy.weight_sync.verify else "")
+            event = self.healing.record(error, "in place", time.time() - t0, "the interrupted call")
+            logger.warning(f"{name} restarted in {event['recover_s']:.1f} s{synced}; redoing the interrupted call")
+            if self.on_pids is not None:
+                self.on_pids(self.pids)
+            return True
 
     def __getitem__(self, name: str) -> ModelHandle:
         return self.handles[name]
@@ -260,5 +340,10 @@ class Coordinator:
                 pass
         self.handles.clear()
         self.placement_groups = []
-        if self._owns_ray and ray.is_initialized():
+        if self._owns_ray and not self.keep_ray and ray.is_initialized():
             ray.shutdown()
+
+    @property
+    def owns_ray(self) -> bool:
+        """Whether ``start`` started Ray (rather than joining one that was running)."""
+        return self._owns_ray

@@ -46,15 +46,39 @@ in the same actor. Engines serialise or batch concurrent ``generate`` calls them
 
 @dataclass
 class Pending:
-    """Results still being computed by a handle's ranks; ``get()`` waits and gathers."""
+    """Results still being computed by a handle's ranks; ``get()`` waits and gathers.
+
+    ``issue`` sends the call again (the same arguments, to the handle's current workers): when a
+    worker of a handle that is restarted in place (``ModelHandle.healer``) dies, ``get`` has the
+    healer restart the handle (with the ranks' RNG states as they were after the handle's last
+    call that drew from them) and sends the call again. ``draws_rng``: this call draws from the
+    workers' RNGs (unkeyed sampling): once it is done, the handle keeps their new states.
+    """
 
     handle: "ModelHandle"
     refs: list[ray.ObjectRef]
     ranks: list[int]
     gather: Callable[[list[Any]], Any]
+    issue: Callable[[], list[ray.ObjectRef]] | None = None
+    draws_rng: bool = False
 
     def get(self, timeout: float | None = None) -> Any:
-        return self.gather(self.handle._get(self.refs, self.ranks, timeout))
+        h = self.handle
+        while True:
+            try:
+                out = self.gather(h._get(self.refs, self.ranks, timeout))
+                if self.draws_rng:  # (a rank dead before this answers: the call is redone from the last states)
+                    h.saved_rng = h._get([w.rng_state.remote() for w in h.workers], list(range(h.world_size)))
+                return out
+            except WorkerDiedError as e:
+                healer = h.healer
+                if healer is None or not healer.heal(e):
+                    raise
+                if e.handle != h.name:
+                    continue  # another handle was restarted; this call's workers are alive
+                if self.issue is None:
+                    raise
+                self.refs = self.issue()
 
 
 def dispatch(mode: str, gather: Callable[[list[Any]], Any] | None = None, split_kwargs: tuple[str, ...] = (),
@@ -80,11 +104,17 @@ def dispatch(mode: str, gather: Callable[[list[Any]], Any] | None = None, split_
                 kwargs.update({n: a for n, a in zip(names[1:], args[1:]) if n in split_kwargs})
                 args = args[:1] + tuple(a for n, a in zip(names[1:], args[1:]) if n not in split_kwargs)
             ranks, calls, gather = plan(mode, self.world_size, args, kwargs, split_kwargs)
-            fns = [getattr(self.workers[r], method) for r in ranks]
-            if group is not None and self.concurrent:
-                fns = [f.options(concurrency_group=group) for f in fns]
-            refs = [f.remote(*a, **kw) for f, (a, kw) in zip(fns, calls)]
-            pending = Pending(self, refs, ranks, combine or gather)
+
+            def issue() -> list[ray.ObjectRef]:  # again after a restart in place: to the new workers
+                fns = [getattr(self.workers[r], method) for r in ranks]
+                if group is not None and self.concurrent:
+                    fns = [f.options(concurrency_group=group) for f in fns]
+                return [f.remote(*a, **kw) for f, (a, kw) in zip(fns, calls)]
+
+            # unkeyed sampling draws from the workers' RNGs: a restarted handle must get them as they were
+            draws = (method == "generate" and kwargs.get("seeds") is None and self.healer is not None
+                     and self.healer.in_place(self.name))
+            pending = Pending(self, issue(), ranks, combine or gather, issue, draws)
             return pending.get() if wait else pending
 
         wrapper.dispatch_mode = mode
@@ -109,6 +139,15 @@ class ModelHandle:
         self.concurrent = concurrent
         """Whether the workers have the ``rollout`` concurrency group (``ROLLOUT_GROUPS``):
         ``generate`` then runs beside training instead of queueing behind it."""
+        self.monitor: Any = None
+        """A ``health.Heartbeat`` polled while this handle's calls are waited for (or ``None``)."""
+        self.saved_rng: list[dict] | None = None
+        """The ranks' RNG states after the last call that drew from them (handles restarted in
+        place: their new workers get these; ``Coordinator.keep_rng``)."""
+        self.healer: Any = None
+        """The coordinator (or ``None``): ``healer.heal(error)`` restarts a dead worker's handle in
+        place and returns True, or returns False (the run restarts from a checkpoint);
+        ``healer.in_place(name)``: whether handle ``name`` is restarted in place."""
 
     @property
     def world_size(self) -> int:
@@ -128,32 +167,41 @@ class ModelHandle:
             ready, pending = ray.wait(pending, num_returns=1, timeout=_SLICE_S if left is None else min(left, _SLICE_S))
             if not ready:
                 faults.check()
+                if self.monitor is not None:
+                    self.monitor.check()  # a dead or frozen worker (of any handle) ends the wait
                 if deadline is None or time.monotonic() < deadline:
                     continue
-                raise WorkerDiedError(f"{self.name} rank {ranks[index[pending[0]]]} did not answer within {timeout} s")
+                rank = ranks[index[pending[0]]]
+                raise WorkerDiedError(f"{self.name} rank {rank} did not answer within {timeout} s", self.name, rank,
+                                      self.workers[rank])
             ref = ready[0]
             try:
                 results[index[ref]] = ray.get(ref)
             except RayActorError as e:
                 self.kill()
-                raise WorkerDiedError(f"{self.name} rank {ranks[index[ref]]} died: {_first_line(e)}") from None
+                raise self._died(ranks[index[ref]], e) from None
             except RayTaskError:
                 # A rank that fails inside a collective usually does so because a peer died:
                 # report the dead peer when there is one; otherwise it is a real error.
                 dead = self._first_dead(pending, index, ranks)
                 self.kill()
                 if dead is not None:
-                    raise WorkerDiedError(dead) from None
+                    raise dead from None
                 raise
         return results
 
-    def _first_dead(self, pending: list, index: dict, ranks: list[int], wait_s: float = 10.0) -> str | None:
+    def _died(self, rank: int, e: BaseException) -> WorkerDiedError:
+        worker = self.workers[rank] if rank < len(self.workers) else None
+        return WorkerDiedError(f"{self.name} rank {rank} died: {_first_line(e)}", self.name, rank, worker)
+
+    def _first_dead(self, pending: list, index: dict, ranks: list[int],
+                    wait_s: float = 10.0) -> WorkerDiedError | None:
         done, _ = ray.wait(pending, num_returns=len(pending), timeout=wait_s)
         for ref in done:
             try:
                 ray.get(ref)
             except RayActorError as e:
-                return f"{self.name} rank {ranks[index[ref]]} died: {_first_line(e)}"
+                return self._died(ranks[index[ref]], e)
             except Exception:  # noqa: BLE001 - only a dead peer is of interest here
                 continue
         return None
@@ -253,6 +301,7 @@ class ModelHandle:
         """Bring the generate engines back."""
 
     def set_rng_state(self, states: list[dict]) -> None:
+        """Every rank's RNG state, as ``rng_state`` returned it."""
         self._get([w.set_rng_state.remote(s) for w, s in zip(self.workers, states)], list(range(self.world_size)))
 
     def kill(self) -> None:

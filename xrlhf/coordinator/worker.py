@@ -2,11 +2,13 @@
 
 The engines and every call on them are ``xrlhf.engines.host.EngineHost``'s (no Ray there, so
 the in-process ``LocalHandle`` runs the very same code); this subclass adds what only a Ray
-actor needs: the address of its node, where rank 0 hosts the torch.distributed rendezvous.
+actor needs: the address of its node, where rank 0 hosts the torch.distributed rendezvous, and
+a heartbeat.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 
 import ray
@@ -22,6 +24,11 @@ class EngineWorker(EngineHost):
         rank: this worker's rank in the handle.
         threads: torch CPU threads for this worker.
     """
+
+    def ping(self) -> int:
+        """Liveness: answered on the ``health`` concurrency group's own thread, so a worker busy in a
+        long call still answers (``coordinator.health.Heartbeat``); returns the process id."""
+        return os.getpid()
 
     def address(self) -> tuple[str, int]:
         """This node's IP and a free TCP port (rank 0 hosts the torch.distributed rendezvous)."""

@@ -16,7 +16,20 @@ class UserError(Exception):
 
 
 class WorkerDiedError(RuntimeError):
-    """A Ray worker of a model handle died; names the handle and the rank."""
+    """A Ray worker of a model handle died (or stopped answering); names the handle and the rank.
+
+    Attributes:
+        handle: the handle's name (``policy``, ``rollout``, ...), or ``None`` when unknown.
+        rank: the rank that died, or ``None``.
+        worker: the dead worker's actor handle, or ``None`` (tells a healer whether it was
+            replaced already).
+        step: the RL step under way when it died (set by the runner), or ``None``.
+    """
+
+    def __init__(self, message: str, handle: str | None = None, rank: int | None = None, worker=None):
+        super().__init__(message)
+        self.handle, self.rank, self.worker = handle, rank, worker
+        self.step: int | None = None
 
 
 class NonFiniteError(RuntimeError):

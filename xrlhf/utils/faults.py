@@ -6,11 +6,17 @@ thread waits on another (a long train step). When the producer fails (its genera
 call ``check`` while they wait for their workers (``coordinator.ModelHandle._get`` polls in
 slices of a second), so the trainer stops within about a second instead of finishing its step
 first. No Ray here: a leaf of the layer graph.
+
+``Healing`` counts the restarts a run may still make (``fault_tolerance.max_restarts``, shared
+by in-place restarts of one handle and restarts of every worker from a checkpoint) and keeps
+one event per restart for the log and ``summary.json``.
 """
 
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 _lock = threading.Lock()
 _errors: dict[int, tuple[threading.Thread, BaseException]] = {}
@@ -34,3 +40,28 @@ def check() -> None:
         for thread, error in _errors.values():
             if thread is not threading.current_thread():
                 raise error
+
+
+@dataclass
+class Healing:
+    """What a run may still restart, and what it did.
+
+    Args:
+        max_restarts: ``fault_tolerance.max_restarts``.
+        step: returns the RL step under way (for the events; 0 before the first).
+    """
+
+    max_restarts: int
+    step: Callable[[], int] = lambda: 0
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def left(self) -> int:
+        return self.max_restarts - len(self.events)
+
+    def record(self, error: Any, how: str, seconds: float, redone: str, **extra: Any) -> dict[str, Any]:
+        """One restart: ``how`` it was healed, ``seconds`` it took, the work ``redone``."""
+        event = {"step": self.step(), "handle": error.handle, "rank": error.rank, "error": str(error), "how": how,
+                 "recover_s": round(seconds, 2), "redone": redone, **extra}
+        self.events.append(event)
+        return event
