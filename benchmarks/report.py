@@ -449,6 +449,25 @@ def train_efficiency(r: dict | None, lora: dict | None) -> list[str]:
     return out + [""]
 
 
+def healing(r: dict | None) -> list[str]:
+    out = ["## Healing: time to recover per role", ""]
+    if r is None:
+        return out + ["Not run yet: `python -m benchmarks.healing --out benchmarks/results`.", ""]
+    out += [f"{r['hardware']}; `{r['command']}`. One PPO run of {r['steps']} steps (tiny model, split layout, "
+            f"2 policy ranks, a reward model, checkpoints every step) with a fault every 3 steps at a random point of "
+            f"the step; heartbeat timeout {r['heartbeat_timeout_s']:g} s. Final weights bit-identical to the "
+            f"uninterrupted run: **{'yes' if r['final_weights_identical'] else 'NO'}**. Wall time "
+            f"{r['wall_s_uninterrupted']:.0f} s uninterrupted, {r['wall_s_with_faults']:.0f} s with the faults.", "",
+            "`recover_s`: from the failure's detection to the run going on (a restart in place: new workers, "
+            "models loaded, weights re-synced; from a checkpoint: every worker and model again, Ray kept). "
+            "A frozen worker is detected `heartbeat_timeout_s` after its last answer.", "",
+            "| handle | rank | fault | healed | recover (s) | redone |", "|---|---|---|---|---|---|"]
+    for f in r["faults"]:
+        out.append(f"| {f['handle']} | {f['rank']} | {f['signal']} | {f['healed']} | {fmt(f['recover_s'], 1)} | "
+                   f"{f['redone']} |")
+    return out + ["", "A vLLM generator's restart on a GPU has not been measured yet.", ""]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
@@ -480,6 +499,7 @@ def main() -> None:
     lines += train_efficiency(load(res / "train_efficiency.json"), load(res / "lora_gpu.json"))
     lines += episodes_cpu(load(res / "episodes_cpu.json"))
     lines += episodes_gpu([e for m in ("sync", "async") if (e := load(res / f"episodes_gpu_{m}.json"))])
+    lines += healing(load(res / "healing.json"))
     notes = res / "notes.md"  # what a person read off the logs: kept beside the JSON, appended as is
     if notes.is_file():
         lines += ["", notes.read_text().rstrip(), ""]

@@ -165,15 +165,28 @@ def run_workload(w: Workload, policy: HFTrainEngine, reference: HFInferEngine, s
     return out
 
 
-def build(model: str, device: str, dtype: str) -> tuple[HFTrainEngine, HFInferEngine]:
-    """The policy's train engine and the reference, with the defaults (packing, chunks); each
-    remembers the path it chose so ``use_path`` can switch back to it."""
+def build(model: str, device: str, dtype: str, mixed: bool = False) -> tuple[HFTrainEngine, HFInferEngine]:
+    """The policy's train engine (pure bf16 unless ``mixed``: fp32 masters under bf16 autocast)
+    and the reference, with the defaults (packing, chunks); each remembers the path it chose so
+    ``use_path`` can switch back to it."""
     policy = HFTrainEngine(EngineSpec(model, device=device, seed=0, total_steps=100,
-                                      options={"dtype": dtype, "lr": 1e-6}))
+                                      options={"dtype": dtype, "lr": 1e-6, "mixed_precision": mixed}))
     reference = HFInferEngine(EngineSpec(model, device=device, options={"dtype": dtype}))
     for e in (policy, reference):
         e.hf_path, e.hf_chunk = e.hf.attention_path, e.hf.logprob_chunk
     return policy, reference
+
+
+def mixed_precision(model: str, device: str, dtype: str, w: Workload, steps: int, vocab: int) -> dict[str, Any]:
+    """W's train step (new path) with fp32 master weights under bf16 autocast, the GPU default
+    (``run_workload`` measures pure bf16 weights and optimizer states): time and peak memory."""
+    _reset(device)
+    policy, _ = build(model, device, dtype, mixed=True)
+    batch = make_batch(w, vocab)
+    use_path([policy], True, w.rows_cap, w.budget)
+    loss = PolicyLoss(clip_eps=0.2, kl_coef=0.04, kl_estimator="k3", tis_cap=2.0)
+    seconds, peak, metrics = time_train(policy, batch, loss, steps, device)
+    return {"enabled": policy.mixed_precision, "train_s": seconds, "train_peak_gib": peak, "loss": metrics["loss"]}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -195,8 +208,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     vocab = policy.hf.module.config.vocab_size
     results = {w.name: run_workload(w, policy, reference, steps, device, vocab) for w in workloads}
     main_w = results["W"]
+    paths = {"attention_path": policy.hf_path, "logprob_chunk_tokens": policy.hf_chunk}
+    del policy, reference
+    results["W"]["mixed_precision"] = mixed_precision(model, device, dtype, workloads[0], steps, vocab)
     data = {"gpu": gpu_name(), "device": device, "model": model, "dtype": dtype, "steps": steps,
-            "attention_path": policy.hf_path, "logprob_chunk_tokens": policy.hf_chunk,
+            **paths,
             **{k: main_w[k] for k in ("train_s", "logprob_s", "train_peak_gib", "logprob_peak_gib", "baseline_train_s",
                                       "baseline_logprob_s", "baseline_train_peak_gib", "baseline_logprob_peak_gib")},
             "workload": main_w, "long": results["long"],

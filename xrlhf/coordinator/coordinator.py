@@ -157,6 +157,7 @@ class Coordinator:
         self.version: int | None = None
         """The policy version the generators hold (the last ``sync_weights``'s)."""
         self.slots: dict[str, Slot] = {}
+        self.weight_sync: WeightRoutes | None = None
         self._owns_ray = False
         self._heal_lock = threading.Lock()
 
@@ -271,11 +272,17 @@ class Coordinator:
     def in_place(self, name: str) -> bool:
         """Whether handle ``name`` is restarted on its own when a worker dies: one without training
         state (the reference, the reward model, the split layout's generators when the rollout is
-        synchronous: what they hold is on disk or is the trainer's current weights)."""
+        synchronous and their weights come as messages: what they hold is on disk or is the
+        trainer's current weights)."""
         spec = next((s for s in self.specs if s.name == name), None)
         if spec is None or "train" in spec.engines:
             return False
-        return not ("generate" in spec.engines and self.cfg.rollout.max_staleness > 0)
+        if "generate" not in spec.engines:
+            return True
+        # an asynchronous rollout's generators may hold an older version than the trainer's; a
+        # broadcast sync is a collective with the policy's rank 0, which may be blocked in it
+        broadcast = self.weight_sync is not None and self.weight_sync.kind == "broadcast"
+        return self.cfg.rollout.max_staleness == 0 and not broadcast
 
     def heal(self, error: WorkerDiedError) -> bool:
         """Restart the dead worker's handle in place (new workers in the same placement-group

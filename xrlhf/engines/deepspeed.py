@@ -221,6 +221,9 @@ def conflicts(o: BaseModel, path: str, role: str = "train") -> list[str]:
         errors.append(f"{path}.offload_params: parameter offload needs zero_stage 3, got {stage}")
     if role == "train" and o.offload_optimizer and stage == 0:
         errors.append(f"{path}.offload_optimizer: optimizer offload needs zero_stage 1, 2 or 3, got 0")
+    if role == "train" and o.mixed_precision is False and o.dtype == "bfloat16":
+        errors.append(f"{path}.mixed_precision: DeepSpeed's bf16 mode always keeps fp32 master weights and "
+                      f"optimizer states; remove mixed_precision (or use engine: hf for pure bf16)")
     return errors
 
 

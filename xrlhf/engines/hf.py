@@ -42,8 +42,9 @@ if TYPE_CHECKING:
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def load_hf_model(spec: EngineSpec) -> torch.nn.Module:
-    """Load ``spec.model_path`` with the head ``spec.head`` on ``spec.device``, in ``spec.options.dtype``.
+def load_hf_model(spec: EngineSpec, dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """Load ``spec.model_path`` with the head ``spec.head`` on ``spec.device``, in ``dtype``
+    (default: ``spec.options.dtype``).
 
     Transformers' own load report is replaced by one line in xrlhf's words: a value or score
     head that the checkpoint lacks is expected (a critic or reward model started from a language
@@ -53,7 +54,7 @@ def load_hf_model(spec: EngineSpec) -> torch.nn.Module:
                               AutoModelForTokenClassification)
     from transformers.utils import logging as hf_logging
 
-    kwargs: dict[str, Any] = {"dtype": DTYPES[spec.options.dtype], "output_loading_info": True}
+    kwargs: dict[str, Any] = {"dtype": dtype or DTYPES[spec.options.dtype], "output_loading_info": True}
     auto = {"causal_lm": AutoModelForCausalLM, "value": AutoModelForTokenClassification,
             "score": AutoModelForSequenceClassification}[spec.head]
     if spec.head != "causal_lm":
@@ -134,13 +135,16 @@ class HFModel:
             0: the model's full logits.
     """
 
-    def __init__(self, spec: EngineSpec, keep_dropout: bool = False):
+    def __init__(self, spec: EngineSpec, keep_dropout: bool = False, autocast: torch.dtype | None = None):
         """``keep_dropout``: a train engine's ``dropout`` option; frozen engines run in eval mode,
-        where dropout is off anyway. Until ``prepare`` runs the forward is the padded one with
-        full logits (an engine that never calls it keeps that)."""
+        where dropout is off anyway. ``autocast``: mixed precision: the weights load in fp32 and
+        the forward runs under autocast to this dtype (``HFTrainOptions.mixed_precision``). Until
+        ``prepare`` runs the forward is the padded one with full logits (an engine that never
+        calls it keeps that)."""
         self.spec = spec
+        self.autocast = autocast
         torch.manual_seed(spec.seed)
-        self.model = self.module = load_hf_model(spec)
+        self.model = self.module = load_hf_model(spec, torch.float32 if autocast is not None else None)
         self.device = torch.device(spec.device)
         if not keep_dropout:
             disable_dropout(self.model)
@@ -167,12 +171,20 @@ class HFModel:
         self.attention_path, detail = choose_path(self, o.packing)
         line = f"{self.spec.model_path} ({self.spec.head}): {self.attention_path} micro-batches ({detail})"
         line += f"; {head}" if self.spec.head == "causal_lm" else ""
+        line += "; fp32 master weights, bf16 autocast (mixed_precision)" if self.autocast is not None else ""
         logger.info(line)
         return line
 
     def forward(self, batch: Batch, need_entropy: bool = False) -> ForwardOutput:
         """Forward over ``batch`` (layout of ``xrlhf.data.batch``); response part only, ``[B, R]``
-        (``scores``: ``[B]``), zero where no response token is."""
+        (``scores``: ``[B]``), zero where no response token is; under autocast with mixed
+        precision (the backward then runs outside it, as autocast wants)."""
+        if self.autocast is None:
+            return self._forward(batch, need_entropy)
+        with torch.autocast(self.device.type, dtype=self.autocast):
+            return self._forward(batch, need_entropy)
+
+    def _forward(self, batch: Batch, need_entropy: bool) -> ForwardOutput:
         ids = batch["input_ids"].to(self.device)
         attn = batch["attention_mask"].to(self.device)
         r = response_width(batch)
@@ -246,6 +258,18 @@ class HFTrainOptions(LoraTrainOptions, HFModelOptions):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
+    mixed_precision: bool | None = Field(
+        None, description="with dtype bfloat16: fp32 master weights, gradients and AdamW states, the forward in "
+        "bf16 under autocast (true), or bf16 weights and optimizer states (false: half the memory of the states, "
+        "updates below bf16's precision round away); default: true on a GPU, false on CPU (DeepSpeed's bf16 mode "
+        "always keeps fp32 masters)")
+
+    def uses_mixed_precision(self, device: str) -> bool:
+        """Whether the engine trains fp32 masters under bf16 autocast on ``device``."""
+        if self.dtype != "bfloat16":
+            return False
+        return self.mixed_precision if self.mixed_precision is not None else device.startswith("cuda")
+
 
 class HFInferOptions(InferOptions, HFModelOptions):
     """``<handle>.infer`` of the Transformers and DeepSpeed infer engines."""
@@ -285,8 +309,10 @@ class HFTrainEngine(LoraTraining, TrainEngine):
     def __init__(self, spec: EngineSpec):
         super().__init__(spec)
         spec.dist.init_process_group()
-        self.hf = HFModel(self.spec, keep_dropout=self.options.dropout)
         o = self.options
+        self.mixed_precision = o.uses_mixed_precision(spec.device)
+        self.hf = HFModel(self.spec, keep_dropout=o.dropout,
+                          autocast=torch.bfloat16 if self.mixed_precision else None)
         lora = self.adapter_options(o)
         self.lora: LoraModel | None = None
         if lora is not None:
