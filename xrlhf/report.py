@@ -128,6 +128,45 @@ def make_timeline(rows: list[dict[str, Any]], out: Path, last: int = 4) -> Path 
     return path
 
 
+def make_memory(rows: list[dict[str, Any]], out: Path) -> tuple[Path | None, list[str]]:
+    """``memory.png`` and a markdown table: each phase's memory by handle, mean over the steps
+    (``utils.memory``); ``(None, [])`` without ``memory/`` metrics."""
+    from xrlhf.utils.memory import memory_table
+
+    phases, names, means = memory_table(rows)
+    if not phases:
+        return None, []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    gpu = "device" in names
+    what = "peak allocated per process" if gpu else "resident set per process at the phase's end"
+    table = [f"Memory by phase, GiB, mean over the steps ({what}"
+             + ("; device: in use at the phase's end, every process" if gpu else "") + "):", "",
+             "| phase | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for ph in phases:
+        table.append(f"| {ph} | " + " | ".join(f"{means[(ph, n)]:.2f}" if (ph, n) in means else "—" for n in names)
+                     + " |")
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    bottom = [0.0] * len(phases)
+    for n in [n for n in names if n != "device"]:
+        vals = [means.get((ph, n), 0.0) for ph in phases]
+        ax.bar(phases, vals, bottom=bottom, label=n, width=0.6)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    if gpu:
+        ax.plot(phases, [means.get((ph, "device"), float("nan")) for ph in phases], "k_", markersize=30, mew=2,
+                label="device in use")
+    ax.set(title=f"memory by phase ({what})", ylabel="GiB")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "memory.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path, table + [""]
+
+
 def write_report(run_dir: str | Path) -> Path:
     """Write ``report.md`` and ``plots/*.png`` for ``run_dir``; returns the report's path."""
     run_dir = Path(run_dir)
@@ -135,6 +174,8 @@ def write_report(run_dir: str | Path) -> Path:
     plots = make_plots(rows, run_dir / "plots")
     timeline = make_timeline(rows, run_dir / "plots")
     plots += [timeline] if timeline is not None else []
+    memory_png, memory_lines = make_memory(rows, run_dir / "plots")
+    plots += [memory_png] if memory_png is not None else []
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
     steps = [r for r in rows if "step" in r and isinstance(r.get("reward/mean"), (int, float))]
@@ -154,6 +195,7 @@ def write_report(run_dir: str | Path) -> Path:
         lines += [f"Last logged step: {last['step']}; train reward {last['reward/mean']:.3f}.", "",
                   "Mean seconds per phase: " + ", ".join(f"{k.split('/')[1][:-2]} {v:.3f}" for k, v in
                                                          mean_phase.items() if v), ""]
+    lines += memory_lines
     for p in plots:
         lines += [f"## {p.stem}", "", f"![{p.stem}](plots/{p.name})", ""]
     path = run_dir / "report.md"

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.usefixtures("ray_session")  # runs handles in this proc
 def test_ppo_run_writes_outputs(base_config, tmp_path):
     base_config["warmup"] = {"steps": 3, "batch_size": 16}
     base_config["algorithm"]["log_entropy"] = True  # policy/entropy is reported only when asked for
+    base_config["logging"] = {"memory_timeline": True}  # on CPU: each process's resident set by phase
     cfg = validate_dict(base_config)
     summary = run(cfg, tmp_path / "run")
     out = tmp_path / "run"
@@ -29,6 +30,11 @@ def test_ppo_run_writes_outputs(base_config, tmp_path):
                 "perf/gen_tokens_per_s", "time/generate_s", "time/train_s", "time/sync_s"):
         assert key in steps[0], key
     assert abs(steps[0]["mismatch/logprob_abs_diff_mean"]) < 1e-4  # HF sampler == HF trainer
+    for phase in ("generate", "sleep", "infer", "train", "sync"):  # the memory timeline, per process
+        for handle in ("policy", "critic", "reference"):
+            assert 0.1 < steps[1][f"memory/{phase}/{handle}_gib"] < 20, (phase, handle)
+    report = (out / "report.md").read_text()
+    assert "| phase | critic | policy | reference |" in report and (out / "plots" / "memory.png").is_file()
     on_disk = json.loads((out / "summary.json").read_text())
     assert on_disk == json.loads(json.dumps(summary))
     for key in ("steps", "wall_seconds", "eval_reward_initial", "eval_reward_final", "final_checkpoint"):

@@ -35,6 +35,7 @@ from xrlhf.engines.base import GenerationOutput, Head, SamplingParams
 from xrlhf.envs import Env, Prompt, clean_response
 from xrlhf.envs.episode import is_episode_env
 from xrlhf.utils.errors import NonFiniteError
+from xrlhf.utils.memory import memory_metrics
 from xrlhf.utils.registry import Registry
 from xrlhf.utils.timeline import Timeline
 
@@ -124,6 +125,8 @@ class Trainer(ABC):
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.timeline = Timeline()
         """Spans of the step's work by lane (``utils.timeline``); each step's row carries them."""
+        self.memory_timeline = memory_timeline_on(cfg)
+        self._memory: dict[str, float] = {}
         self.episodes = episode_runner(cfg, env, tokenizer, self.gen_handle) if is_episode_env(env) and self.gen_handle is not None else None
         """Runs the samples of an episode env (``algorithms.episodes``); ``None`` for one-turn envs."""
 
@@ -164,6 +167,8 @@ class Trainer(ABC):
         for step in range(self.step_idx + 1, t.steps + 1):
             t0 = time.time()
             metrics = self.step()
+            metrics.update(self._memory)
+            self._memory = {}
             self.step_idx = step
             if t.eval_every and step % t.eval_every == 0 and step != t.steps:
                 metrics.update(self.evaluate())
@@ -179,6 +184,12 @@ class Trainer(ABC):
                     f"(before {initial['eval/reward_mean']:.3f})")
         return {"eval_reward_initial": initial["eval/reward_mean"], "eval_reward_final": final["eval/reward_mean"],
                 "eval_initial": initial, "eval_final": final, "steps": t.steps}
+
+    def mark_memory(self, phase: str) -> None:
+        """The end of a step's ``phase``: every handle's memory since the previous mark becomes
+        ``memory/<phase>/...`` metrics of the step (``utils.memory``; ``logging.memory_timeline``)."""
+        if self.memory_timeline:
+            self._memory.update(memory_metrics(phase, self.handles.memory()))
 
     def evaluate(self) -> dict[str, float]:
         """The generator's answers to the env's held-out prompts, scored (``evaluate``)."""
@@ -257,17 +268,21 @@ class RLTrainer(Trainer):
             self.data_pos += t.prompts_per_step
             with self.timeline.span("generator", f"b{self.step_idx + 1}"):
                 rollout = self.rollout(prompts, t.samples_per_prompt, timings)
+        self.mark_memory("generate")
         if not torch.isfinite(rollout.batch["scores"]).all():
             return self._bad_step("rewards", {**rollout.metrics, **timings})
         t0 = time.time()  # (not before a skipped step: no sync would wake it)
         self.handles.end_rollout()  # co-located vLLM sleeps until sync_weights wakes it
         timings["time/sleep_s"] = time.time() - t0
+        self.mark_memory("sleep")
         t0 = time.time()
         with self.timeline.span("trainer", "update"):
             metrics = self.update(rollout, timings)
         timings["time/update_s"] = time.time() - t0
+        self.mark_memory("train")
         with self.timeline.span("trainer", "sync"):
             timings["time/sync_s"] = self.handles.sync_weights()
+        self.mark_memory("sync")
         if any(metrics.get(k, 0) > 0 for k in ("policy/skipped", "critic/skipped")):
             return self._bad_step("loss", {**rollout.metrics, **metrics, **timings})
         self.bad_steps = 0
@@ -289,10 +304,12 @@ class RLTrainer(Trainer):
             with self.timeline.span("trainer", "update"):
                 metrics.update(self.update(rollout, timings))
             timings["time/update_s"] = time.time() - t0
+            self.mark_memory("train")
         with self.timeline.span("trainer", "wait"):
             timings["time/wait_generation_s"] = producer.before_sync(s)
         with self.timeline.span("trainer", "sync"):
             timings["time/sync_s"] = self.handles.sync_weights(s)  # a skipped step publishes the same weights
+        self.mark_memory("sync")
         producer.after_sync(s)
         if not finite:
             return self._bad_step("rewards", {**rollout.metrics, **metrics, **timings})
@@ -450,3 +467,11 @@ def _check_reward_source(cfg: XConfig) -> list[str]:
                 f"reward.model: <a reward model directory> (xrlhf run configs/rm.yaml trains one), or "
                 f"reward.source: function with reward.function: pkg.mod:fn"]
     return []
+
+
+def memory_timeline_on(cfg: XConfig) -> bool:
+    """``logging.memory_timeline``, its default resolved: on when a handle of the run has a GPU."""
+    if cfg.logging.memory_timeline is not None:
+        return cfg.logging.memory_timeline
+    sections = [cfg.policy, cfg.policy.generate, cfg.critic, cfg.reference, cfg.reward]
+    return any(getattr(getattr(s, "resources", None), "gpus_per_rank", 0) > 0 for s in sections if s is not None)

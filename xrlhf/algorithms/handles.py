@@ -115,3 +115,6 @@ class Handles(Protocol):
 
     def end_rollout(self) -> None:
         """Generation is over until the next ``sync_weights`` (co-located generators free memory)."""
+
+    def memory(self) -> dict[str, list[dict[str, float]]]:
+        """Every handle's ranks' ``memory_stats`` (peaks reset): ``{handle: [per rank]}``."""

@@ -228,6 +228,7 @@ class OnlineKTOTrainer(KTOMixin, RLTrainer):
         prompts, completions = unpack_sequences(batch)
         train, kl = self.kto_batches(prompts, completions, labels[keep], batch["group_ids"], response_loss_masks(batch))
         timings["time/infer_s"] = time.time() - t0
+        self.mark_memory("infer")
         t0 = time.time()
         sums: dict[str, float] = {}
         n = 0

@@ -199,6 +199,10 @@ class LocalHandles:
             self.policy.sync_weights_local(version)
         return time.time() - t0
 
+    def memory(self) -> dict[str, list[dict[str, float]]]:
+        """Every handle's hosts' memory (one process: the same figures for each)."""
+        return {name: [host.memory_stats() for host in h.hosts] for name, h in self.handles.items()}
+
     def end_rollout(self) -> None:
         """The policy's generate engines may free their memory until the next sync."""
         if self.policy.hosts[0].gen is not None:

@@ -170,6 +170,7 @@ class PolicyGradientTrainer(RLTrainer):
         if val is not None:
             batch["old_values"] = val.get()["values"] * mask
         timings["time/infer_s"] = time.time() - t0
+        self.mark_memory("infer")
         metrics["kl/coef"] = self.kl_ctl.value
         return metrics
 

@@ -265,6 +265,9 @@ class LoggingConfig(Strict):
     wandb_project: str = "xrlhf"
     wandb_mode: Literal["offline", "online", "disabled"] = "offline"
     report: bool = Field(True, description="write report.md and PNG plots at the end")
+    memory_timeline: bool | None = Field(None, description="each step's memory by phase (generate, sleep, infer, "
+                                         "train, sync) and handle as memory/<phase>/<handle>_gib metrics, a table and "
+                                         "plots/memory.png in the report; default: on when a handle has a GPU")
 
 
 class XConfig(Strict):

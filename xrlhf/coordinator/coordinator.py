@@ -320,6 +320,11 @@ class Coordinator:
                 self.on_pids(self.pids)
             return True
 
+    def memory(self) -> dict[str, list[dict[str, float]]]:
+        """Every handle's ranks' memory (``EngineHost.memory_stats``; their GPU peaks reset)."""
+        pending = {name: h.memory_stats(wait=False) for name, h in self.handles.items()}
+        return {name: p.get() for name, p in pending.items()}
+
     def __getitem__(self, name: str) -> ModelHandle:
         return self.handles[name]
 

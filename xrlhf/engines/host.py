@@ -132,12 +132,15 @@ class EngineHost:
         return {n: checksum(t if dtype is None else t.to(dtype)) for n, t in self.train.weights_for_sync()}
 
     def memory_stats(self, reset: bool = True) -> dict[str, float]:
-        """This process's peak allocated and reserved GPU memory (GiB), and the device's use."""
+        """This process's memory (GiB): its resident set ``rss_gb`` now; on a GPU also its peak
+        allocated (since the last reset) and reserved memory and the device's use by every
+        process (``device_used_gb``). ``reset``: start a new peak."""
+        stats = {"rss_gb": _rss_bytes() / 2**30, "pid": os.getpid()}
         if not torch.cuda.is_available():
-            return {}
+            return stats
         free, total = torch.cuda.mem_get_info()
-        stats = {"max_allocated_gb": torch.cuda.max_memory_allocated() / 2**30,
-                 "reserved_gb": torch.cuda.memory_reserved() / 2**30, "device_used_gb": (total - free) / 2**30}
+        stats.update({"max_allocated_gb": torch.cuda.max_memory_allocated() / 2**30,
+                      "reserved_gb": torch.cuda.memory_reserved() / 2**30, "device_used_gb": (total - free) / 2**30})
         if reset:
             torch.cuda.reset_peak_memory_stats()
         return stats
@@ -182,3 +185,14 @@ class EngineHost:
     def wake_generator(self) -> None:
         if self.gen is not None:
             self.gen.wake_up()
+
+
+def _rss_bytes() -> int:
+    """This process's resident set size (Linux /proc; elsewhere the peak from getrusage)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
