@@ -193,7 +193,7 @@ class Coordinator:
                         "no model of its own)")
         return self
 
-    def _create(self, s: HandleSpec, slot: Slot) -> tuple[ModelHandle, list]:
+    def _create(self, s: HandleSpec, slot: Slot, timeout: float | None = None) -> tuple[ModelHandle, list]:
         # asynchronous rollout, episode turns: a generating worker runs generate calls beside each
         # other and beside its other calls
         concurrent = "generate" in s.engines and (self.cfg.rollout.max_staleness > 0 or self.concurrent_generate > 0)
@@ -206,7 +206,7 @@ class Coordinator:
                    for rank in range(s.resources.ranks)]
         handle = ModelHandle(s.name, workers, trainable="train" in s.engines, concurrent=concurrent)
         gpu = s.resources.gpus_per_rank > 0
-        master, port = handle._get([workers[0].address.remote()], [0])[0]
+        master, port = handle._get([workers[0].address.remote()], [0], timeout)[0]
         refs = [w.setup.remote(s.engines, DistInfo(rank, len(workers), master, port, "nccl" if gpu else "gloo"))
                 for rank, w in enumerate(workers)]
         return handle, refs
@@ -303,7 +303,8 @@ class Coordinator:
                            f"({len(self.healing.events) + 1}/{self.healing.max_restarts})")
             old.kill()
             spec = next(s for s in self.specs if s.name == name)
-            new, setup = self._create(spec, self.slots[name])
+            # a worker that cannot be placed again (its node is gone) fails here, not in a hang
+            new, setup = self._create(spec, self.slots[name], timeout=300)
             self.pids[name] = [r["pid"] for r in new._get(setup, list(range(new.world_size)), timeout=600)]
             old.workers = new.workers  # the trainer's handle objects stay valid
             if old.saved_rng is not None:  # unkeyed sampling goes on where the dead workers were
