@@ -251,6 +251,9 @@ class FaultToleranceConfig(Strict):
                               "restarted in place when it holds no training state (reference, reward model, the "
                               "split layout's generators), else every worker restarts from the last checkpoint; "
                               "0: a dead worker stops the run (docs/healing.md)")
+    collective_timeout_s: float = Field(600.0, gt=0, description="a collective of a handle's ranks (gradient "
+                                        "all-reduce, ZeRO gathers) that waits this long for a peer fails, and the "
+                                        "worker is healed as a dead one (a hang where every peer is alive)")
     heartbeat_timeout_s: float = Field(60.0, ge=0, description="a worker that answers no heartbeat for this long "
                                        "(SIGSTOP, a hung process) is killed and healed as a dead one; 0: no heartbeats")
     max_bad_steps: int = Field(3, ge=1, description="abort after K consecutive steps with NaN/inf loss or rewards")

@@ -207,7 +207,8 @@ class Coordinator:
         handle = ModelHandle(s.name, workers, trainable="train" in s.engines, concurrent=concurrent)
         gpu = s.resources.gpus_per_rank > 0
         master, port = handle._get([workers[0].address.remote()], [0], timeout)[0]
-        refs = [w.setup.remote(s.engines, DistInfo(rank, len(workers), master, port, "nccl" if gpu else "gloo"))
+        refs = [w.setup.remote(s.engines, DistInfo(rank, len(workers), master, port, "nccl" if gpu else "gloo",
+                                                   self.cfg.fault_tolerance.collective_timeout_s))
                 for rank, w in enumerate(workers)]
         return handle, refs
 

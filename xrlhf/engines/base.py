@@ -96,17 +96,22 @@ class DistInfo:
     master_addr: str = "127.0.0.1"
     master_port: int = 0
     backend: str = "gloo"
+    timeout_s: float | None = None
+    """How long a collective waits for its peers before it fails (``None``: torch's default)."""
 
     def init_process_group(self) -> None:
         """Join the default torch.distributed group of this handle's ranks (idempotent)."""
+        import datetime
+
         import torch.distributed as dist
 
         if self.world_size <= 1 or dist.is_initialized():
             return
         os.environ.setdefault("MASTER_ADDR", self.master_addr)
         os.environ.setdefault("MASTER_PORT", str(self.master_port))
+        timeout = None if self.timeout_s is None else datetime.timedelta(seconds=self.timeout_s)
         dist.init_process_group(self.backend, rank=self.rank, world_size=self.world_size,
-                                init_method=f"tcp://{self.master_addr}:{self.master_port}")
+                                init_method=f"tcp://{self.master_addr}:{self.master_port}", timeout=timeout)
 
 
 @dataclass
