@@ -1,6 +1,8 @@
 """Reward functions named by import path in the tests (``tests.e2e.reward_fns:<name>``)."""
 
 import math
+import os
+import time
 
 
 def length_reward(prompts, responses):
@@ -35,3 +37,21 @@ not_callable = [1.0, 2.0]
 
 def string_reward(prompts, responses):
     return ["0.5" for _ in responses]
+
+
+_calls = 0
+
+
+def gated_length_reward(prompts, responses):
+    """``length_reward``, but the call number ``$XRLHF_TEST_GATE_CALL`` of this process (1-based:
+    the RL step, one call a step) first writes ``$XRLHF_TEST_GATE.held`` and waits while the file
+    ``$XRLHF_TEST_GATE`` exists: a test acts on a run (removes a node) at a known point of a step."""
+    global _calls
+    _calls += 1
+    gate = os.environ.get("XRLHF_TEST_GATE")
+    if gate and _calls == int(os.environ.get("XRLHF_TEST_GATE_CALL", "1")):
+        with open(gate + ".held", "w") as f:
+            f.write(str(_calls))
+        while os.path.exists(gate):
+            time.sleep(0.05)
+    return length_reward(prompts, responses)
