@@ -98,7 +98,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         raise UserError("--resume needs --output-dir: the run directory to continue")
     out = args.output_dir or str(default_output_dir(cfg))
     try:
-        run(cfg, out, resume=args.resume)
+        # absolute: workers write their checkpoint state and load the warm-up's model by the paths the
+        # driver hands them, from their own working directory (on a cluster: where their node started)
+        run(cfg, Path(out).absolute(), resume=args.resume)
     except Interrupted as e:
         if e.saved:
             logger.warning(f"{e}; resume with: {resume_command(args.config, out, args.overrides)}")

@@ -43,11 +43,23 @@ until then the restart's placement group waits, and ``resources.place`` stops it
 of the node's death."""
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
 @pytest.fixture(scope="module")
-def cluster():
-    c = ray_cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
-    for _ in range(4):
-        c.add_node(num_cpus=1, wait=False)
+def cluster(tmp_path_factory):
+    """Started in a directory of its own, as ``ray start`` would be: the workers' working directory
+    is not the driver's, so a relative ``--output-dir`` must still put every file where the driver
+    reads it (the test asserts nothing lands in the nodes' directory)."""
+    here, c = os.getcwd(), None
+    os.chdir(tmp_path_factory.mktemp("nodes"))
+    try:
+        c = ray_cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+        for _ in range(4):
+            c.add_node(num_cpus=1, wait=False)
+        c.cwd = Path(os.getcwd())
+    finally:
+        os.chdir(here)
     c.wait_for_nodes()
     yield c
     c.shutdown()
@@ -89,14 +101,14 @@ class Run:
     def __init__(self, config: dict, tmp_path: Path, name: str, gate_call: int | None = None):
         self.out = tmp_path / name
         self.gate = tmp_path / f"{name}.gate"
-        path = tmp_path / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(config))
-        env = dict(os.environ)
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(config))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
         if gate_call is not None:
             self.gate.touch()
             env.update(XRLHF_TEST_GATE=str(self.gate), XRLHF_TEST_GATE_CALL=str(gate_call))
-        self.proc = subprocess.Popen([sys.executable, "-m", "xrlhf.cli", "run", str(path), "--output-dir", str(self.out)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        # from tmp_path, with a relative --output-dir: what a user typing `xrlhf run cfg.yaml --output-dir x` does
+        self.proc = subprocess.Popen([sys.executable, "-m", "xrlhf.cli", "run", f"{name}.yaml", "--output-dir", name],
+                                     cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                      start_new_session=True)
         Run.started.append(self)
 
@@ -157,6 +169,8 @@ def test_a_run_on_the_cluster_heals_after_losing_a_node(cluster, base_config, tm
     assert json.loads((healed.out / "summary.json").read_text())["steps"] == STEPS
     rows = [json.loads(x) for x in (healed.out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "reward/mean" in r] == list(range(1, STEPS + 1))  # step 3 once
+    assert (healed.out / "checkpoints" / "step-00000004" / "policy" / "state.pt").is_file()
+    assert not list(cluster.cwd.iterdir())  # no worker wrote relative to its own working directory
     a, b = final_weights(straight.out), final_weights(healed.out)
     assert a.keys() == b.keys()
     for k in a:
