@@ -30,10 +30,9 @@ import psutil
 import pytest
 import torch
 import yaml
+from ray.cluster_utils import Cluster
 
 from tests.e2e.test_survival import final_weights
-
-ray_cluster_utils = pytest.importorskip("ray.cluster_utils")
 
 STEPS = 4
 EXIT_BOUND_S = 60
@@ -41,8 +40,6 @@ EXIT_BOUND_S = 60
 it Ray noticing the crashed node (its health checks fail for ~15 s before the GCS marks it dead);
 until then the restart's placement group waits, and ``resources.place`` stops it within a second
 of the node's death."""
-
-
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -51,10 +48,10 @@ def cluster(tmp_path_factory):
     """Started in a directory of its own, as ``ray start`` would be: the workers' working directory
     is not the driver's, so a relative ``--output-dir`` must still put every file where the driver
     reads it (the test asserts nothing lands in the nodes' directory)."""
-    here, c = os.getcwd(), None
+    here = os.getcwd()
     os.chdir(tmp_path_factory.mktemp("nodes"))
     try:
-        c = ray_cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
         for _ in range(4):
             c.add_node(num_cpus=1, wait=False)
         c.cwd = Path(os.getcwd())

@@ -124,7 +124,8 @@ def place(specs: dict[str, Resources], ready_timeout: float = 120.0, poll_s: flo
             if specs[h].ranks > specs[a].ranks:
                 raise UserError(f"{h}.resources.ranks: {specs[h].ranks} ranks cannot share the {specs[a].ranks} "
                                 f"bundles of {a!r}; use at most {specs[a].ranks}")
-    problem = missing_resources({a: specs[a] for a in members})
+    groups = {a: specs[a] for a in members}
+    problem = missing_resources(groups)
     if problem:
         raise UserError(problem)
     slots: dict[str, Slot] = {}
@@ -134,7 +135,7 @@ def place(specs: dict[str, Resources], ready_timeout: float = 120.0, poll_s: flo
             r = specs[a]
             pg = placement_group([_bundle(r)] * r.ranks, strategy="PACK")
             made.append(pg)
-            _wait_placed(a, r, pg, {b: specs[b] for b in members}, ready_timeout, poll_s)
+            _wait_placed(a, r, pg, groups, ready_timeout, poll_s)
             share = 1.0 / len(group)
             for h in group:
                 slots[h] = Slot(pg, r.ranks, r.cpus_per_rank * share, r.gpus_per_rank * share,
