@@ -34,7 +34,7 @@ class FakeCluster:
             return [ref], []
         if self.on_wait:
             self.on_wait(self)
-        time.sleep(timeout)
+        time.sleep(min(timeout, 0.01))
         return [], [ref]
 
     def kill_node(self, i: int = 0) -> None:
@@ -114,3 +114,18 @@ def test_a_group_that_never_fits_times_out_saying_what_is_free(cluster):
     assert e.value.messages == ["policy.resources: Ray could not place 1 x {1 CPU} within 0.2 s; free now: 0 CPU "
                                 "(other jobs or placement groups hold the rest)"]
     assert c.removed == c.made
+
+
+def test_a_handle_restarted_in_its_group_after_its_node_died(cluster):
+    """A restart in place asks for an actor in the old group; Ray is placing the dead node's
+    bundle again, and the alive nodes cannot hold it: ``Slot.options`` says so instead of
+    handing out a bundle the actor would wait for for ever."""
+    c = cluster(1, 1, 1)
+    slots = resources.place(SPLIT)
+    assert slots["reference"].options(0)["num_cpus"] == 1  # placed: no wait
+    c.made[2].placed = False  # the reference's bundle is being placed again ...
+    c.kill_node(2)  # ... because its node is gone
+    with pytest.raises(UserError) as e:
+        slots["reference"].options(0)
+    assert e.value.messages[0].startswith("resources: the handles need 3 CPU in all (policy 1, rollout 1, "
+                                          "reference 1) but the Ray cluster's 2 alive nodes have 2")

@@ -43,15 +43,16 @@ _calls = 0
 
 
 def gated_length_reward(prompts, responses):
-    """``length_reward``, but the call number ``$XRLHF_TEST_GATE_CALL`` of this process (1-based:
-    the RL step, one call a step) first writes ``$XRLHF_TEST_GATE.held`` and waits while the file
-    ``$XRLHF_TEST_GATE`` exists: a test acts on a run (removes a node) at a known point of a step."""
+    """``length_reward``, but at each call number ``k`` of ``$XRLHF_TEST_GATE_CALLS`` ("2,3"; calls
+    counted in this process from 1: one a step) it first writes ``$XRLHF_TEST_GATE.<k>.held`` and
+    waits while the file ``$XRLHF_TEST_GATE.<k>`` exists: a test acts on a run (removes a node)
+    at a known point of a known step."""
     global _calls
     _calls += 1
     gate = os.environ.get("XRLHF_TEST_GATE")
-    if gate and _calls == int(os.environ.get("XRLHF_TEST_GATE_CALL", "1")):
-        with open(gate + ".held", "w") as f:
+    if gate and str(_calls) in os.environ.get("XRLHF_TEST_GATE_CALLS", "").split(","):
+        with open(f"{gate}.{_calls}.held", "w") as f:
             f.write(str(_calls))
-        while os.path.exists(gate):
+        while os.path.exists(f"{gate}.{_calls}"):
             time.sleep(0.05)
     return length_reward(prompts, responses)

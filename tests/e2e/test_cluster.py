@@ -1,10 +1,11 @@
 """Runs on a multi-node Ray cluster, simulated on this machine with Ray's own
-``ray.cluster_utils.Cluster``: a head with no CPUs (the drivers attach to it) and four worker
+``ray.cluster_utils.Cluster``: a head with no CPUs (the drivers attach to it) and five worker
 nodes of one CPU. Runs join it through ``ray.address`` and spread their handles (policy,
-split-layout rollout, reference: one CPU each, a placement group each) over the nodes. A node
-that hosts a worker is removed mid-step: with ``fault_tolerance.max_restarts`` the run heals on
-the remaining nodes and ends bit-identical to an uninterrupted run; when the remaining nodes
-cannot hold the handles it stops with exit 2 and one line naming what is missing.
+split-layout rollout, reference: one CPU each, a placement group each) over the nodes. Nodes
+that host a worker go mid-step, drained or crashed: with ``fault_tolerance.max_restarts`` the run
+heals on the remaining nodes (the reference in place, the policy from a checkpoint) and ends
+bit-identical to an uninterrupted run; when the remaining nodes cannot hold the handles it stops
+with exit 2 and one line naming what is missing.
 
 Why no collision with the session's in-process Ray (``ray_session``): this module never calls
 ``ray.init``. The cluster's nodes are processes of their own, the runs are ``xrlhf run``
@@ -14,6 +15,9 @@ own GCS client (``Cluster.global_state``), not through a Ray connection of this 
 A run is held at a known point by ``tests.e2e.reward_fns:gated_length_reward`` (the driver's
 reward function of step N waits while a gate file exists), so a node is removed while the
 run is mid-step, whatever the machine's load.
+
+The tests share the cluster and run in file order (each ``cannot_heal`` case adds nodes back as
+it needs); alone, each works too.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ def cluster(tmp_path_factory):
     os.chdir(tmp_path_factory.mktemp("nodes"))
     try:
         c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
-        for _ in range(4):
+        for _ in range(5):  # three for a run's handles, two spares
             c.add_node(num_cpus=1, wait=False)
         c.cwd = Path(os.getcwd())
     finally:
@@ -85,39 +89,40 @@ def cluster_config(base_config: dict, address: str) -> dict:
     cfg["reward"] = {"source": "function", "function": "tests.e2e.reward_fns:gated_length_reward"}
     cfg["trainer"] = {"steps": STEPS, "prompts_per_step": 4, "samples_per_prompt": 4, "eval_every": 0}
     cfg["checkpoint"] = {"every": 1}
-    cfg["fault_tolerance"] = {"max_restarts": 1}
+    cfg["fault_tolerance"] = {"max_restarts": 2}
     cfg["logging"] = {"tensorboard": False, "report": False}
     return cfg
 
 
 class Run:
-    """``xrlhf run`` in a subprocess; with ``gate_call`` its reward call of that step waits on a gate."""
+    """``xrlhf run`` in a subprocess; the reward calls (steps) ``gates`` wait on a gate each."""
 
     started: list["Run"] = []
 
-    def __init__(self, config: dict, tmp_path: Path, name: str, gate_call: int | None = None):
+    def __init__(self, config: dict, tmp_path: Path, name: str, gates: tuple[int, ...] = ()):
         self.out = tmp_path / name
         self.gate = tmp_path / f"{name}.gate"
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(config))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
-        if gate_call is not None:
-            self.gate.touch()
-            env.update(XRLHF_TEST_GATE=str(self.gate), XRLHF_TEST_GATE_CALL=str(gate_call))
+        for k in gates:
+            Path(f"{self.gate}.{k}").touch()
+        env.update(XRLHF_TEST_GATE=str(self.gate), XRLHF_TEST_GATE_CALLS=",".join(map(str, gates)))
         # from tmp_path, with a relative --output-dir: what a user typing `xrlhf run cfg.yaml --output-dir x` does
         self.proc = subprocess.Popen([sys.executable, "-m", "xrlhf.cli", "run", f"{name}.yaml", "--output-dir", name],
                                      cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                      start_new_session=True)
         Run.started.append(self)
 
-    def wait_held(self, timeout: float = 240) -> None:
+    def wait_held(self, k: int, timeout: float = 240) -> None:
+        """Until the run waits at the gate of step ``k``."""
         deadline = time.time() + timeout
-        while not Path(f"{self.gate}.held").exists():
+        while not Path(f"{self.gate}.{k}.held").exists():
             assert self.proc.poll() is None, self.proc.stdout.read()
-            assert time.time() < deadline, f"the gate was not reached in {timeout} s"
+            assert time.time() < deadline, f"the gate of step {k} was not reached in {timeout} s"
             time.sleep(0.2)
 
-    def release(self) -> None:
-        self.gate.unlink()
+    def release(self, k: int) -> None:
+        Path(f"{self.gate}.{k}").unlink()
 
     def finish(self, timeout: float = 300) -> tuple[int, str]:
         out, _ = self.proc.communicate(timeout=timeout)
@@ -131,39 +136,53 @@ def placement(cluster, out: Path) -> dict[str, tuple[str, int]]:
     return {h: (node_of[p], p) for h, (p,) in json.loads((out / "workers.json").read_text()).items()}
 
 
-def kill_node(cluster, node_id: str, pids: list[int], timeout: float = 30) -> None:
-    """Remove the node as a crash would (its raylet SIGKILLed), and wait until its workers are gone
-    (they exit about a second after their raylet): the run's next call then meets a dead worker."""
+def kill_node(cluster, node_id: str, pids: list[int], timeout: float = 30, crash: bool = True) -> None:
+    """Remove the node, as a crash would (its raylet SIGKILLed: Ray marks it dead when its health
+    checks fail) or as a drain (the raylet stops and tells Ray at once), and wait until its
+    workers are gone (after a crash they exit about a second after their raylet): the run's next
+    call then meets a dead worker."""
     (n,) = [n for n in cluster.worker_nodes if n.node_id == node_id]
-    cluster.remove_node(n, allow_graceful=False)
+    cluster.remove_node(n, allow_graceful=not crash)
     deadline = time.time() + timeout
     while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
         assert time.time() < deadline, f"workers {pids} outlived their node by {timeout} s"
         time.sleep(0.2)
 
 
-def test_a_run_on_the_cluster_heals_after_losing_a_node(cluster, base_config, tmp_path):
+def test_a_run_on_the_cluster_heals_after_losing_nodes(cluster, base_config, tmp_path):
+    """Step 2: the reference's node is drained; the reference restarts in place, its group's bundle
+    placed again on a spare node. Step 3: the policy's node crashes; every worker restarts from
+    the step-2 checkpoint on the nodes left. The run ends bit-identical to an uninterrupted one."""
     config = cluster_config(base_config, cluster.address)
     straight = Run(config, tmp_path, "straight")
     code, log = straight.finish()
     assert code == 0, log
-    healed = Run(config, tmp_path, "healed", gate_call=3)  # steps 1, 2 checkpointed; step 3 held
-    healed.wait_held()
+    healed = Run(config, tmp_path, "healed", gates=(2, 3))
+    healed.wait_held(2)
     before = placement(cluster, healed.out)
     nodes = {n for n, _ in before.values()}
     assert set(before) == {"policy", "rollout", "reference"}
     assert len(nodes) >= 2, before  # no node of 1 CPU holds two: the groups spread them
     assert cluster.head_node.node_id not in nodes
-    lost = before["policy"][0]
-    kill_node(cluster, lost, [p for n, p in before.values() if n == lost])  # the policy's worker dies with it
-    healed.release()
+    drained = before["reference"][0]
+    kill_node(cluster, drained, [p for n, p in before.values() if n == drained], crash=False)
+    healed.release(2)
+    healed.wait_held(3)
+    middle = placement(cluster, healed.out)  # workers.json after the restart in place
+    assert middle["reference"][0] not in nodes and middle["policy"] == before["policy"]
+    crashed = middle["policy"][0]
+    kill_node(cluster, crashed, [p for n, p in middle.values() if n == crashed])
+    healed.release(3)
     code, log = healed.finish()
     assert code == 0, log
-    assert "policy rank 0 died" in log and "restarting the workers from the last checkpoint (1/1)" in log
+    assert "reference rank 0 died" in log and "restarting reference (1 worker(s)) in place (1/2)" in log
+    assert "policy rank 0 died" in log
+    assert "restarting every worker from checkpoint step-00000002, redoing step 3 (2/2)" in log
     assert "Traceback" not in log
-    after = {n for n, _ in placement(cluster, healed.out).values()}  # workers.json of the restart
-    assert lost not in after and after <= {n.node_id for n in cluster.worker_nodes}
-    assert json.loads((healed.out / "summary.json").read_text())["steps"] == STEPS
+    after = {n for n, _ in placement(cluster, healed.out).values()}  # workers.json of the last restart
+    assert not after & {drained, crashed} and after <= {n.node_id for n in cluster.worker_nodes}
+    summary = json.loads((healed.out / "summary.json").read_text())
+    assert summary["steps"] == STEPS and [e["handle"] for e in summary["healed"]] == ["reference", "policy"]
     rows = [json.loads(x) for x in (healed.out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "reward/mean" in r] == list(range(1, STEPS + 1))  # step 3 once
     assert (healed.out / "checkpoints" / "step-00000004" / "policy" / "state.pt").is_file()
@@ -174,31 +193,36 @@ def test_a_run_on_the_cluster_heals_after_losing_a_node(cluster, base_config, tm
         assert torch.equal(a[k], b[k]), k
 
 
-def test_a_run_that_cannot_heal_stops_naming_what_is_missing(cluster, base_config, tmp_path):
+@pytest.mark.parametrize("crash", [True, False], ids=["crash", "drain"])
+def test_a_run_that_cannot_heal_stops_naming_what_is_missing(cluster, base_config, tmp_path, crash):
+    """The reference's node goes, and no other node can take it. Crash: the restart's placement
+    group waits until Ray marks the node dead, then ``place`` stops it. Drain: Ray knows at once;
+    the reference's restart in its old group (``Slot.options``) stops it."""
+    while len(cluster.worker_nodes) < 3:  # what the previous test left: three nodes, no spare
+        cluster.add_node(num_cpus=1)
     config = cluster_config(base_config, cluster.address)
-    run = Run(config, tmp_path, "short", gate_call=1)
-    run.wait_held()
+    run = Run(config, tmp_path, "short", gates=(1,))
+    run.wait_held(1)
     where = placement(cluster, run.out)
     used = {n for n, _ in where.values()}
     for n in [n.node_id for n in cluster.worker_nodes if n.node_id not in used]:  # the spare one, if any
-        kill_node(cluster, n, [])
-    kill_node(cluster, where["reference"][0], [where["reference"][1]])
+        kill_node(cluster, n, [], crash=crash)
+    kill_node(cluster, where["reference"][0], [where["reference"][1]], crash=crash)
     t0 = time.time()
-    run.release()
+    run.release(1)
     code, log = run.finish(timeout=EXIT_BOUND_S + 60)
     took = time.time() - t0
     assert code == 2, log
     assert took < EXIT_BOUND_S, (took, log)
     errors = [line for line in log.splitlines() if line.startswith("error: ")]
+    dead = len(cluster.global_state.node_table()) - 3
     assert errors == ["error: resources: the handles need 3 CPU in all (policy 1, rollout 1, reference 1) but the "
-                      "Ray cluster's 3 alive nodes have 2 ("
-                      f"{len(cluster.global_state.node_table()) - 3} nodes of the cluster died or left): 1 CPU "
+                      f"Ray cluster's 3 alive nodes have 2 ({dead} nodes of the cluster died or left): 1 CPU "
                       "missing; add nodes, lower <handle>.resources.cpus_per_rank or ranks, or co-locate handles "
                       "with resources.colocate_with"], log
-    assert "Traceback" not in log
-    assert "reference rank 0 died" in log and "restarting the workers from the last checkpoint (1/1)" in log
-    # a new run on the cluster as it is now stops before any worker starts, with the same line
-    again = Run(config, tmp_path, "again")
-    code, log = again.finish(timeout=120)
-    assert code == 2 and [line for line in log.splitlines() if line.startswith("error: ")] == errors, log
-    assert "Traceback" not in log and "Ray handles ready" not in log
+    assert "Traceback" not in log and "reference rank 0 died" in log
+    if crash:  # a new run on the cluster as it is now stops before any worker starts, with the same line
+        again = Run(config, tmp_path, "again")
+        code, log = again.finish(timeout=120)
+        assert code == 2 and [line for line in log.splitlines() if line.startswith("error: ")] == errors, log
+        assert "Traceback" not in log and "Ray handles ready" not in log

@@ -10,13 +10,15 @@ Groups are ``PACK``: a group's bundles go on as few nodes as hold them (one node
 and separate groups may land on different nodes of a multi-node cluster (docs/cluster.md).
 What the cluster can hold is read from its *alive* nodes, before and while a group waits to be
 placed: a node that died or left (a run restarting after losing one) makes ``place`` stop at
-once with one line naming what is missing, instead of waiting for a group that cannot fit.
+once with one line naming what is missing, instead of waiting for a group that cannot fit. The
+same holds for a handle restarted in its old group (``Slot.options``): Ray reschedules the
+bundles a dead node held, and an actor asked for meanwhile would wait for them for ever.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
@@ -24,6 +26,11 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from xrlhf.config.schema import Resources
 from xrlhf.utils.errors import UserError
+
+READY_TIMEOUT_S = 120.0
+"""How long a placement group that fits the alive nodes is waited for (other jobs may hold them)."""
+POLL_S = 1.0
+"""How often the alive nodes are read again while a group waits."""
 
 
 @dataclass
@@ -35,9 +42,20 @@ class Slot:
     num_cpus: float
     num_gpus: float
     threads: int
+    anchor: str = ""
+    """The handle whose placement group ``pg`` is."""
+    groups: dict[str, Resources] = field(default_factory=dict)
+    """Every anchor handle's resources: what the cluster's alive nodes must hold."""
 
     def options(self, rank: int) -> dict:
-        """``ray.remote(...).options(**slot.options(rank))`` for rank ``rank``."""
+        """``ray.remote(...).options(**slot.options(rank))`` for rank ``rank``.
+
+        Waits first until the group holds all its bundles (at once, unless a node of it died and
+        Ray is placing its bundles again: a handle restarted in place). Raises ``UserError`` like
+        ``place`` when the alive nodes cannot hold the handles or the wait times out.
+        """
+        if self.groups:
+            _wait_placed(self.anchor, self.groups[self.anchor], self.pg, self.groups)
         return {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus,
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(
                     self.pg, placement_group_bundle_index=rank % self.bundles)}
@@ -105,7 +123,8 @@ def missing_resources(anchors: dict[str, Resources]) -> str | None:
     return None
 
 
-def place(specs: dict[str, Resources], ready_timeout: float = 120.0, poll_s: float = 1.0) -> dict[str, Slot]:
+def place(specs: dict[str, Resources], ready_timeout: float = READY_TIMEOUT_S,
+          poll_s: float = POLL_S) -> dict[str, Slot]:
     """Create one placement group per anchor handle and a ``Slot`` for every handle.
 
     A group that is not placed at once is waited for up to ``ready_timeout`` seconds, the
@@ -139,7 +158,7 @@ def place(specs: dict[str, Resources], ready_timeout: float = 120.0, poll_s: flo
             share = 1.0 / len(group)
             for h in group:
                 slots[h] = Slot(pg, r.ranks, r.cpus_per_rank * share, r.gpus_per_rank * share,
-                                threads=max(1, int(specs[h].cpus_per_rank)))
+                                threads=max(1, int(specs[h].cpus_per_rank)), anchor=a, groups=groups)
     except BaseException:
         for pg in made:
             try:
@@ -150,8 +169,8 @@ def place(specs: dict[str, Resources], ready_timeout: float = 120.0, poll_s: flo
     return slots
 
 
-def _wait_placed(name: str, r: Resources, pg: PlacementGroup, anchors: dict[str, Resources], timeout: float,
-                 poll_s: float) -> None:
+def _wait_placed(name: str, r: Resources, pg: PlacementGroup, anchors: dict[str, Resources],
+                 timeout: float = READY_TIMEOUT_S, poll_s: float = POLL_S) -> None:
     ready = pg.ready()
     deadline = time.monotonic() + timeout
     while True:
