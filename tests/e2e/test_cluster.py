@@ -40,10 +40,10 @@ from tests.e2e.test_survival import final_weights
 
 STEPS = 4
 EXIT_BOUND_S = 60
-"""A run that cannot heal exits within this many seconds of losing its node. Measured: 14-17 s, most
-of it Ray noticing the crashed node (the GCS marks it dead once its health checks have failed);
-until then the restart's placement group waits, and ``resources.place`` stops it within a second
-of the node's death. (Before ``place`` re-read the alive nodes: 131 s, the 120 s group timeout.)"""
+"""A run that cannot heal exits within this many seconds of losing its node. Measured: a crash 13-17 s,
+most of it Ray noticing the node (the GCS marks it dead once its health checks have failed), until
+when the restart's placement group waits, then ``resources`` stops it within a second; a drain
+2.7 s. (Before the alive nodes were re-read: a crash 131 s, the 120 s group timeout; a drain hung.)"""
 REPO = Path(__file__).resolve().parents[2]
 
 
