@@ -34,6 +34,8 @@ from typing import Any
 import torch
 from loguru import logger
 
+from xrlhf.utils.errors import UserError
+
 PREFIX = "step-"
 MANIFEST = "manifest.json"
 TORN = "torn-"
@@ -62,6 +64,11 @@ def save_checkpoint(out: Path, step: int, driver: dict[str, Any], handles: dict[
     for name, handle in handles.items():
         if _trainable(handle):  # each rank writes its own part: no state through the driver
             handle.save_state(str(tmp / name))
+            if not (tmp / name).is_dir() or not any((tmp / name).iterdir()):
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise UserError(f"checkpoint: {name}'s workers wrote their state to {tmp / name}, which this "
+                                f"machine does not see; on a cluster the run directory (--output-dir) must be on "
+                                f"storage every node mounts at the same path (docs/cluster.md)")
     torch.save({name: h.rng_state() for name, h in handles.items()}, tmp / "rng.pt")
     write_manifest(tmp, step)
     if final.exists():

@@ -138,7 +138,8 @@ def run(cfg: XConfig, output_dir: str | Path | None = None, resume: bool = False
         Interrupted: after a signal (a checkpoint was written).
         WorkerDiedError: a worker died and no restart was left.
     """
-    out = Path(output_dir) if output_dir else default_output_dir(cfg)
+    # absolute: workers write their state by the paths the driver hands them, from their own cwd
+    out = (Path(output_dir) if output_dir else default_output_dir(cfg)).absolute()
     check_output_dir(out, cfg, resume)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(dump_config(cfg))

@@ -178,6 +178,8 @@ class ModelHandle:
             try:
                 results[index[ref]] = ray.get(ref)
             except RayActorError as e:
+                if isinstance(e, RayTaskError):  # this rank is alive: a worker its call needed died
+                    raise self._other_died(ranks[index[ref]], e) from None
                 self.kill()
                 raise self._died(ranks[index[ref]], e) from None
             except RayTaskError:
@@ -189,6 +191,17 @@ class ModelHandle:
                     raise dead from None
                 raise
         return results
+
+    def _other_died(self, rank: int, e: BaseException) -> WorkerDiedError:
+        """Rank ``rank``'s call failed because another worker died (an object it read was lost
+        with its owner): the dead one, found by the heartbeat, or an error naming no handle
+        (the run then restarts from a checkpoint rather than heal the wrong handle)."""
+        if self.monitor is not None:
+            dead = self.monitor.find_dead()
+            if dead is not None:
+                return dead
+        return WorkerDiedError(f"{self.name} rank {rank}: its call failed because a worker it needed died: "
+                               f"{_first_line(e)}")
 
     def _died(self, rank: int, e: BaseException) -> WorkerDiedError:
         worker = self.workers[rank] if rank < len(self.workers) else None

@@ -61,6 +61,22 @@ class Heartbeat:
         finally:
             self._lock.release()
 
+    def find_dead(self, wait_s: float = 10.0) -> WorkerDiedError | None:
+        """Ping every worker at once and wait up to ``wait_s``: the first dead one's error (its
+        handle killed), or ``None`` when every worker that answered is alive."""
+        pings = [(name, h, rank, w, w.ping.options(concurrency_group=HEALTH_GROUP).remote())
+                 for name, h in list(self.handles().items()) for rank, w in enumerate(list(h.workers))]
+        ray.wait([p[-1] for p in pings], num_returns=len(pings), timeout=wait_s)
+        for name, handle, rank, worker, ref in pings:
+            try:
+                ray.get(ref, timeout=0)
+            except RayActorError as e:
+                handle.kill()
+                return WorkerDiedError(f"{name} rank {rank} died: {_first_line(e)}", name, rank, worker)
+            except Exception:  # noqa: BLE001 - not answered yet: the regular checks decide about it
+                continue
+        return None
+
     def _round(self, name: str, handle: Any, rank: int, worker: Any, key: Any, now: float) -> None:
         sent = self._sent.get(key)
         if sent is None:
