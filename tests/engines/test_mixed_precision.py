@@ -62,3 +62,13 @@ def test_mixed_precision_defaults_and_validation(tiny_model, base_config):
     base_config["policy"]["train"].update(engine="deepspeed", dtype="bfloat16", mixed_precision=False)
     with pytest.raises(UserError, match=r"policy.train.mixed_precision: DeepSpeed's bf16 mode always keeps fp32"):
         validate_dict(base_config)
+
+
+def test_mixed_precision_with_lora_keeps_the_frozen_base_in_bf16(tiny_model):
+    """Only what trains needs fp32 masters: PEFT's adapters are fp32, the frozen base stays bf16."""
+    pytest.importorskip("peft")
+    e = engine(tiny_model, 1e-3, dtype="bfloat16", mixed_precision=True, lora={"rank": 4})
+    frozen = [p for p in e.model.parameters() if not p.requires_grad]
+    assert frozen and all(p.dtype == torch.bfloat16 for p in frozen)
+    assert e.params and all(p.dtype == torch.float32 for p in e.params)
+    assert torch.isfinite(torch.tensor(e.train_step(batch(tiny_model), SFTLoss())["loss"]))

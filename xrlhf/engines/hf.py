@@ -135,16 +135,19 @@ class HFModel:
             0: the model's full logits.
     """
 
-    def __init__(self, spec: EngineSpec, keep_dropout: bool = False, autocast: torch.dtype | None = None):
+    def __init__(self, spec: EngineSpec, keep_dropout: bool = False, autocast: torch.dtype | None = None,
+                 fp32_weights: bool = True):
         """``keep_dropout``: a train engine's ``dropout`` option; frozen engines run in eval mode,
-        where dropout is off anyway. ``autocast``: mixed precision: the weights load in fp32 and
-        the forward runs under autocast to this dtype (``HFTrainOptions.mixed_precision``). Until
-        ``prepare`` runs the forward is the padded one with full logits (an engine that never
-        calls it keeps that)."""
+        where dropout is off anyway. ``autocast``: mixed precision: the forward runs under
+        autocast to this dtype (``HFTrainOptions.mixed_precision``) and, with ``fp32_weights``,
+        the weights load in fp32 (a LoRA engine keeps its frozen base in ``dtype``: PEFT makes the
+        trained adapters fp32). Until ``prepare`` runs the forward is the padded one with full
+        logits (an engine that never calls it keeps that)."""
         self.spec = spec
         self.autocast = autocast
         torch.manual_seed(spec.seed)
-        self.model = self.module = load_hf_model(spec, torch.float32 if autocast is not None else None)
+        fp32 = autocast is not None and fp32_weights
+        self.model = self.module = load_hf_model(spec, torch.float32 if fp32 else None)
         self.device = torch.device(spec.device)
         if not keep_dropout:
             disable_dropout(self.model)
@@ -311,9 +314,9 @@ class HFTrainEngine(LoraTraining, TrainEngine):
         spec.dist.init_process_group()
         o = self.options
         self.mixed_precision = o.uses_mixed_precision(spec.device)
-        self.hf = HFModel(self.spec, keep_dropout=o.dropout,
-                          autocast=torch.bfloat16 if self.mixed_precision else None)
         lora = self.adapter_options(o)
+        self.hf = HFModel(self.spec, keep_dropout=o.dropout, autocast=torch.bfloat16 if self.mixed_precision else None,
+                          fp32_weights=lora is None)
         self.lora: LoraModel | None = None
         if lora is not None:
             self.hf.model = apply_lora(self.hf.model, lora, o.gradient_checkpointing)
