@@ -146,12 +146,14 @@ def run(cfg: XConfig, output_dir: str | Path | None = None, resume: bool = False
     sink = logger.add(out / "train.log", level="DEBUG")
     tracker = Tracker(out, cfg.logging, cfg.name or out.name, cfg.model_dump(mode="json"))
     healing = Healing(cfg.fault_tolerance.max_restarts)
-    ray_started = [False]  # a restart from a checkpoint reuses the Ray the first attempt started
+    import ray
+
+    ray_was_up = ray.is_initialized()  # else a Ray the run starts, reused by its restarts, stopped at its end
     try:
         with StopRequest() as stop:
             while True:
                 try:
-                    return _run_once(cfg, out, tracker, stop, resume, healing, ray_started)
+                    return _run_once(cfg, out, tracker, stop, resume, healing)
                 except WorkerDiedError as e:
                     if healing.left <= 0:
                         raise
@@ -172,9 +174,7 @@ def run(cfg: XConfig, output_dir: str | Path | None = None, resume: bool = False
             except Exception as e:  # noqa: BLE001 - the report must never hide the run's own outcome
                 logger.warning(f"report.md not written: {e}")
         logger.remove(sink)
-        if ray_started[0]:
-            import ray
-
+        if not ray_was_up and ray.is_initialized():
             ray.shutdown()
 
 
@@ -191,7 +191,7 @@ def _restart_from_checkpoint(error: WorkerDiedError, out: Path, healing: Healing
                    f"({len(healing.events)}/{healing.max_restarts})")
 
 
-def _healed(healing: Healing, coord) -> None:
+def _healed(healing: Healing) -> None:
     """A restart from a checkpoint is over once the workers are back: its event gets its time."""
     last = healing.events[-1] if healing.events else None
     if last is not None and "t0" in last:
@@ -206,18 +206,13 @@ def _stop_before_rl(stop: StopRequest, out: Path) -> None:
         raise Interrupted(stop.signum, out, saved=bool(list_checkpoints(out)))
 
 
-def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resume: bool, healing: Healing,
-              ray_started: list[bool]) -> dict[str, Any]:
-    from xrlhf.algorithms import ALGORITHMS
-    from xrlhf.algorithms.base import episode_calls
-    from xrlhf.algorithms.rewards import build_reward
+def _start_point(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resume: bool, env,
+                 tokenizer) -> tuple[Path | None, dict | None, str, dict[str, Any], float]:
+    """Where RL starts: the checkpoint resumed from (and its driver state), else the warm-up's
+    model (run here) or ``policy.model``; ``(ckpt, state, model_dir, extra, t_start)``."""
     from xrlhf.algorithms.warmup import supervised_warmup
-    from xrlhf.coordinator import Coordinator
 
     t_start = time.time()
-    stop.doing = "the current warm-up step, then stop (nothing to save before the first RL step)"
-    env = build_env(cfg.env.name, cfg.env.options, cfg.seed)
-    tokenizer = load_tokenizer(cfg.policy.model)
     had_checkpoints = resume and bool(list_checkpoints(out))
     ckpt = resume_checkpoint(out) if resume else None
     if had_checkpoints and ckpt is None:
@@ -227,14 +222,27 @@ def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resu
     if state is not None:
         logger.info(f"resuming from {ckpt} (step {state['trainer']['step']})")
         truncate_metrics(tracker.path, state["metrics_offset"])
-        model_dir, extra, t_start = state["model_dir"], state["extra"], t_start - state["wall_seconds"]
-    else:
-        truncate_metrics(tracker.path, 0)
-        model_dir, extra = cfg.policy.model, {}
-        if cfg.warmup.steps:
-            model_dir, before = supervised_warmup(cfg, env, tokenizer, model_dir, out, tracker, stop=lambda: bool(stop))
-            if "eval/reward_mean" in before:
-                extra["eval_reward_before_warmup"] = before["eval/reward_mean"]
+        return ckpt, state, state["model_dir"], state["extra"], t_start - state["wall_seconds"]
+    truncate_metrics(tracker.path, 0)
+    model_dir, extra = cfg.policy.model, {}
+    if cfg.warmup.steps:
+        model_dir, before = supervised_warmup(cfg, env, tokenizer, model_dir, out, tracker, stop=lambda: bool(stop))
+        if "eval/reward_mean" in before:
+            extra["eval_reward_before_warmup"] = before["eval/reward_mean"]
+    return ckpt, state, model_dir, extra, t_start
+
+
+def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resume: bool,
+              healing: Healing) -> dict[str, Any]:
+    from xrlhf.algorithms import ALGORITHMS
+    from xrlhf.algorithms.base import episode_calls
+    from xrlhf.algorithms.rewards import build_reward
+    from xrlhf.coordinator import Coordinator
+
+    stop.doing = "the current warm-up step, then stop (nothing to save before the first RL step)"
+    env = build_env(cfg.env.name, cfg.env.options, cfg.seed)
+    tokenizer = load_tokenizer(cfg.policy.model)
+    ckpt, state, model_dir, extra, t_start = _start_point(cfg, out, tracker, stop, resume, env, tokenizer)
     _stop_before_rl(stop, out)
     trainer_cls = ALGORITHMS.get(cfg.algorithm.name)
     options = algorithm_options(cfg)
@@ -245,14 +253,9 @@ def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resu
     try:
         stop.doing = "the Ray start-up, then stop (nothing to save before the first RL step)"
         coord.start()
-        ray_started[0] = ray_started[0] or coord.owns_ray
-        _healed(healing, coord)
-
-        def write_pids(pids: dict[str, list[int]]) -> None:  # which process is which handle's rank
-            (out / "workers.json").write_text(json.dumps(pids))
-
-        write_pids(coord.pids)
-        coord.on_pids = write_pids
+        _healed(healing)
+        coord.on_pids = lambda pids: (out / "workers.json").write_text(json.dumps(pids))  # process of each rank
+        coord.on_pids(coord.pids)
         stop.install()
         _stop_before_rl(stop, out)
         stop.doing = "the current step, then checkpoint and exit"

@@ -261,13 +261,15 @@ class Coordinator:
         return self.weight_sync.sync(version) if self.weight_sync is not None else 0.0
 
     # -- healing ------------------------------------------------------------------------------
+    def _spec(self, name: str) -> HandleSpec | None:
+        return next((s for s in self.specs if s.name == name), None)
+
     def keep_rng(self) -> None:
         """Remember the RNG states of the handles restarted in place that sample (after the start
         or a resume; ``Pending`` renews them after each unkeyed ``generate``), so that a restarted
         generator samples what the dead one would have."""
         for name, h in self.handles.items():
-            spec = next(s for s in self.specs if s.name == name)
-            if "generate" in spec.engines and self.in_place(name):
+            if "generate" in self._spec(name).engines and self.in_place(name):
                 h.saved_rng = h.rng_state()
 
     def in_place(self, name: str) -> bool:
@@ -275,7 +277,7 @@ class Coordinator:
         state (the reference, the reward model, the split layout's generators when the rollout is
         synchronous and their weights come as messages: what they hold is on disk or is the
         trainer's current weights)."""
-        spec = next((s for s in self.specs if s.name == name), None)
+        spec = self._spec(name)
         if spec is None or "train" in spec.engines:
             return False
         if "generate" not in spec.engines:
@@ -303,7 +305,7 @@ class Coordinator:
             logger.warning(f"{error}; restarting {name} ({old.world_size} worker(s)) in place "
                            f"({len(self.healing.events) + 1}/{self.healing.max_restarts})")
             old.kill()
-            spec = next(s for s in self.specs if s.name == name)
+            spec = self._spec(name)
             # a worker that cannot be placed again (its node is gone) fails here, not in a hang
             new, setup = self._create(spec, self.slots[name], timeout=300)
             self.pids[name] = [r["pid"] for r in new._get(setup, list(range(new.world_size)), timeout=600)]
@@ -356,8 +358,3 @@ class Coordinator:
         self.placement_groups = []
         if self._owns_ray and not self.keep_ray and ray.is_initialized():
             ray.shutdown()
-
-    @property
-    def owns_ray(self) -> bool:
-        """Whether ``start`` started Ray (rather than joining one that was running)."""
-        return self._owns_ray

@@ -30,7 +30,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from xrlhf.data.dispatch import ALL, DP, DP_TRAIN, ONE, RANK0, plan
 from xrlhf.engines.base import merge_rank_states
 from xrlhf.utils import faults
-from xrlhf.utils.errors import WorkerDiedError
+from xrlhf.utils.errors import WorkerDiedError, first_line
 
 __all__ = ["ALL", "DP", "DP_TRAIN", "ONE", "RANK0", "BaseReference", "ModelHandle", "Pending", "ROLLOUT_GROUPS",
            "dispatch"]
@@ -201,11 +201,11 @@ class ModelHandle:
             if dead is not None:
                 return dead
         return WorkerDiedError(f"{self.name} rank {rank}: its call failed because a worker it needed died: "
-                               f"{_first_line(e)}")
+                               f"{first_line(e)}")
 
     def _died(self, rank: int, e: BaseException) -> WorkerDiedError:
         worker = self.workers[rank] if rank < len(self.workers) else None
-        return WorkerDiedError(f"{self.name} rank {rank} died: {_first_line(e)}", self.name, rank, worker)
+        return WorkerDiedError(f"{self.name} rank {rank} died: {first_line(e)}", self.name, rank, worker)
 
     def _first_dead(self, pending: list, index: dict, ranks: list[int],
                     wait_s: float = 10.0) -> WorkerDiedError | None:
@@ -335,8 +335,3 @@ class BaseReference(ModelHandle):
     @dispatch(DP, target="infer_base")
     def infer(self, batch):
         """Logprobs of ``batch`` under the policy's base -> ``Batch``."""
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__

@@ -21,7 +21,7 @@ import ray
 from loguru import logger
 from ray.exceptions import RayActorError
 
-from xrlhf.utils.errors import WorkerDiedError
+from xrlhf.utils.errors import WorkerDiedError, first_line
 
 HEALTH_GROUP = "health"
 """The concurrency group every worker answers pings in (one thread, beside its other calls)."""
@@ -72,7 +72,7 @@ class Heartbeat:
                 ray.get(ref, timeout=0)
             except RayActorError as e:
                 handle.kill()
-                return WorkerDiedError(f"{name} rank {rank} died: {_first_line(e)}", name, rank, worker)
+                return WorkerDiedError(f"{name} rank {rank} died: {first_line(e)}", name, rank, worker)
             except Exception:  # noqa: BLE001 - not answered yet: the regular checks decide about it
                 continue
         return None
@@ -90,7 +90,7 @@ class Heartbeat:
                 ray.get(ref)
             except RayActorError as e:
                 handle.kill()  # its other ranks may wait for it in a collective
-                raise WorkerDiedError(f"{name} rank {rank} died: {_first_line(e)}", name, rank, worker) from None
+                raise WorkerDiedError(f"{name} rank {rank} died: {first_line(e)}", name, rank, worker) from None
         elif now - at > self.timeout_s:
             del self._sent[key]
             logger.warning(f"{name} rank {rank} has not answered a heartbeat for {now - at:.0f} s "
@@ -99,8 +99,3 @@ class Heartbeat:
             raise WorkerDiedError(f"{name} rank {rank} stopped answering (no heartbeat for {now - at:.0f} s; "
                                   f"fault_tolerance.heartbeat_timeout_s: {self.timeout_s:g}); killed",
                                   name, rank, worker)
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__

@@ -34,3 +34,9 @@ class WorkerDiedError(RuntimeError):
 
 class NonFiniteError(RuntimeError):
     """Too many consecutive steps with NaN/inf rewards or losses (``fault_tolerance.max_bad_steps``)."""
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message (Ray's carry a traceback below it), or its type."""
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
