@@ -80,6 +80,34 @@ class Fault:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+GPU_FAULTS = [("rollout", 0, "SIGKILL", 2), ("policy", 0, "SIGKILL", 4)]
+"""The GPU scenario's faults: (handle, rank, signal, step)."""
+
+
+def gpu_config(model: str, heartbeat_s: float = 20.0) -> dict[str, Any]:
+    """GRPO on ONE GPU in the split layout: the trainer (bf16, half the GPU in Ray's count) and
+    a vLLM generator of its own (a quarter of the GPU's memory, never asleep), weights by the
+    ``cpu`` transport with verification; a checkpoint every step. Killing the generator
+    restarts vLLM alone (in place); killing the trainer restarts everything from a checkpoint."""
+    return {
+        "name": "healing-gpu", "seed": 0, "ray": {"num_gpus": 1},
+        "env": {"name": "reasoning", "options": {"tasks": ["add", "compare"], "max_operand": 20, "eval_size": 16}},
+        "policy": {"model": model,
+                   "train": {"dtype": "bfloat16", "lr": 1e-6, "micro_batch_size": 32},
+                   "generate": {"engine": "vllm", "dtype": "bfloat16", "max_new_tokens": 64,
+                                "gpu_memory_utilization": 0.25, "sleep_level": 0, "max_model_len": 512,
+                                "max_num_seqs": 256,
+                                "resources": {"ranks": 1, "cpus_per_rank": 2, "gpus_per_rank": 0.5}},
+                   "weight_sync": {"transport": "cpu", "verify": True},
+                   "resources": {"ranks": 1, "cpus_per_rank": 2, "gpus_per_rank": 0.5}},
+        "algorithm": {"name": "grpo", "mini_batch_size": 128, "kl_coef": 0.0},
+        "trainer": {"steps": 6, "prompts_per_step": 32, "samples_per_prompt": 4, "eval_every": 0},
+        "checkpoint": {"every": 1, "keep": 2},
+        "fault_tolerance": {"max_restarts": len(GPU_FAULTS), "heartbeat_timeout_s": heartbeat_s},
+        "logging": {"tensorboard": False, "report": False},
+    }
+
+
 def _rows(out: Path) -> list[dict]:
     path = out / "metrics.jsonl"
     if not path.is_file():
@@ -119,7 +147,7 @@ def inject(out: Path, proc: subprocess.Popen, faults: list[Fault], seed: int = 0
 
 
 def run_with_faults(config: dict, work: Path, faults: list[Fault] | None = None, seed: int = 0,
-                    timeout: float = 900) -> tuple[int, str, float]:
+                    timeout: float = 900, within_s: float = 0.25) -> tuple[int, str, float]:
     """``xrlhf run`` of ``config`` in ``work/run`` in a process of its own, faults injected from a
     thread; returns (exit status, output, wall seconds)."""
     work.mkdir(parents=True, exist_ok=True)
@@ -129,7 +157,7 @@ def run_with_faults(config: dict, work: Path, faults: list[Fault] | None = None,
     t0 = time.time()
     proc = subprocess.Popen([sys.executable, "-m", "xrlhf.cli", "run", str(path), "--output-dir", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    killer = threading.Thread(target=inject, args=(out, proc, faults or [], seed), daemon=True)
+    killer = threading.Thread(target=inject, args=(out, proc, faults or [], seed, timeout, within_s), daemon=True)
     killer.start()
     try:
         text, _ = proc.communicate(timeout=timeout)
@@ -156,11 +184,43 @@ def figures(faults: list[Fault], summary: dict) -> list[dict]:
     return rows
 
 
+def gpu_main(args: argparse.Namespace) -> None:
+    """The GPU scenario (``gpu_config``): the generator's and the trainer's time to recover with
+    vLLM, and whether the killed generator's engine process left its GPU memory behind."""
+    work = Path(args.work)
+    faults = [Fault(h, r, sig, step=st) for h, r, sig, st in GPU_FAULTS]
+    cfg = gpu_config(args.model)
+    code, text, wall = run_with_faults(cfg, work / "gpu", faults, timeout=540, within_s=1.5)
+    (work / "gpu.log").write_text(text)
+    summary_path = work / "gpu" / "run" / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
+                          capture_output=True, text=True).stdout.strip()
+    result = {"hardware": _gpu(), "command": "python -m benchmarks.healing --gpu", "exit": code,
+              "steps": cfg["trainer"]["steps"], "wall_s_with_faults": round(wall, 1),
+              "heartbeat_timeout_s": cfg["fault_tolerance"]["heartbeat_timeout_s"],
+              "faults": figures(faults, summary), "gpu_processes_after_run": apps,
+              "log_tail": text[-3000:] if code != 0 else ""}
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "healing_gpu.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+
+
+def _gpu() -> str:
+    import torch
+
+    return f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}" if torch.cuda.is_available() else "none"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--work", default="/tmp/xrlhf-healing")
+    ap.add_argument("--gpu", action="store_true", help="the one-GPU scenario with vLLM (healing_gpu.json)")
+    ap.add_argument("--model", default="artifacts/model-0.5b", help="--gpu: the model directory")
     args = ap.parse_args()
+    if args.gpu:
+        return gpu_main(args)
     from safetensors.torch import load_file
 
     from xrlhf.models.tiny import build_model

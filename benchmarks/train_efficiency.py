@@ -189,12 +189,71 @@ def mixed_precision(model: str, device: str, dtype: str, w: Workload, steps: int
     return {"enabled": policy.mixed_precision, "train_s": seconds, "train_peak_gib": peak, "loss": metrics["loss"]}
 
 
+def variants(policy: HFTrainEngine, reference: HFInferEngine, w: Workload, steps: int, device: str,
+             vocab: int) -> list[dict[str, Any]]:
+    """W's train step and logprob phase on variations of the new path, back to back on the same
+    engines: token budgets, the full-vocabulary head with packing, the chunked head on padded rows."""
+    batch = make_batch(w, vocab)
+    out = []
+    for name, packed, chunk, budget in [("packed budget 9216", True, None, 9216),
+                                        ("packed budget 12288", True, None, 12288),
+                                        ("packed, full logits", True, 0, w.budget),
+                                        ("padded, chunked head", False, None, None)]:
+        for e in (policy, reference):
+            e.hf.attention_path = e.hf_path if packed else "padded"
+            e.hf.logprob_chunk = e.hf_chunk if chunk is None else chunk
+            e.options.max_tokens_per_micro_batch = budget
+        policy.options.micro_batch_size = w.rows_cap if packed else w.rows
+        reference.options.micro_batch_size = w.infer_rows
+        loss = PolicyLoss(clip_eps=0.2, kl_coef=0.04, kl_estimator="k3", tis_cap=2.0)
+        lp_s, lp_peak = time_logprobs(policy, reference, batch, steps, device)
+        tr_s, tr_peak, metrics = time_train(policy, batch, loss, steps, device)
+        out.append({"variant": name, "train_s": tr_s, "logprob_s": lp_s, "train_peak_gib": tr_peak,
+                    "logprob_peak_gib": lp_peak, "micro_batches": metrics["micro_batches"]})
+        print(f"variant {name}: train {tr_s:.3f} s, logprob {lp_s:.3f} s, peak {tr_peak} GiB, "
+              f"{metrics['micro_batches']:.0f} micro-batches", flush=True)
+    return out
+
+
+def profile(policy: HFTrainEngine, w: Workload, device: str, vocab: int, out_dir: str) -> dict[str, Any]:
+    """One train step of the new and of the old path under torch's profiler: the device's busy
+    time against the wall, and the kernels and host ops that take the most (``profile_*.txt``)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    batch = make_batch(w, vocab)
+    result = {}
+    for new in (True, False):
+        use_path([policy], new, w.rows_cap if new else w.rows, w.budget)
+        loss = PolicyLoss(clip_eps=0.2, kl_coef=0.04, kl_estimator="k3", tis_cap=2.0, log_entropy=not new)
+        policy.train_step(batch, loss)
+        _sync(device)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+        t0 = time.perf_counter()
+        with torch_profile(activities=activities) as prof:
+            policy.train_step(batch, loss)
+            _sync(device)
+        wall = time.perf_counter() - t0
+        events = prof.key_averages()
+        kernel_us = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+        name = "new" if new else "old"
+        sort = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
+        text = events.table(sort_by=sort, row_limit=40)
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(out_dir) / f"profile_{name}.txt").write_text(text)
+        result[name] = {"wall_s": wall, "device_busy_s": kernel_us / 1e6, "busy_fraction": kernel_us / 1e6 / wall}
+        print(f"profile {name}: wall {wall:.3f} s, kernels {kernel_us / 1e6:.3f} s\n{text[:6000]}", flush=True)
+    return result
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="benchmarks/results", help="directory of train_efficiency.json")
     ap.add_argument("--smoke", action="store_true", help="a tiny model on the CPU: the script runs, in seconds")
     ap.add_argument("--steps", type=int, default=None, help="timed repetitions per path (default 3; smoke 1)")
     ap.add_argument("--budget", type=int, default=None, help="W's token budget of the new path (default 6144)")
+    ap.add_argument("--variants", action="store_true", help="also W on variations of the new path (budgets, heads)")
+    ap.add_argument("--profile", action="store_true", help="also one train step of each path under torch's profiler")
     args = ap.parse_args(argv)
     device = "cpu" if args.smoke or not torch.cuda.is_available() else "cuda"
     if args.smoke:
@@ -209,6 +268,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results = {w.name: run_workload(w, policy, reference, steps, device, vocab) for w in workloads}
     main_w = results["W"]
     paths = {"attention_path": policy.hf_path, "logprob_chunk_tokens": policy.hf_chunk}
+    if args.profile:
+        main_w["profile"] = profile(policy, workloads[0], device, vocab, args.out)
+    if args.variants:
+        main_w["variants"] = variants(policy, reference, workloads[0], steps, device, vocab)
     del policy, reference
     results["W"]["mixed_precision"] = mixed_precision(model, device, dtype, workloads[0], steps, vocab)
     data = {"gpu": gpu_name(), "device": device, "model": model, "dtype": dtype, "steps": steps,

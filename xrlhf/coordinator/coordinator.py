@@ -29,6 +29,9 @@ from xrlhf.engines.lora import policy_adapter, reference_is_policy_base
 from xrlhf.utils.errors import WorkerDiedError
 from xrlhf.utils.faults import Healing
 
+REAPER = "kill_child_processes_on_worker_exit_with_raylet_subreaper"
+"""Ray's system option that has the raylet kill every process a dead worker started (docs/cluster.md)."""
+
 
 @dataclass
 class HandleSpec:
@@ -117,9 +120,16 @@ def init_ray(cfg: XConfig) -> bool:
     else:
         # "local": a Ray of this run's own, even where a cluster started by `ray start` runs on
         # this machine (ray.init would join it, and refuse num_cpus); joining one is ray.address
+        # the raylet reaps what a dead worker leaves behind (vLLM's engine process and its
+        # workers, which hold GPU memory a restarted generator needs), even after a SIGKILL
         ray.init(address="local", num_cpus=cfg.ray.num_cpus or os.cpu_count(), num_gpus=cfg.ray.num_gpus,
-                 include_dashboard=False, **kwargs)
+                 include_dashboard=False, _system_config={REAPER: True}, **kwargs)
     return True
+
+
+def _alone(engines: dict[str, tuple[str, EngineSpec]]) -> dict[str, tuple[str, EngineSpec]]:
+    """The engines of ``engines`` (role -> (name, spec)) that start alone (``Engine.starts_alone``)."""
+    return {role: e for role, e in engines.items() if engine_class(e[0], role).starts_alone}
 
 
 class Coordinator:
@@ -168,19 +178,32 @@ class Coordinator:
         self._owns_ray = init_ray(self.cfg)
         slots = self.slots = place({s.name: s.resources for s in self.specs})
         self.placement_groups = list({id(s.pg): s.pg for s in slots.values()}.values())
-        # vLLM sizes its KV cache from the GPU memory it sees free while it starts: it starts first,
-        # alone, so that no other worker allocates or frees GPU memory meanwhile.
-        serial = [s for s in self.specs if any(engine_class(n, role).starts_alone
-                                               for role, (n, _) in s.engines.items())]
+        # Every handle's workers start at once and build their engines side by side, except the
+        # engines that size themselves from the GPU memory they see free (vLLM's KV cache): those
+        # start after all the others, one handle at a time, while no other worker allocates or
+        # frees GPU memory. XRLHF_START_ORDER=alone-first (benchmarks/startup.py) starts each of
+        # their handles whole and alone before the others, as before.
+        alone_first = os.environ.get("XRLHF_START_ORDER") == "alone-first"
+        later: list[tuple[ModelHandle, dict, list[DistInfo]]] = []
         pending = []
-        for s in serial + [s for s in self.specs if s not in serial]:
-            handle, setup = self._create(s, slots[s.name])
+        for s in sorted(self.specs, key=lambda s: not _alone(s.engines)) if alone_first else self.specs:
+            alone = _alone(s.engines)
+            if not alone:
+                now = s.engines
+            else:  # the others first (alone-first: none; the whole handle is built just below)
+                now = {} if alone_first else {r: e for r, e in s.engines.items() if r not in alone}
+            handle, setup, dists = self._create(s, slots[s.name], engines=now)
             self.handles[s.name] = handle
+            if alone_first and alone:
+                self.pids[s.name] = self._setup_all(handle, s.engines, dists)
+            elif alone:
+                later.append((handle, alone, dists))
             pending.append((handle, setup))
-            if s in serial:
-                handle._get(setup, list(range(handle.world_size)))
         for handle, refs in pending:
-            self.pids[handle.name] = [r["pid"] for r in handle._get(refs, list(range(handle.world_size)))]
+            if refs:
+                self.pids[handle.name] = [r["pid"] for r in handle._get(refs, list(range(handle.world_size)))]
+        for handle, engines, dists in later:
+            self.pids[handle.name] = self._setup_all(handle, engines, dists)
         self._wire_weight_sync()
         monitor = (Heartbeat(lambda: self.handles, self.cfg.fault_tolerance.heartbeat_timeout_s)
                    if self.cfg.fault_tolerance.heartbeat_timeout_s > 0 else None)
@@ -193,7 +216,11 @@ class Coordinator:
                         "no model of its own)")
         return self
 
-    def _create(self, s: HandleSpec, slot: Slot, timeout: float | None = None) -> tuple[ModelHandle, list]:
+    def _create(self, s: HandleSpec, slot: Slot, timeout: float | None = None,
+                engines: dict | None = None) -> tuple[ModelHandle, list, list[DistInfo]]:
+        """New workers of handle ``s`` in ``slot``, building ``engines`` (default: all of the
+        handle's; none: no call). Returns the handle, the ``setup`` calls under way, and each
+        rank's ``DistInfo`` (for a later ``_setup_all``)."""
         # asynchronous rollout, episode turns: a generating worker runs generate calls beside each
         # other and beside its other calls
         concurrent = "generate" in s.engines and (self.cfg.rollout.max_staleness > 0 or self.concurrent_generate > 0)
@@ -207,10 +234,17 @@ class Coordinator:
         handle = ModelHandle(s.name, workers, trainable="train" in s.engines, concurrent=concurrent)
         gpu = s.resources.gpus_per_rank > 0
         master, port = handle._get([workers[0].address.remote()], [0], timeout)[0]
-        refs = [w.setup.remote(s.engines, DistInfo(rank, len(workers), master, port, "nccl" if gpu else "gloo",
-                                                   self.cfg.fault_tolerance.collective_timeout_s))
-                for rank, w in enumerate(workers)]
-        return handle, refs
+        dists = [DistInfo(rank, len(workers), master, port, "nccl" if gpu else "gloo",
+                          self.cfg.fault_tolerance.collective_timeout_s) for rank in range(len(workers))]
+        engines = s.engines if engines is None else engines
+        refs = [w.setup.remote(engines, d) for w, d in zip(workers, dists)] if engines else []
+        return handle, refs, dists
+
+    @staticmethod
+    def _setup_all(handle: ModelHandle, engines: dict, dists: list[DistInfo]) -> list[int]:
+        """Build ``engines`` on every worker of ``handle`` and wait; returns the workers' pids."""
+        refs = [w.setup.remote(engines, d) for w, d in zip(handle.workers, dists)]
+        return [r["pid"] for r in handle._get(refs, list(range(handle.world_size)))]
 
     def _wire_weight_sync(self) -> None:
         self.weight_sync = None
@@ -307,7 +341,7 @@ class Coordinator:
             old.kill()
             spec = self._spec(name)
             # a worker that cannot be placed again (its node is gone) fails here, not in a hang
-            new, setup = self._create(spec, self.slots[name], timeout=300)
+            new, setup, _ = self._create(spec, self.slots[name], timeout=300)
             self.pids[name] = [r["pid"] for r in new._get(setup, list(range(new.world_size)), timeout=600)]
             old.workers = new.workers  # the trainer's handle objects stay valid
             if old.saved_rng is not None:  # unkeyed sampling goes on where the dead workers were

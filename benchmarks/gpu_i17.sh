@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The GPU session of 2026-11-23 (sixth): issues 16 and 17 on one GPU. Stages (each < 10 min):
+#   eff       benchmarks/train_efficiency.py with --variants --profile (W, long, mixed precision)
+#   startup   benchmarks/startup.py: W's start-up cold / warm / alone-first / in-process, memory timeline
+#   heal      benchmarks/healing.py --gpu: a vLLM generator and the trainer killed mid-step
+#   tests     GPU tests that the start order and the reaper touch (vLLM co-located and split)
+# Logs and JSON go to $OUT/<stage>/. Needs the stack of ../shared/gpu/README.md in /root/site.
+set -uo pipefail
+STAGE="${1:-eff}"
+cd "$(dirname "$0")/.."
+export PYTHONPATH=/root/site:$PWD PATH=/root/site/bin:$PATH VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
+       HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=disabled RAY_DEDUP_LOGS=1
+OUT="${OUT:-$PWD/gpu-out}"
+mkdir -p "$OUT/$STAGE"
+if [ ! -f artifacts/model-0.5b/config.json ]; then
+  timeout 300 python -m xrlhf.cli make-tiny-model artifacts/model-0.5b --preset 0.5b --dtype bfloat16 \
+    > "$OUT/$STAGE/make-model.log" 2>&1 || { echo "model build failed"; tail -5 "$OUT/$STAGE/make-model.log"; }
+fi
+case "$STAGE" in
+  eff)
+    timeout 560 python -m benchmarks.train_efficiency --variants --profile --out "$OUT/eff" 2>&1 \
+      | tee "$OUT/eff/log.txt" | grep -v "^ \|^-" | tail -40 ;;
+  startup)
+    timeout 570 python -m benchmarks.startup --out "$OUT/startup" --work /tmp/xrlhf-startup 2>&1 \
+      | tee "$OUT/startup/log.txt" | tail -30
+    cp /tmp/xrlhf-startup/*.log "$OUT/startup/" 2>/dev/null ;;
+  heal)
+    timeout 560 python -m benchmarks.healing --gpu --out "$OUT/heal" --work /tmp/xrlhf-heal 2>&1 \
+      | tee "$OUT/heal/log.txt" | tail -40
+    cp /tmp/xrlhf-heal/gpu.log "$OUT/heal/" 2>/dev/null ;;
+  tests)
+    timeout 560 python -m pytest -m gpu -q -x -p no:cacheprovider tests/gpu/test_ppo_vllm.py 2>&1 \
+      | tee "$OUT/tests/pytest.log" | tail -30 ;;
+  *) echo "unknown stage $STAGE"; exit 2 ;;
+esac

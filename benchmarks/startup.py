@@ -1,0 +1,150 @@
+"""Start-up of workload W's handles on one GPU, cold and warm, and what a W step costs in memory.
+
+Runs ``xrlhf run configs/gpu/grpo_w.yaml`` (``trainer.steps`` small) once per variant, each in
+a process of its own, and reads from its log and its metrics:
+
+* ``ready_s``: "Ray handles ready in X s" (Ray, placement, every worker's engines, the weight
+  sync wired); ``first_step_s``: from the command's start to the first step's metrics row;
+* ``vllm``: vLLM's own lines: engine init (profile, KV cache, warm-up), of which compilation,
+  graph capture; ``engine_process_s``: from vLLM's arguments to its engine process running;
+* for the last variant: each step's phase times and the memory timeline (``memory/<phase>/...``,
+  ``logging.memory_timeline``), whose largest ``device_gib`` is the step's device peak.
+
+Variants (``--variants``, in order; caches are directories of their own, so "cold" is cold):
+
+* ``cold``: empty vLLM/Inductor/Triton caches, engines built side by side, vLLM last (the default);
+* ``warm``: the same caches again (what a second run on the machine sees);
+* ``warm-alone-first``: warm, vLLM's handle started whole and alone before the others (the
+  order before this benchmark; ``XRLHF_START_ORDER=alone-first``);
+* ``warm-inprocess``: warm, vLLM's engine in the trainer's process
+  (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no engine process to spawn and import).
+
+Writes ``startup.json``. On the GPU machine::
+
+    python -m benchmarks.startup --out benchmarks/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import gpu_name, write_json
+
+CONFIG = "configs/gpu/grpo_w.yaml"
+VARIANTS = ("cold", "warm", "warm-alone-first", "warm-inprocess")
+
+_VLLM = {
+    "engine_init_s": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s",
+    "compile_s": r"init engine .* \(compilation: ([\d.]+) s\)",
+    "graph_capture_s": r"Graph capturing finished in ([\d.]+) secs",
+    "model_load_s": r"Model loading took [\d.]+ GiB and ([\d.]+) seconds",
+}
+_STAMP = r"(\d\d:\d\d:\d\d)"
+
+
+def _seconds(hms: str) -> int:
+    h, m, s = (int(x) for x in hms.split(":"))
+    return h * 3600 + m * 60 + s
+
+
+def parse_log(text: str) -> dict[str, Any]:
+    """The start-up figures of one run's log (``None`` where a line is missing)."""
+    out: dict[str, Any] = {}
+    m = re.search(r"Ray handles ready in ([\d.]+)s", text)
+    out["ready_s"] = float(m.group(1)) if m else None
+    vllm: dict[str, Any] = {}
+    for key, pattern in _VLLM.items():
+        m = re.search(pattern, text)
+        vllm[key] = float(m.group(1)) if m else None
+    args = re.search(_STAMP + r" \[api_utils.py:\d+\] non-default args", text)
+    core = re.search(_STAMP + r" \[core.py:\d+\] Initializing a V1 LLM engine", text)
+    vllm["engine_process_s"] = _seconds(core.group(1)) - _seconds(args.group(1)) if args and core else None
+    out["vllm"] = vllm
+    return out
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip().endswith("}")]
+
+
+def run_variant(name: str, work: Path, steps: int, model: str, timeout: float) -> dict[str, Any]:
+    """One ``xrlhf run`` of W for variant ``name``; its figures."""
+    caches = work / "caches"  # one set for all variants: "cold" empties it
+    if name == "cold" and caches.exists():
+        shutil.rmtree(caches)
+    env = dict(os.environ, VLLM_CACHE_ROOT=str(caches / "vllm"), TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"),
+               TRITON_CACHE_DIR=str(caches / "triton"))
+    overrides = [f"trainer.steps={steps}", f"policy.model={model}", "logging.tensorboard=false"]
+    if name.endswith("alone-first"):
+        env["XRLHF_START_ORDER"] = "alone-first"
+    if name.endswith("inprocess"):
+        overrides.append("policy.generate.engine_options={env: {VLLM_ENABLE_V1_MULTIPROCESSING: '0'}}")
+    run_dir = work / f"run-{name}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cmd = [sys.executable, "-m", "xrlhf.cli", "run", CONFIG, *overrides, "--output-dir", str(run_dir)]
+    t0 = time.time()
+    first = None
+    with open(work / f"{name}.log", "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        while proc.poll() is None and time.time() - t0 < timeout:
+            if first is None and any("time/step_s" in r for r in _rows(run_dir)):
+                first = time.time() - t0
+            time.sleep(0.5)
+        if proc.poll() is None:
+            proc.kill()
+    wall = time.time() - t0
+    text = (work / f"{name}.log").read_text(errors="replace")
+    out = {"variant": name, "exit": proc.returncode, "wall_s": round(wall, 1),
+           "first_step_s": None if first is None else round(first, 1), **parse_log(text)}
+    rows = [r for r in _rows(run_dir) if "time/step_s" in r]
+    out["steps"] = [{k: v for k, v in r.items() if k.startswith(("time/", "memory/"))} for r in rows]
+    device = [v for r in rows for k, v in r.items() if k.startswith("memory/") and k.endswith("/device_gib")]
+    out["step_peak_gib"] = max(device) if device else None
+    if proc.returncode != 0:
+        out["log_tail"] = text[-2000:]
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--work", default="/tmp/xrlhf-startup")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--steps", type=int, default=2, help="W steps per run (the last variant: --last-steps)")
+    ap.add_argument("--last-steps", type=int, default=4, help="steps of the last variant (memory timeline)")
+    ap.add_argument("--model", default="artifacts/model-0.5b")
+    ap.add_argument("--timeout", type=float, default=400)
+    args = ap.parse_args(argv)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    names = [v for v in args.variants.split(",") if v]
+    unknown = set(names) - set(VARIANTS)
+    if unknown:
+        sys.exit(f"--variants: unknown {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
+    results = []
+    for i, name in enumerate(names):
+        steps = args.last_steps if i == len(names) - 1 else args.steps
+        r = run_variant(name, work, steps, args.model, args.timeout)
+        print(f"{name}: exit {r['exit']}, ready {r['ready_s']} s, first step {r['first_step_s']} s, "
+              f"vLLM {r['vllm']}, step peak {r['step_peak_gib']} GiB", flush=True)
+        results.append(r)
+    data = {"gpu": gpu_name(), "config": CONFIG, "command": "python -m benchmarks.startup",
+            "targets": {"cold_ready_s": 45, "warm_ready_s": 15}, "variants": results}
+    write_json(args.out, "startup.json", data)
+    return data
+
+
+if __name__ == "__main__":
+    main()
