@@ -72,3 +72,16 @@ def test_mixed_precision_with_lora_keeps_the_frozen_base_in_bf16(tiny_model):
     assert frozen and all(p.dtype == torch.bfloat16 for p in frozen)
     assert e.params and all(p.dtype == torch.float32 for p in e.params)
     assert torch.isfinite(torch.tensor(e.train_step(batch(tiny_model), SFTLoss())["loss"]))
+
+
+def test_mixed_precision_packs(tiny_model):
+    """fp32 weights under bf16 autocast compute in bf16: the packing probe compares packed and
+    padded at bf16's tolerance, so the engine packs (on an H100 it fell back to padded rows,
+    judged at fp32's tolerance)."""
+    from xrlhf.engines.attention import _tolerance, compute_dtype
+
+    e = engine(tiny_model, 1e-6, dtype="bfloat16", mixed_precision=True)
+    assert e.mixed_precision and next(e.hf.module.parameters()).dtype == torch.float32
+    assert compute_dtype(e.hf) == torch.bfloat16 and _tolerance(e.hf) == 5e-2
+    assert e.hf.attention_path == "varlen"
+    assert e.train_step(batch(tiny_model), SFTLoss())["packed"] == 1.0

@@ -157,12 +157,12 @@ def _torch_varlen(head_dim: int, scaling: float | None) -> Callable | None:
     return call
 
 
-def install_varlen(module: torch.nn.Module) -> Callable[[], None] | str:
+def install_varlen(module: torch.nn.Module, dtype: torch.dtype | None = None) -> Callable[[], None] | str:
     """Make ``module`` (a transformers model) attend by sequence in a packed row.
 
     A flash implementation needs nothing (transformers reads ``cu_seq_lens_*``); ``sdpa`` and
-    ``eager`` are switched to ``xrlhf_varlen``. Returns the function that undoes it, or a
-    reason why it cannot be done.
+    ``eager`` are switched to ``xrlhf_varlen``. ``dtype``: the one attention computes in (default:
+    the weights'). Returns the function that undoes it, or a reason why it cannot be done.
     """
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
@@ -176,9 +176,10 @@ def install_varlen(module: torch.nn.Module) -> Callable[[], None] | str:
     AttentionMaskInterface.register(NAME, varlen_mask)
     module.set_attn_implementation(NAME)
     param = next(module.parameters())
-    if param.is_cuda and param.dtype in (torch.bfloat16, torch.float16):
+    dtype = dtype or param.dtype
+    if param.is_cuda and dtype in (torch.bfloat16, torch.float16):
         config = module.config
-        _flash_self_test(param.device, param.dtype, getattr(config, "head_dim", None)
+        _flash_self_test(param.device, dtype, getattr(config, "head_dim", None)
                          or config.hidden_size // config.num_attention_heads)
     return lambda: module.set_attn_implementation(current)
 
@@ -215,7 +216,7 @@ def choose_path(hf: "HFModel", mode: str) -> tuple[str, str]:
     if mode == "off":
         return "padded", "packing: off"
     wanted = "masked" if mode == "masked" else "varlen"
-    undo = install_varlen(hf.module) if wanted == "varlen" else (lambda: None)
+    undo = install_varlen(hf.module, compute_dtype(hf)) if wanted == "varlen" else (lambda: None)
     problem = undo if isinstance(undo, str) else probe(hf, wanted)
     if problem is None:
         return wanted, _describe(hf, wanted)
@@ -232,7 +233,7 @@ def _describe(hf: "HFModel", path: str) -> str:
     impl = hf.module.config._attn_implementation
     if impl != NAME:
         return f"transformers' {impl} varlen"
-    config, dtype = hf.module.config, next(hf.module.parameters()).dtype
+    config, dtype = hf.module.config, compute_dtype(hf)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     fast = (hf.device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
             and _torch_varlen(head_dim, None) is not None)
@@ -255,8 +256,14 @@ def probe_batches(hf: "HFModel"):
     return [build_sequences([p for p, _ in s], [r for _, r in s], pad_id=0) for s in (seqs, other)]
 
 
+def compute_dtype(hf: "HFModel") -> torch.dtype:
+    """The dtype the forward computes in: autocast's under mixed precision (fp32 weights, bf16
+    matmuls and attention), else the weights'."""
+    return getattr(hf, "autocast", None) or next(hf.module.parameters()).dtype
+
+
 def _tolerance(hf: "HFModel") -> float:
-    return 1e-4 if next(hf.module.parameters()).dtype == torch.float32 else 5e-2
+    return 1e-4 if compute_dtype(hf) == torch.float32 else 5e-2
 
 
 def probe(hf: "HFModel", path: str) -> str | None:
