@@ -195,15 +195,15 @@ def variants(policy: HFTrainEngine, reference: HFInferEngine, w: Workload, steps
     engines: token budgets, the full-vocabulary head with packing, the chunked head on padded rows."""
     batch = make_batch(w, vocab)
     out = []
-    for name, packed, chunk, budget in [("packed budget 9216", True, None, 9216),
-                                        ("packed budget 12288", True, None, 12288),
-                                        ("packed, full logits", True, 0, w.budget),
-                                        ("padded, chunked head", False, None, None)]:
+    for name, packed, chunk, budget, rows in [("packed budget 12288, 64 rows", True, None, 12288, 64),
+                                              ("packed budget 18432, 64 rows", True, None, 18432, 64),
+                                              ("packed, full logits", True, 0, w.budget, w.rows_cap),
+                                              ("padded, chunked head", False, None, None, w.rows)]:
         for e in (policy, reference):
             e.hf.attention_path = e.hf_path if packed else "padded"
             e.hf.logprob_chunk = e.hf_chunk if chunk is None else chunk
             e.options.max_tokens_per_micro_batch = budget
-        policy.options.micro_batch_size = w.rows_cap if packed else w.rows
+        policy.options.micro_batch_size = rows
         reference.options.micro_batch_size = w.infer_rows
         loss = PolicyLoss(clip_eps=0.2, kl_coef=0.04, kl_estimator="k3", tis_cap=2.0)
         lp_s, lp_peak = time_logprobs(policy, reference, batch, steps, device)
