@@ -140,9 +140,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{name}: exit {r['exit']}, ready {r['ready_s']} s, first step {r['first_step_s']} s, "
               f"vLLM {r['vllm']}, step peak {r['step_peak_gib']} GiB", flush=True)
         results.append(r)
-    data = {"gpu": gpu_name(), "config": CONFIG, "command": "python -m benchmarks.startup",
-            "targets": {"cold_ready_s": 45, "warm_ready_s": 15}, "variants": results}
-    write_json(args.out, "startup.json", data)
+        data = {"gpu": gpu_name(), "config": CONFIG, "command": "python -m benchmarks.startup",
+                "targets": {"cold_ready_s": 45, "warm_ready_s": 15}, "variants": results}
+        write_json(args.out, "startup.json", data)  # after each variant: a cut-off run keeps what it measured
     return data
 
 

@@ -1,8 +1,9 @@
 """What a killed worker started dies with it: vLLM's engine process and its tensor-parallel
 workers hold GPU memory that the generator restarted in place needs (``Coordinator.heal``).
-A Ray that xrlhf starts has the raylet reap a dead worker's descendants, grandchildren too
-(``coordinator.REAPER``: 0.2 s here). Ray 2.60 without it reaped them too, in ~2 s; its docs
-promise that only for the subreaper option, so xrlhf asks for it and this test holds it."""
+Ray 2.60 reaps a SIGKILLed worker's descendants, grandchildren too, within ~2 s (its docs
+promise that only with the option ``kill_child_processes_on_worker_exit_with_raylet_subreaper``;
+xrlhf does not set it: with it on, a run that failed with exit status 2 exited 0). This test
+holds Ray to it; on a GPU no vLLM engine process outlived its killed worker (docs/healing.md)."""
 
 from __future__ import annotations
 

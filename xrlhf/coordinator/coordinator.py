@@ -29,9 +29,6 @@ from xrlhf.engines.lora import policy_adapter, reference_is_policy_base
 from xrlhf.utils.errors import WorkerDiedError
 from xrlhf.utils.faults import Healing
 
-REAPER = "kill_child_processes_on_worker_exit_with_raylet_subreaper"
-"""Ray's system option that has the raylet kill every process a dead worker started (docs/cluster.md)."""
-
 
 @dataclass
 class HandleSpec:
@@ -120,10 +117,8 @@ def init_ray(cfg: XConfig) -> bool:
     else:
         # "local": a Ray of this run's own, even where a cluster started by `ray start` runs on
         # this machine (ray.init would join it, and refuse num_cpus); joining one is ray.address
-        # the raylet reaps what a dead worker leaves behind (vLLM's engine process and its
-        # workers, which hold GPU memory a restarted generator needs), even after a SIGKILL
         ray.init(address="local", num_cpus=cfg.ray.num_cpus or os.cpu_count(), num_gpus=cfg.ray.num_gpus,
-                 include_dashboard=False, _system_config={REAPER: True}, **kwargs)
+                 include_dashboard=False, **kwargs)
     return True
 
 
