@@ -7,10 +7,7 @@
 set -uo pipefail
 STAGE="${1:-tests}"
 cd "$(dirname "$0")/.."
-export PYTHONPATH=/root/site:$PWD PATH=/root/site/bin:$PATH VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
-       HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=disabled RAY_DEDUP_LOGS=1
-OUT="${OUT:-$PWD/gpu-out}"
-mkdir -p "$OUT/$STAGE"
+source benchmarks/gpu_env.sh
 case "$STAGE" in
   tests)
     python -m pytest -m gpu -q -s -p no:cacheprovider tests/gpu/test_episodes_vllm.py \

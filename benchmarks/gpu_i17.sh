@@ -8,10 +8,7 @@
 set -uo pipefail
 STAGE="${1:-eff}"
 cd "$(dirname "$0")/.."
-export PYTHONPATH=/root/site:$PWD PATH=/root/site/bin:$PATH VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
-       HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=disabled RAY_DEDUP_LOGS=1
-OUT="${OUT:-$PWD/gpu-out}"
-mkdir -p "$OUT/$STAGE"
+source benchmarks/gpu_env.sh
 if [ ! -f artifacts/model-0.5b/config.json ]; then
   timeout 300 python -m xrlhf.cli make-tiny-model artifacts/model-0.5b --preset 0.5b --dtype bfloat16 \
     > "$OUT/$STAGE/make-model.log" 2>&1 || { echo "model build failed"; tail -5 "$OUT/$STAGE/make-model.log"; }

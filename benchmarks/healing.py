@@ -108,11 +108,11 @@ def gpu_config(model: str, heartbeat_s: float = 20.0) -> dict[str, Any]:
     }
 
 
-def _rows(out: Path) -> list[dict]:
-    path = out / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip().endswith("}")]
+def _rows(run_dir: Path) -> list[dict]:
+    """The run's metrics rows so far (none before its first)."""
+    from xrlhf.report import read_metrics
+
+    return read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
 
 
 def _done_steps(out: Path) -> set[int]:

@@ -27,7 +27,6 @@ Writes ``startup.json``. On the GPU machine::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -73,10 +72,10 @@ def parse_log(text: str) -> dict[str, Any]:
 
 
 def _rows(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip().endswith("}")]
+    """The run's metrics rows so far (none before its first)."""
+    from xrlhf.report import read_metrics
+
+    return read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
 
 
 def run_variant(name: str, work: Path, steps: int, model: str, timeout: float) -> dict[str, Any]:

@@ -81,11 +81,12 @@ def make_batch(w: Workload, vocab: int, seed: int = 0) -> Batch:
     return batch
 
 
-def use_path(engines: list[Any], new: bool, rows: int, budget: int | None) -> None:
-    """Switch engines built with the defaults between the old and the new path in place."""
+def use_path(engines: list[Any], new: bool, rows: int, budget: int | None, chunked: bool | None = None) -> None:
+    """Switch engines built with the defaults between the old and the new path in place
+    (``chunked``: the logprob head, default: the new path's with it, the old one's without)."""
     for e in engines:
         e.hf.attention_path = e.hf_path if new else "padded"
-        e.hf.logprob_chunk = e.hf_chunk if new else 0
+        e.hf.logprob_chunk = e.hf_chunk if (new if chunked is None else chunked) else 0
         e.options.micro_batch_size = rows
         e.options.max_tokens_per_micro_batch = budget if new else None
 
@@ -195,16 +196,12 @@ def variants(policy: HFTrainEngine, reference: HFInferEngine, w: Workload, steps
     engines: token budgets, the full-vocabulary head with packing, the chunked head on padded rows."""
     batch = make_batch(w, vocab)
     out = []
-    for name, packed, chunk, budget, rows in [("packed budget 12288, 64 rows", True, None, 12288, 64),
-                                              ("packed budget 18432, 64 rows", True, None, 18432, 64),
-                                              ("packed, full logits", True, 0, w.budget, w.rows_cap),
-                                              ("padded, chunked head", False, None, None, w.rows)]:
-        for e in (policy, reference):
-            e.hf.attention_path = e.hf_path if packed else "padded"
-            e.hf.logprob_chunk = e.hf_chunk if chunk is None else chunk
-            e.options.max_tokens_per_micro_batch = budget
-        policy.options.micro_batch_size = rows
-        reference.options.micro_batch_size = w.infer_rows
+    for name, packed, chunked, budget, rows in [("packed budget 12288, 64 rows", True, True, 12288, 64),
+                                                ("packed budget 18432, 64 rows", True, True, 18432, 64),
+                                                ("packed, full logits", True, False, w.budget, w.rows_cap),
+                                                ("padded, chunked head", False, True, None, w.rows)]:
+        use_path([policy], packed, rows, budget, chunked)
+        use_path([reference], packed, w.infer_rows, budget, chunked)
         loss = PolicyLoss(clip_eps=0.2, kl_coef=0.04, kl_estimator="k3", tis_cap=2.0)
         lp_s, lp_peak = time_logprobs(policy, reference, batch, steps, device)
         tr_s, tr_peak, metrics = time_train(policy, batch, loss, steps, device)

@@ -179,26 +179,20 @@ class Coordinator:
         # frees GPU memory. XRLHF_START_ORDER=alone-first (benchmarks/startup.py) starts each of
         # their handles whole and alone before the others, as before.
         alone_first = os.environ.get("XRLHF_START_ORDER") == "alone-first"
-        later: list[tuple[ModelHandle, dict, list[DistInfo]]] = []
-        pending = []
+        steps: list[tuple[ModelHandle, list, dict, list[DistInfo]]] = []
         for s in sorted(self.specs, key=lambda s: not _alone(s.engines)) if alone_first else self.specs:
             alone = _alone(s.engines)
-            if not alone:
-                now = s.engines
-            else:  # the others first (alone-first: none; the whole handle is built just below)
-                now = {} if alone_first else {r: e for r, e in s.engines.items() if r not in alone}
-            handle, setup, dists = self._create(s, slots[s.name], engines=now)
+            others = {r: e for r, e in s.engines.items() if r not in alone}
+            handle, refs, dists = self._create(s, slots[s.name], engines=others)
             self.handles[s.name] = handle
-            if alone_first and alone:
-                self.pids[s.name] = self._setup_all(handle, s.engines, dists)
-            elif alone:
-                later.append((handle, alone, dists))
-            pending.append((handle, setup))
-        for handle, refs in pending:
-            if refs:
-                self.pids[handle.name] = [r["pid"] for r in handle._get(refs, list(range(handle.world_size)))]
-        for handle, engines, dists in later:
-            self.pids[handle.name] = self._setup_all(handle, engines, dists)
+            steps.append((handle, refs, alone, dists))
+            if alone and alone_first:  # this handle whole, before the next one's workers exist
+                self._finish(*steps.pop())
+        for handle, refs, _, _ in steps:
+            self._finish(handle, refs, {}, [])
+        for handle, _, alone, dists in steps:
+            if alone:
+                self._finish(handle, [], alone, dists)
         self._wire_weight_sync()
         monitor = (Heartbeat(lambda: self.handles, self.cfg.fault_tolerance.heartbeat_timeout_s)
                    if self.cfg.fault_tolerance.heartbeat_timeout_s > 0 else None)
@@ -215,7 +209,7 @@ class Coordinator:
                 engines: dict | None = None) -> tuple[ModelHandle, list, list[DistInfo]]:
         """New workers of handle ``s`` in ``slot``, building ``engines`` (default: all of the
         handle's; none: no call). Returns the handle, the ``setup`` calls under way, and each
-        rank's ``DistInfo`` (for a later ``_setup_all``)."""
+        rank's ``DistInfo`` (for a later ``_finish``)."""
         # asynchronous rollout, episode turns: a generating worker runs generate calls beside each
         # other and beside its other calls
         concurrent = "generate" in s.engines and (self.cfg.rollout.max_staleness > 0 or self.concurrent_generate > 0)
@@ -235,11 +229,15 @@ class Coordinator:
         refs = [w.setup.remote(engines, d) for w, d in zip(workers, dists)] if engines else []
         return handle, refs, dists
 
-    @staticmethod
-    def _setup_all(handle: ModelHandle, engines: dict, dists: list[DistInfo]) -> list[int]:
-        """Build ``engines`` on every worker of ``handle`` and wait; returns the workers' pids."""
-        refs = [w.setup.remote(engines, d) for w, d in zip(handle.workers, dists)]
-        return [r["pid"] for r in handle._get(refs, list(range(handle.world_size)))]
+    def _finish(self, handle: ModelHandle, refs: list, engines: dict, dists: list[DistInfo]) -> None:
+        """Wait for ``handle``'s ``setup`` calls ``refs``, then build ``engines`` on every worker
+        (with ``dists``) and wait; records the workers' pids."""
+        ranks = list(range(handle.world_size))
+        if refs:
+            self.pids[handle.name] = [r["pid"] for r in handle._get(refs, ranks)]
+        if engines:
+            refs = [w.setup.remote(engines, d) for w, d in zip(handle.workers, dists)]
+            self.pids[handle.name] = [r["pid"] for r in handle._get(refs, ranks)]
 
     def _wire_weight_sync(self) -> None:
         self.weight_sync = None
