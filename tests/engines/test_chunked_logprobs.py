@@ -130,5 +130,7 @@ def peak_mib(chunk: int) -> float:
 def test_peak_memory_is_one_chunk_not_the_whole_vocabulary():
     full_mib, chunked_mib = peak_mib(0), peak_mib(256)
     print(f"peak growth: full logits {full_mib:.0f} MiB, chunks of 256 tokens {chunked_mib:.0f} MiB")
-    assert full_mib > 1500  # logits, log-softmax, the entropy's temporaries and their gradients, 250 MiB each
-    assert chunked_mib < full_mib / 4  # measured: ~2070 vs ~345 MiB
+    # logits, log-softmax, the entropy's temporaries and their gradients, 250 MiB each: at least four
+    # alive at once (measured 1490-2070 MiB across machines, the allocator decides how many linger)
+    assert full_mib > 1000
+    assert chunked_mib < full_mib / 4  # measured: ~0-345 MiB
