@@ -53,8 +53,10 @@ class Batch:
     def index(self, idx: torch.Tensor | slice) -> "Batch":
         return Batch({k: v[idx] for k, v in self.tensors.items()}, dict(self.meta))
 
-    def to(self, device: torch.device | str) -> "Batch":
-        return Batch({k: v.to(device) for k, v in self.tensors.items()}, dict(self.meta))
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
+        """The tensors on ``device``. ``non_blocking``: host-to-device copies do not wait for the
+        device (safe from ordinary host memory: the copy is staged before the call returns)."""
+        return Batch({k: v.to(device, non_blocking=non_blocking) for k, v in self.tensors.items()}, dict(self.meta))
 
     def chunks(self, size: int) -> Iterator["Batch"]:
         """Consecutive pieces of at most ``size`` rows."""

@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from xrlhf.config.schema import GenerateConfig, InferConfig, TrainConfig
 from xrlhf.data.batch import Batch
 from xrlhf.data.micro_batches import in_row_order, plan_micro_batches
-from xrlhf.engines.training import max_over_ranks
+from xrlhf.engines.training import max_over_ranks, unit_weighted_means
 from xrlhf.utils.registry import Registry
 
 if TYPE_CHECKING:
@@ -328,23 +328,19 @@ class TrainEngine(InferEngine):
         """
         denom = global_units(batch, loss_fn.unit, self.device)
         parts = self.micro_batches(batch, getattr(loss_fn, "rows_per_group", 1))
-        sums: dict[str, float] = {}
-        total = 0.0
+        records: list[tuple[float, dict[str, Any]]] = []
         for i, (rows, mb) in enumerate(parts):
-            mb = mb.to(self.device)
             last = i == len(parts) - 1
             out = self.forward(mb, need_entropy=loss_fn.needs_entropy and rows is not None)
             if rows is None:  # an empty micro-batch keeping the ranks in step: no loss, no metrics
                 self.backward(sum(t.sum() for t in vars(out).values() if t is not None) * 0.0, last=last)
                 continue
-            loss_sum, metrics = loss_fn(out, mb)
+            w = float(loss_units(mb, loss_fn.unit))  # read where the batch lives (the host), not on the device
+            loss_sum, metrics = loss_fn(out, mb.to(self.device, non_blocking=True))
             self.backward(loss_sum / denom, last=last)
-            w = float(loss_units(mb, loss_fn.unit))
-            for k, v in {"loss": loss_sum.detach() / max(w, 1.0), **metrics}.items():
-                sums[k] = sums.get(k, 0.0) + float(v) * w
-            total += w
+            records.append((w, {"loss": loss_sum.detach() / max(w, 1.0), **metrics}))
         perf = {"micro_batches": float(len(parts)), "packed": float(self.packed)}
-        return {**{k: v / max(total, 1.0) for k, v in sums.items()}, **perf, **self.optimizer_step()}
+        return {**unit_weighted_means(records), **perf, **self.optimizer_step()}
 
     @abstractmethod
     def backward(self, loss: torch.Tensor, last: bool) -> None:

@@ -188,10 +188,8 @@ class HFModel:
             return self._forward(batch, need_entropy)
 
     def _forward(self, batch: Batch, need_entropy: bool) -> ForwardOutput:
-        ids = batch["input_ids"].to(self.device)
-        attn = batch["attention_mask"].to(self.device)
-        r = response_width(batch)
-        layout = pad_rows(ids, attn, r) if self.attention_path == "padded" else pack_rows(ids, attn, r)
+        ids, attn, r = batch["input_ids"], batch["attention_mask"], response_width(batch)
+        layout = (pad_rows if self.attention_path == "padded" else pack_rows)(ids, attn, r).to(self.device)
         if self.spec.head == "causal_lm":
             return self._logprobs(layout, need_entropy)
         if self.spec.head == "value":

@@ -25,7 +25,7 @@ A response token with no attended token before it in its row gets 0.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -57,6 +57,9 @@ class Packed:
     last: torch.Tensor
     shape: tuple[int, int]
     packed: bool = field(default=True, init=False)
+
+    def to(self, device: torch.device) -> "Packed":
+        return _to(self, device)
 
     @property
     def inputs(self) -> dict[str, Any]:
@@ -96,6 +99,9 @@ class Padded:
     shape: tuple[int, int]
     packed: bool = field(default=False, init=False)
 
+    def to(self, device: torch.device) -> "Padded":
+        return _to(self, device)
+
     @property
     def inputs(self) -> dict[str, Any]:
         return {"input_ids": self.input_ids, "attention_mask": self.attention_mask,
@@ -104,6 +110,16 @@ class Padded:
     def to_rows(self, values: torch.Tensor) -> torch.Tensor:
         """``[B, R']`` -> ``[B, R]``, zeros on the trimmed columns (differentiable)."""
         return torch.nn.functional.pad(values, (0, self.shape[1] - values.shape[1]))
+
+
+def _to(layout: Any, device: torch.device) -> Any:
+    """``layout`` with its tensors on ``device``, copied without waiting for the device. A layout
+    is built where the batch's mask lives (the host, for a micro-batch of a train or infer call),
+    so its data-dependent sizes (``max_len``, the trimmed width) are read there and the device's
+    queue never drains between two micro-batches."""
+    moved = {f.name: getattr(layout, f.name).to(device, non_blocking=True) for f in fields(layout)
+             if f.init and isinstance(getattr(layout, f.name), torch.Tensor)}
+    return replace(layout, **moved)
 
 
 def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int) -> Packed:

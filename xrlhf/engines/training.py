@@ -5,6 +5,7 @@ docs/extending.md) uses them without importing the Transformers backend."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -70,3 +71,32 @@ def estimate_train_gib(params: int, dtype_bytes: int, micro_batch: int, seq_len:
     tokens = micro_batch * seq_len
     activations = tokens * layers * (10 * hidden + 4 * intermediate) * dtype_bytes + tokens * vocab * 4 * 5
     return 1.3 * (state + activations) / 2**30
+
+
+def unit_weighted_means(records: list[tuple[float, dict[str, Any]]]) -> dict[str, float]:
+    """The train template's metrics: each micro-batch's values weighted by its loss units.
+
+    Args:
+        records: per micro-batch, ``(units, {name: value})``; a value is a number or a 0-d tensor
+            (on any device: still running there, the caller never waited for it).
+
+    Returns:
+        ``{name: sum(value * units) / max(sum(units), 1)}`` over the micro-batches that have the name.
+
+    Every tensor is read in one transfer (``tolist`` of a stack per device), so a train step
+    waits for its device once, after its last backward was queued, not once per micro-batch. The
+    arithmetic is the per-micro-batch loop's: float64 values summed in micro-batch order.
+    """
+    tensors = [v for _, m in records for v in m.values() if isinstance(v, torch.Tensor)]
+    host: dict[int, float] = {}
+    for device in {t.device for t in tensors}:
+        same = [t for t in tensors if t.device == device]
+        read = torch.stack([t.detach().reshape(()).to(torch.float64) for t in same]).tolist()
+        host.update(zip(map(id, same), read))
+    sums: dict[str, float] = {}
+    total = 0.0
+    for units, metrics in records:
+        for k, v in metrics.items():
+            sums[k] = sums.get(k, 0.0) + (host[id(v)] if isinstance(v, torch.Tensor) else float(v)) * units
+        total += units
+    return {k: v / max(total, 1.0) for k, v in sums.items()}
