@@ -438,6 +438,14 @@ def train_efficiency(r: dict | None, lora: dict | None) -> list[str]:
             f"{fmt(r['train_s'], 2)}), logprob phase ≤ {t.get('logprob_s')} s ({_met(r['logprob_s'] <= t.get('logprob_s', 0))}: "
             f"{fmt(r['logprob_s'], 2)}), memory while training ≤ {t.get('train_peak_gib')} GiB "
             f"({_met(r['train_peak_gib'] <= t.get('train_peak_gib', 0))}: {fmt(r['train_peak_gib'], 1)})."]
+    c = r["workload"].get("compiled")
+    if c:
+        out += ["", f"Compiled decoder layers (`compile: true`), W, new path: the first train + logprob calls "
+                f"(compiling) {c['first_call_s']:.1f} s; then " + "; ".join(
+                    f"{name}: train {fmt(x['train_s'], 2)} s, logprob {fmt(x['logprob_s'], 2)} s, train peak "
+                    f"{fmt(x['train_peak_gib'], 1)} GiB" for name, x in c.items() if isinstance(x, dict)) + "."]
+    else:
+        out += ["", "Compiled decoder layers (`compile: true`; `--compile`): not measured on a GPU yet."]
     if lora:
         for name, x in lora.items():
             out += ["", f"LoRA on W (`configs/gpu/grpo_w_lora.yaml`: r 16 on every linear layer, micro-batch 16, "

@@ -124,6 +124,7 @@ def time_logprobs(policy: HFTrainEngine, reference: HFInferEngine, batch: Batch,
     """Seconds per logprob phase (old policy + reference ``infer``) and the peak memory."""
     inputs = batch.select("input_ids", "attention_mask", "response_mask")
     policy.infer(inputs)
+    reference.infer(inputs)
     _sync(device)
     _reset(device)
     t0 = time.perf_counter()
@@ -166,13 +167,14 @@ def run_workload(w: Workload, policy: HFTrainEngine, reference: HFInferEngine, s
     return out
 
 
-def build(model: str, device: str, dtype: str, mixed: bool = False) -> tuple[HFTrainEngine, HFInferEngine]:
+def build(model: str, device: str, dtype: str, mixed: bool = False, compile: bool = False
+          ) -> tuple[HFTrainEngine, HFInferEngine]:
     """The policy's train engine (pure bf16 unless ``mixed``: fp32 masters under bf16 autocast)
-    and the reference, with the defaults (packing, chunks); each remembers the path it chose so
-    ``use_path`` can switch back to it."""
-    policy = HFTrainEngine(EngineSpec(model, device=device, seed=0, total_steps=100,
-                                      options={"dtype": dtype, "lr": 1e-6, "mixed_precision": mixed}))
-    reference = HFInferEngine(EngineSpec(model, device=device, options={"dtype": dtype}))
+    and the reference, with the defaults (packing, chunks; ``compile``: compiled decoder layers);
+    each remembers the path it chose so ``use_path`` can switch back to it."""
+    policy = HFTrainEngine(EngineSpec(model, device=device, seed=0, total_steps=100, options={
+        "dtype": dtype, "lr": 1e-6, "mixed_precision": mixed, "compile": compile}))
+    reference = HFInferEngine(EngineSpec(model, device=device, options={"dtype": dtype, "compile": compile}))
     for e in (policy, reference):
         e.hf_path, e.hf_chunk = e.hf.attention_path, e.hf.logprob_chunk
     return policy, reference
@@ -209,6 +211,34 @@ def variants(policy: HFTrainEngine, reference: HFInferEngine, w: Workload, steps
                     "logprob_peak_gib": lp_peak, "micro_batches": metrics["micro_batches"]})
         print(f"variant {name}: train {tr_s:.3f} s, logprob {lp_s:.3f} s, peak {tr_peak} GiB, "
               f"{metrics['micro_batches']:.0f} micro-batches", flush=True)
+    return out
+
+
+def compiled(model: str, device: str, dtype: str, w: Workload, steps: int, vocab: int) -> dict[str, Any]:
+    """W's train step and logprob phase with ``compile: true`` (the decoder layers compiled, new
+    path) at W's budget and at 12,288 tokens x 64 rows; the first step and logprob phase (which
+    compile) timed apart."""
+    _reset(device)
+    policy, reference = build(model, device, dtype, compile=True)
+    batch = make_batch(w, vocab)
+    inputs = batch.select("input_ids", "attention_mask", "response_mask")
+    loss = PolicyLoss(clip_eps=0.2, kl_coef=0.04, kl_estimator="k3", tis_cap=2.0)
+    use_path([policy], True, w.rows_cap, w.budget)
+    use_path([reference], True, w.infer_rows, w.budget)
+    t0 = time.perf_counter()
+    policy.train_step(batch, loss)
+    policy.infer(inputs)
+    reference.infer(inputs)
+    _sync(device)
+    out: dict[str, Any] = {"first_call_s": time.perf_counter() - t0}
+    for name, budget, rows in [("budget", w.budget, w.rows_cap), ("budget 12288, 64 rows", 12288, 64)]:
+        use_path([policy], True, rows, budget)
+        use_path([reference], True, w.infer_rows, budget)
+        lp_s, lp_peak = time_logprobs(policy, reference, batch, steps, device)
+        tr_s, tr_peak, metrics = time_train(policy, batch, loss, steps, device)
+        out[name] = {"train_s": tr_s, "logprob_s": lp_s, "train_peak_gib": tr_peak, "logprob_peak_gib": lp_peak,
+                     "micro_batches": metrics["micro_batches"], "loss": metrics["loss"]}
+        print(f"compiled, {name}: train {tr_s:.3f} s, logprob {lp_s:.3f} s, peak {tr_peak} GiB", flush=True)
     return out
 
 
@@ -251,6 +281,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--budget", type=int, default=None, help="W's token budget of the new path (default 6144)")
     ap.add_argument("--variants", action="store_true", help="also W on variations of the new path (budgets, heads)")
     ap.add_argument("--profile", action="store_true", help="also one train step of each path under torch's profiler")
+    ap.add_argument("--compile", action="store_true", help="also W with compile: true (compiled decoder layers)")
     args = ap.parse_args(argv)
     device = "cpu" if args.smoke or not torch.cuda.is_available() else "cuda"
     if args.smoke:
@@ -271,6 +302,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         main_w["variants"] = variants(policy, reference, workloads[0], steps, device, vocab)
     del policy, reference
     results["W"]["mixed_precision"] = mixed_precision(model, device, dtype, workloads[0], steps, vocab)
+    if args.compile:
+        results["W"]["compiled"] = compiled(model, device, dtype, workloads[0], steps, vocab)
     data = {"gpu": gpu_name(), "device": device, "model": model, "dtype": dtype, "steps": steps,
             **paths,
             **{k: main_w[k] for k in ("train_s", "logprob_s", "train_peak_gib", "logprob_peak_gib", "baseline_train_s",

@@ -15,7 +15,8 @@ from xrlhf.algorithms.losses import PolicyLoss
 from xrlhf.algorithms.off_policy import MAX_LOG_WEIGHT, OffPolicy, is_weights, staleness_metrics
 from xrlhf.algorithms.ppo import PolicyGradientTrainer
 from xrlhf.data.batch import Batch
-from xrlhf.engines.base import ForwardOutput, loss_units
+from xrlhf.engines.base import ForwardOutput
+from xrlhf.engines.training import loss_units
 from xrlhf.utils.errors import UserError
 from xrlhf.validation import algorithm_options, validate_dict
 

@@ -13,7 +13,7 @@ from xrlhf.algorithms.losses import KTOLoss, PolicyLoss
 from xrlhf.data.batch import Batch, build_sequences
 from xrlhf.data.dispatch import ALL, DP, DP_TRAIN, RANK0, gather, gather_metrics, plan, split, split_train
 from xrlhf.engines.base import EngineSpec, GenerationOutput, SamplingParams
-from xrlhf.engines.base import global_units
+from xrlhf.engines.training import global_units
 from xrlhf.engines.hf import HFGenerateEngine, HFTrainEngine
 
 

@@ -101,7 +101,8 @@ def test_zero2_lora_resumes_exactly_from_a_state_without_the_base(model_dir, one
 def _rank(rank, port, model_dir, out_dir):
     import torch.distributed as dist
 
-    from xrlhf.engines.base import DistInfo, merge_rank_states
+    from xrlhf.engines.base import DistInfo
+    from xrlhf.engines.training import merge_rank_states
 
     torch.set_num_threads(1)
     info = DistInfo(rank, 2, "127.0.0.1", port, "gloo")

@@ -23,8 +23,9 @@ import torch
 from xrlhf.data.batch import Batch
 from xrlhf.data.dispatch import ALL, DP, DP_TRAIN, ONE, RANK0, plan
 from xrlhf.engines.base import (DistInfo, EngineSpec, GenerateEngine, GenerationOutput, InferEngine, LossFn,
-                                SamplingParams, TrainEngine, merge_rank_states)
+                                SamplingParams, TrainEngine)
 from xrlhf.engines.host import EngineHost
+from xrlhf.engines.training import merge_rank_states
 
 
 @dataclass

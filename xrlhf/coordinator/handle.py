@@ -28,7 +28,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from xrlhf.data.dispatch import ALL, DP, DP_TRAIN, ONE, RANK0, plan
-from xrlhf.engines.base import merge_rank_states
+from xrlhf.engines.training import merge_rank_states
 from xrlhf.utils import faults
 from xrlhf.utils.errors import WorkerDiedError, first_line
 

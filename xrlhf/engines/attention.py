@@ -113,7 +113,10 @@ def _padded_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu
     q, k, v = (x[0][:, index].transpose(0, 1) for x in (query, key, value))  # [S, H, max_len, D]
     mask = torch.ones(max_len, max_len, dtype=torch.bool, device=query.device).tril() & real[:, None, None, :]
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling)
-    return out.transpose(1, 2)[real].unsqueeze(0)  # [1, T, H, D], the packed order
+    t = query.shape[2]  # each packed token's place in [S * max_len], without a data-dependent shape (compile)
+    seq = torch.repeat_interleave(torch.arange(len(lengths), device=query.device), lengths, output_size=t)
+    flat = seq * max_len + torch.arange(t, device=query.device) - cu[:-1].long()[seq]
+    return out.transpose(1, 2).flatten(0, 1)[flat].unsqueeze(0)  # [1, T, H, D], the packed order
 
 
 def varlen_mask(*args: Any, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor | None:

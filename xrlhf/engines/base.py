@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from xrlhf.config.schema import GenerateConfig, InferConfig, TrainConfig
 from xrlhf.data.batch import Batch
 from xrlhf.data.micro_batches import in_row_order, plan_micro_batches
-from xrlhf.engines.training import max_over_ranks, unit_weighted_means
+from xrlhf.engines.training import global_units, loss_units, max_over_ranks, unit_weighted_means
 from xrlhf.utils.registry import Registry
 
 if TYPE_CHECKING:
@@ -281,24 +281,6 @@ class InferEngine(Engine):
         return Batch(result)
 
 
-def loss_units(batch: Batch, unit: str) -> torch.Tensor:
-    """The number of loss units in ``batch``: response tokens (``unit == "token"``) or rows (the
-    sum of ``row_weight`` where a data-parallel split padded the batch with copies of weight 0)."""
-    if unit == "token":
-        return batch["response_mask"].sum()
-    return batch["row_weight"].sum().float() if "row_weight" in batch else torch.tensor(float(len(batch)))
-
-
-def global_units(batch: Batch, unit: str, device: torch.device) -> torch.Tensor:
-    """Number of loss units (tokens or rows) in the global mini-batch, summed over ranks."""
-    import torch.distributed as dist
-
-    n = loss_units(batch, unit).to(device=device, dtype=torch.float64)
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(n)
-    return n.clamp(min=1.0)
-
-
 class TrainEngine(InferEngine):
     """An ``InferEngine`` that also trains. ``train_step`` is a template: the micro-batch loop,
     the global-unit denominator and the unit-weighted metrics are written once, here; a backend
@@ -398,7 +380,7 @@ class TrainEngine(InferEngine):
         """Model, optimizer and scheduler state, for exact resume.
 
         Called on every rank. A replicated engine returns the same on each; a sharded one
-        returns its share under ``"shard_files"`` (see ``merge_rank_states``).
+        returns its share under ``"shard_files"`` (see ``training.merge_rank_states``).
         """
 
     @abstractmethod
@@ -417,21 +399,6 @@ class TrainEngine(InferEngine):
     def load_state(self, path: str) -> None:
         """Restore what ``save_state`` wrote to ``path`` (every rank calls it)."""
         self.load_state_dict(torch.load(os.path.join(path, "state.pt"), weights_only=False))
-
-
-def merge_rank_states(states: list[Any]) -> Any:
-    """One state every rank can load, from each rank's ``TrainEngine.state_dict()``.
-
-    Replicated engines: rank 0's. Sharded engines (DeepSpeed ZeRO) return
-    ``{"shard_files": {name: bytes}, ...}``; the result holds the union of all ranks' files.
-    """
-    first = states[0]
-    if not (isinstance(first, dict) and "shard_files" in first):
-        return first
-    files: dict[str, Any] = {}
-    for s in states:
-        files.update(s["shard_files"])
-    return {**first, "shard_files": files}
 
 
 @dataclass

@@ -221,6 +221,10 @@ def conflicts(o: BaseModel, path: str, role: str = "train") -> list[str]:
         errors.append(f"{path}.offload_params: parameter offload needs zero_stage 3, got {stage}")
     if role == "train" and o.offload_optimizer and stage == 0:
         errors.append(f"{path}.offload_optimizer: optimizer offload needs zero_stage 1, 2 or 3, got 0")
+    if o.compile and stage == 3:
+        other = 2 if role == "train" else 0
+        errors.append(f"{path}.compile: ZeRO-3's hooks that gather each layer's weights break the compiled layers "
+                      f"(every layer recompiles, then runs eagerly); use zero_stage {other} or compile: false")
     if role == "train" and o.mixed_precision is False and o.dtype == "bfloat16":
         errors.append(f"{path}.mixed_precision: DeepSpeed's bf16 mode always keeps fp32 master weights and "
                       f"optimizer states; remove mixed_precision (or use engine: hf for pure bf16)")
@@ -472,7 +476,7 @@ class DeepSpeedTrainEngine(LoraTraining, _DSModel, TrainEngine):
         Returns ``{"format": "deepspeed", "world_size": n, "shard_files": {relative path: bytes}}``
         with the files ``engine.save_checkpoint`` wrote on this rank (model, optimizer shard,
         scheduler). ``load_state_dict`` needs the union of every rank's files:
-        ``xrlhf.engines.base.merge_rank_states`` (what ``ModelHandle.state_dict`` returns).
+        ``xrlhf.engines.training.merge_rank_states`` (what ``ModelHandle.state_dict`` returns).
         """
         tmp = Path(tempfile.mkdtemp(prefix="xrlhf-ds-ckpt-"))
         try:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Literal
 import torch
 import torch.nn.functional as F
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from xrlhf.data.batch import Batch, response_width
 from xrlhf.engines.base import (ENGINES, EngineSpec, ForwardOutput, GenerateEngine, GenerateOptions, GenerationOutput,
@@ -116,6 +116,10 @@ class HFModelOptions(BaseModel):
                                       "this many tokens at a time (fp32 logits of one chunk at once); 0: the "
                                       "model's full logits at once")
 
+    compile: bool = Field(False, description="torch.compile each decoder layer (regional compilation, dynamic "
+                          "shapes): fuses the many small operations of a layer, which bound a small model's step "
+                          "on a GPU by the host; the first train and infer call compile (once for all layers)")
+
     @field_validator("packing", mode="before")
     @classmethod
     def _yaml_booleans(cls, v: Any) -> Any:
@@ -161,6 +165,7 @@ class HFModel:
         from loguru import logger
 
         from xrlhf.engines.attention import choose_path, probe_chunked
+        from xrlhf.engines.compiling import compile_layers
 
         o = self.options
         head = "logprobs: full logits"
@@ -174,6 +179,7 @@ class HFModel:
         self.attention_path, detail = choose_path(self, o.packing)
         line = f"{self.spec.model_path} ({self.spec.head}): {self.attention_path} micro-batches ({detail})"
         line += f"; {head}" if self.spec.head == "causal_lm" else ""
+        line += f"; {compile_layers(self.module)}" if o.compile else ""
         line += "; fp32 master weights, bf16 autocast (mixed_precision)" if self.autocast is not None else ""
         logger.info(line)
         return line
@@ -264,6 +270,15 @@ class HFTrainOptions(LoraTrainOptions, HFModelOptions):
         "bf16 under autocast (true), or bf16 weights and optimizer states (false: half the memory of the states, "
         "updates below bf16's precision round away); default: true on a GPU, false on CPU (DeepSpeed's bf16 mode "
         "always keeps fp32 masters)")
+
+    @model_validator(mode="after")
+    def _compile_without_checkpointing(self, info: ValidationInfo):
+        if self.compile and self.gradient_checkpointing:
+            path = ((info.context or {}).get("path") if info is not None else None) or "train"
+            raise ValueError(f"{path}.compile: the layers of gradient_checkpointing run eagerly in training (torch."
+                             f"compile does not trace through transformers' checkpointing); set one of compile, "
+                             f"gradient_checkpointing to false")
+        return self
 
     def uses_mixed_precision(self, device: str) -> bool:
         """Whether the engine trains fp32 masters under bf16 autocast on ``device``."""

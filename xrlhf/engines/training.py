@@ -1,5 +1,6 @@
-"""What every train backend's ``backward`` / ``optimizer_step`` may share: the LR schedule and
-the data-parallel gradient sum. Kept apart from any one backend so that a custom engine (see
+"""What every train backend's ``backward`` / ``optimizer_step`` and the train template share: the
+LR schedule, the data-parallel gradient sum, loss units and unit-weighted metrics, a merged
+checkpoint state. Kept apart from any one backend so that a custom engine (see
 docs/extending.md) uses them without importing the Transformers backend."""
 
 from __future__ import annotations
@@ -8,6 +9,8 @@ import math
 from typing import Any
 
 import torch
+
+from xrlhf.data.batch import Batch
 
 
 def lr_lambda(warmup: int, total: int, schedule: str):
@@ -100,3 +103,36 @@ def unit_weighted_means(records: list[tuple[float, dict[str, Any]]]) -> dict[str
             sums[k] = sums.get(k, 0.0) + (host[id(v)] if isinstance(v, torch.Tensor) else float(v)) * units
         total += units
     return {k: v / max(total, 1.0) for k, v in sums.items()}
+
+
+def loss_units(batch: Batch, unit: str) -> torch.Tensor:
+    """The number of loss units in ``batch``: response tokens (``unit == "token"``) or rows (the
+    sum of ``row_weight`` where a data-parallel split padded the batch with copies of weight 0)."""
+    if unit == "token":
+        return batch["response_mask"].sum()
+    return batch["row_weight"].sum().float() if "row_weight" in batch else torch.tensor(float(len(batch)))
+
+
+def global_units(batch: Batch, unit: str, device: torch.device) -> torch.Tensor:
+    """Number of loss units (tokens or rows) in the global mini-batch, summed over ranks."""
+    import torch.distributed as dist
+
+    n = loss_units(batch, unit).to(device=device, dtype=torch.float64)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(n)
+    return n.clamp(min=1.0)
+
+
+def merge_rank_states(states: list[Any]) -> Any:
+    """One state every rank can load, from each rank's ``TrainEngine.state_dict()``.
+
+    Replicated engines: rank 0's. Sharded engines (DeepSpeed ZeRO) return
+    ``{"shard_files": {name: bytes}, ...}``; the result holds the union of all ranks' files.
+    """
+    first = states[0]
+    if not (isinstance(first, dict) and "shard_files" in first):
+        return first
+    files: dict[str, Any] = {}
+    for s in states:
+        files.update(s["shard_files"])
+    return {**first, "shard_files": files}

@@ -1,0 +1,61 @@
+"""``compile: true``: the decoder layers compiled (regional torch.compile) give the eager numbers,
+packed (varlen attention with no graph break) and padded, in training and inference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.engines.test_packing import grads_of_step, rl_batch
+from xrlhf.algorithms.losses import PolicyLoss
+from xrlhf.engines.base import EngineSpec
+from xrlhf.engines.compiling import layer_stack
+from xrlhf.engines.hf import HFTrainEngine, HFTrainOptions
+
+
+def engine(model_dir, **options):
+    return HFTrainEngine(EngineSpec(model_dir, head="causal_lm", temperature=0.8, seed=0,
+                                    options={"micro_batch_size": 5, "lr": 1e-3, **options}))
+
+
+@pytest.mark.parametrize("layout", [{"max_tokens_per_micro_batch": 30}, {"packing": "off"}], ids=["packed", "padded"])
+def test_compiled_layers_give_the_eager_step(tiny_model, layout):
+    from torch._dynamo.utils import counters
+
+    batch = rl_batch(12, seed=1)
+    loss = lambda: PolicyLoss(clip_eps=0.2, entropy_coef=0.01, kl_coef=0.05, kl_estimator="k3")  # noqa: E731
+    eager = engine(tiny_model, **layout)
+    want, want_grads = grads_of_step(eager, batch, loss())
+    counters.clear()
+    compiled = engine(tiny_model, compile=True, **layout)
+    assert "2 x LlamaDecoderLayer compiled" in compiled.hf.prepare()
+    got, grads = grads_of_step(compiled, batch, loss())
+    assert counters["stats"]["unique_graphs"] >= 1 and not counters["graph_break"], dict(counters["graph_break"])
+    for k in want:
+        assert got[k] == pytest.approx(want[k], rel=1e-5, abs=1e-6), k
+    for n in want_grads:
+        torch.testing.assert_close(grads[n], want_grads[n], atol=1e-6, rtol=1e-4, msg=n)
+    torch.testing.assert_close(compiled.infer(batch)["logprobs"], eager.infer(batch)["logprobs"], atol=1e-5, rtol=1e-5)
+
+
+def test_the_layer_stack_is_found_in_llama_gpt2_and_under_peft(tiny_model, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from tests.conftest import build_gpt2
+
+    assert layer_stack(AutoModelForCausalLM.from_pretrained(tiny_model)) is not None
+    gpt2 = AutoModelForCausalLM.from_pretrained(build_gpt2(tmp_path / "gpt2"))
+    assert layer_stack(gpt2) is gpt2.transformer.h
+    assert layer_stack(torch.nn.Sequential(torch.nn.Linear(2, 2))) is None
+
+
+def test_compile_refuses_what_it_cannot_serve():
+    from xrlhf.engines.deepspeed import DeepSpeedInferOptions, DeepSpeedTrainOptions
+
+    with pytest.raises(ValueError, match="train.compile: .*gradient_checkpointing"):
+        HFTrainOptions.model_validate({"compile": True, "gradient_checkpointing": True})
+    with pytest.raises(ValueError, match="compile: ZeRO-3.*use zero_stage 2 or compile: false"):
+        DeepSpeedTrainOptions.model_validate({"compile": True, "zero_stage": 3})
+    with pytest.raises(ValueError, match="use zero_stage 0 or compile: false"):
+        DeepSpeedInferOptions.model_validate({"compile": True, "zero_stage": 3})
+    assert DeepSpeedTrainOptions.model_validate({"compile": True, "zero_stage": 2}).compile
