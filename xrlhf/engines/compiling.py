@@ -43,6 +43,11 @@ def compile_layers(model: torch.nn.Module) -> str:
     if stack is None:
         raise ValueError(f"compile: true: {type(model).__name__} has no stack of repeated layers to compile; "
                          f"set compile: false")
+    # One code object (the block's forward) serves every compiled model of the process, and each
+    # way of calling it is an entry of its cache: with and without gradients, train and eval mode,
+    # trainable or frozen weights (policy and reference), autocast, LoRA. Past torch's default of 8
+    # the block would run eagerly, with only a warning: allow more.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     for layer in stack:
         layer.compile(dynamic=True)
     return f"{len(stack)} x {type(stack[0]).__name__} compiled (torch.compile, dynamic shapes)"
