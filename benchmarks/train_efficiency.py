@@ -211,6 +211,15 @@ def variants(policy: HFTrainEngine, reference: HFInferEngine, w: Workload, steps
                     "logprob_peak_gib": lp_peak, "micro_batches": metrics["micro_batches"]})
         print(f"variant {name}: train {tr_s:.3f} s, logprob {lp_s:.3f} s, peak {tr_peak} GiB, "
               f"{metrics['micro_batches']:.0f} micro-batches", flush=True)
+    # the logprob phase alone in larger micro-batches (no activations kept): the policy's infer_* options
+    use_path([policy], True, w.rows_cap, w.budget)
+    use_path([reference], True, 64, 18432)
+    policy.options.infer_micro_batch_size, policy.options.infer_max_tokens_per_micro_batch = 64, 18432
+    lp_s, lp_peak = time_logprobs(policy, reference, batch, steps, device)
+    policy.options.infer_micro_batch_size = policy.options.infer_max_tokens_per_micro_batch = None
+    out.append({"variant": "logprobs in micro-batches of 18432 tokens, 64 rows", "train_s": None, "logprob_s": lp_s,
+                "train_peak_gib": None, "logprob_peak_gib": lp_peak, "micro_batches": None})
+    print(f"variant logprobs 18432 x 64: logprob {lp_s:.3f} s, peak {lp_peak} GiB", flush=True)
     return out
 
 

@@ -59,3 +59,17 @@ def test_metrics_are_read_after_the_last_backward_was_queued(tiny_model, monkeyp
     metrics = engine.train_step(rl_batch(9), Reading())
     assert metrics["micro_batches"] == 3 and metrics["probe"] == pytest.approx(1.0)
     assert events == ["backward"] * 3 + ["read"] * 3 + ["optimizer"]
+
+
+def test_a_train_engines_forwards_without_gradients_take_their_own_budget(tiny_model):
+    """Old logprobs keep no activations: ``infer_*`` sizes them apart from training; same numbers."""
+    batch = rl_batch(12, seed=4)
+    plain = HFTrainEngine(EngineSpec(tiny_model, options={"micro_batch_size": 3, "max_tokens_per_micro_batch": 20}))
+    wide = HFTrainEngine(EngineSpec(tiny_model, options={"micro_batch_size": 3, "max_tokens_per_micro_batch": 20,
+                                                         "infer_micro_batch_size": 12,
+                                                         "infer_max_tokens_per_micro_batch": 400}))
+    assert len(plain.micro_batches(batch, infer=True)) == len(plain.micro_batches(batch)) >= 4
+    assert len(wide.micro_batches(batch, infer=True)) == 1 and len(wide.micro_batches(batch)) >= 4
+    torch.testing.assert_close(wide.infer(batch)["logprobs"], plain.infer(batch)["logprobs"], atol=1e-6, rtol=1e-5)
+    rows_only = HFTrainEngine(EngineSpec(tiny_model, options={"micro_batch_size": 3, "infer_micro_batch_size": 6}))
+    assert [len(p) for _, p in rows_only.micro_batches(batch, infer=True)] == [6, 6]

@@ -67,6 +67,11 @@ class TrainOptions(TrainConfig):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
     max_tokens_per_micro_batch: int | None = Field(None, ge=1, description=_TOKEN_BUDGET)
+    infer_micro_batch_size: int | None = Field(None, ge=1, description="rows per forward without gradients (the "
+                                               "policy's old logprobs, the critic's values); null: micro_batch_size")
+    infer_max_tokens_per_micro_batch: int | None = Field(
+        None, ge=1, description="the token budget of those forwards, which keep no activations for a backward and "
+        "can take more tokens; null: max_tokens_per_micro_batch")
 
 
 class InferOptions(InferConfig):
@@ -246,18 +251,21 @@ class InferEngine(Engine):
     def forward(self, batch: Batch, need_entropy: bool = False) -> ForwardOutput:
         """Forward pass over ``batch`` (with autograd enabled if the caller enables it)."""
 
-    def micro_batches(self, batch: Batch, group: int = 1) -> list[tuple[torch.Tensor | slice | None, Batch]]:
+    def micro_batches(self, batch: Batch, group: int = 1, infer: bool = False
+                      ) -> list[tuple[torch.Tensor | slice | None, Batch]]:
         """This rank's micro-batches of ``batch`` as ``(rows, part)``: ``micro_batch_size`` rows
         each, filled to ``max_tokens_per_micro_batch`` tokens when set
-        (``data.micro_batches.plan_micro_batches``, ``group`` rows kept together). ``rows`` is a
-        slice or an index tensor into ``batch``, ``None`` for an empty micro-batch run only to
-        keep the ranks in step (``equal_micro_batches``)."""
+        (``data.micro_batches.plan_micro_batches``, ``group`` rows kept together); ``infer``: a
+        train engine's forwards without gradients, sized by its ``infer_*`` options where set.
+        ``rows`` is a slice or an index tensor into ``batch``, ``None`` for an empty micro-batch
+        run only to keep the ranks in step (``equal_micro_batches``)."""
         o = self.options
+        size = (infer and getattr(o, "infer_micro_batch_size", None)) or o.micro_batch_size
         budget = getattr(o, "max_tokens_per_micro_batch", None)
+        budget = (infer and getattr(o, "infer_max_tokens_per_micro_batch", None)) or budget
         if budget is None:
-            return [(slice(s, s + len(p)), p) for s, p in zip(range(0, len(batch), o.micro_batch_size),
-                                                                batch.chunks(o.micro_batch_size))]
-        plan = plan_micro_batches(batch["attention_mask"].sum(-1).tolist(), o.micro_batch_size, budget, group)
+            return [(slice(s, s + len(p)), p) for s, p in zip(range(0, len(batch), size), batch.chunks(size))]
+        plan = plan_micro_batches(batch["attention_mask"].sum(-1).tolist(), size, budget, group)
         parts: list[tuple[torch.Tensor | slice | None, Batch]] = [
             (idx, batch.index(idx)) for idx in map(torch.tensor, plan)]
         missing = max_over_ranks(len(parts), self.device) - len(parts) if self.equal_micro_batches else 0
@@ -271,7 +279,7 @@ class InferEngine(Engine):
     def infer(self, batch: Batch) -> Batch:
         """``forward`` in ``micro_batches``; returns ``logprobs`` / ``values`` ``[B, R]`` or
         ``scores`` ``[B]`` on the CPU, in the rows' order."""
-        outs = [(rows, self.forward(mb)) for rows, mb in self.micro_batches(batch)]
+        outs = [(rows, self.forward(mb)) for rows, mb in self.micro_batches(batch, infer=True)]
         outs = [(rows, o) for rows, o in outs if rows is not None]
         result = {}
         for key in ("logprobs", "values", "scores"):
