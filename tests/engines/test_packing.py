@@ -202,16 +202,38 @@ def test_torch_varlen_wrapper_follows_the_signature(monkeypatch, style):
         return query
 
     monkeypatch.setattr(varlen, "varlen_attn", old if style == "2.10" else new)
-    attention._torch_varlen.cache_clear()
-    try:
-        q, kv = torch.zeros(5, 4, 8), torch.zeros(5, 2, 8)
-        cu = torch.tensor([0, 2, 5], dtype=torch.int32)
-        call = attention._torch_varlen(8, 8 ** -0.5)
-        call(q, kv, kv, cu, 3, 8 ** -0.5, 2)
-        if style == "2.10":
-            assert seen == {"is_causal": True, "heads": 4}  # GQA by repeating the key/value heads
-            assert attention._torch_varlen(8, 0.5) is None  # a scale it cannot take: not used
-        else:
-            assert seen == {"window_size": (-1, 0), "scale": 8 ** -0.5, "enable_gqa": True, "heads": 2}
-    finally:
-        attention._torch_varlen.cache_clear()
+    monkeypatch.setattr(attention, "_VARLEN", {})
+    q, kv = torch.zeros(5, 4, 8), torch.zeros(5, 2, 8)
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    call = attention._torch_varlen(8, 8 ** -0.5)
+    call(q, kv, kv, cu, 3, 8 ** -0.5, 2)
+    if style == "2.10":
+        assert seen == {"is_causal": True, "heads": 4}  # GQA by repeating the key/value heads
+        assert attention._torch_varlen(8, 0.5) is None  # a scale it cannot take: not used
+    else:
+        assert seen == {"window_size": (-1, 0), "scale": 8 ** -0.5, "enable_gqa": True, "heads": 2}
+
+
+def test_the_varlen_kernel_is_called_from_a_compiled_layer_without_a_graph_break(monkeypatch):
+    """``compile: true`` on a GPU: the layer's call to torch's kernel (a custom op there) traces
+    whole once ``install_varlen`` has resolved it, without dynamo's warning about caches."""
+    import warnings
+    import torch.nn.attention.varlen as varlen
+
+    def kernel(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+               window_size=(-1, -1), enable_gqa=False):
+        return query * scale
+
+    monkeypatch.setattr(varlen, "varlen_attn", kernel)
+    monkeypatch.setattr(attention, "_VARLEN", {})
+    attention._torch_varlen(8, 8 ** -0.5)  # what install_varlen resolves for a model of head dim 8
+
+    @torch.compile(fullgraph=True, dynamic=True, backend="eager")
+    def layer(q, k, v, cu, max_len):
+        return attention._torch_varlen(8, 8 ** -0.5)(q, k, v, cu, max_len, 8 ** -0.5, 2)
+
+    q, kv = torch.ones(5, 4, 8), torch.zeros(5, 2, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = layer(q, kv, kv, torch.tensor([0, 2, 5], dtype=torch.int32), 3)
+    torch.testing.assert_close(out, q * 8 ** -0.5)

@@ -29,7 +29,6 @@ A model whose code ignores packing falls back to the padded layout, and says so.
 from __future__ import annotations
 
 import inspect
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -130,12 +129,26 @@ def varlen_mask(*args: Any, attention_mask: torch.Tensor | None = None, **kwargs
     return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
 
 
-@lru_cache(maxsize=8)
+_VARLEN: dict[tuple[int, float | None], Callable | None] = {}
+"""``_torch_varlen``'s answers by ``(head_dim, scaling)``: a plain dict, which ``torch.compile``
+reads as a constant (through an ``lru_cache`` it traces the wrapped function again, reading the
+kernel's signature inside the graph, and warns of "potential silent incorrectness")."""
+
+
 def _torch_varlen(head_dim: int, scaling: float | None) -> Callable | None:
     """torch's varlen flash attention as ``(q, k, v [T, H, D], cu, max_len, scale, groups) ->
     [T, Hq, D]``, or ``None`` where this torch lacks it or cannot take the scale. Its signature
     changed: torch 2.10 takes ``is_causal``; later ones ``window_size=(-1, 0)``, ``scale`` and
-    ``enable_gqa``."""
+    ``enable_gqa``. Read once per key (``_VARLEN``); the function returned decides nothing at
+    call time, so a compiled layer traces it whole."""
+    key = (head_dim, scaling)
+    if key not in _VARLEN:
+        _VARLEN[key] = _build_varlen(head_dim, scaling)
+    return _VARLEN[key]
+
+
+@torch.compiler.disable
+def _build_varlen(head_dim: int, scaling: float | None) -> Callable | None:
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
@@ -145,16 +158,15 @@ def _torch_varlen(head_dim: int, scaling: float | None) -> Callable | None:
         return None
     if "scale" not in params and scaling is not None and abs(scaling - head_dim ** -0.5) > 1e-6 * scaling:
         return None
+    fixed: dict[str, Any] = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    takes_scale, takes_gqa = "scale" in params, "enable_gqa" in params
 
     def call(q, k, v, cu, max_len, scale, groups):
-        kw: dict[str, Any] = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
-        if "scale" in params:
-            kw["scale"] = scale
-        if groups > 1:
-            if "enable_gqa" in params:
-                kw["enable_gqa"] = True
-            else:
-                k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+        kw = dict(fixed, scale=scale) if takes_scale else dict(fixed)
+        if groups > 1 and takes_gqa:
+            kw["enable_gqa"] = True
+        elif groups > 1:
+            k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
         return varlen_attn(q, k, v, cu, cu, max_len, max_len, **kw)
 
     return call
@@ -182,8 +194,9 @@ def install_varlen(module: torch.nn.Module, dtype: torch.dtype | None = None) ->
     dtype = dtype or param.dtype
     if param.is_cuda and dtype in (torch.bfloat16, torch.float16):
         config = module.config
-        _flash_self_test(param.device, dtype, getattr(config, "head_dim", None)
-                         or config.hidden_size // config.num_attention_heads)
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        _flash_self_test(param.device, dtype, head_dim)
+        _torch_varlen(head_dim, head_dim ** -0.5)  # the key its layers will ask for, resolved outside any compile
     return lambda: module.set_attn_implementation(current)
 
 
