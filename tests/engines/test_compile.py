@@ -1,5 +1,6 @@
 """``compile: true``: the decoder layers compiled (regional torch.compile) give the eager numbers,
-packed (varlen attention with no graph break) and padded, in training and inference."""
+packed (varlen attention with no graph break), padded, with LoRA (PEFT's wrapper around the
+layers) and under bf16 autocast, in training and inference; what it cannot serve is refused."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def test_compiled_layers_give_the_eager_step(tiny_model, case):
                                rtol=1e-5)
 
 
-def test_the_layer_stack_is_found_in_llama_gpt2_and_under_peft(tiny_model, tmp_path):
+def test_the_layer_stack_is_found_in_llama_and_gpt2(tiny_model, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from tests.conftest import build_gpt2
