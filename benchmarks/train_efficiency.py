@@ -187,9 +187,25 @@ def mixed_precision(model: str, device: str, dtype: str, w: Workload, steps: int
     policy, _ = build(model, device, dtype, mixed=True)
     batch = make_batch(w, vocab)
     use_path([policy], True, w.rows_cap, w.budget)
-    loss = PolicyLoss(clip_eps=0.2, kl_coef=0.04, kl_estimator="k3", tis_cap=2.0)
-    seconds, peak, metrics = time_train(policy, batch, loss, steps, device)
+    seconds, peak, metrics = time_train(policy, batch, w_loss(), steps, device)
     return {"enabled": policy.mixed_precision, "train_s": seconds, "train_peak_gib": peak, "loss": metrics["loss"]}
+
+
+def w_loss() -> PolicyLoss:
+    """W's loss on the new path (entropy only if asked for)."""
+    return PolicyLoss(clip_eps=0.2, kl_coef=0.04, kl_estimator="k3", tis_cap=2.0)
+
+
+def measure(policy: HFTrainEngine, reference: HFInferEngine, batch: Batch, steps: int, device: str, label: str
+            ) -> dict[str, Any]:
+    """The logprob phase and the train step on the engines' current paths: seconds, peaks, the
+    micro-batch count and the last loss; printed under ``label``."""
+    lp_s, lp_peak = time_logprobs(policy, reference, batch, steps, device)
+    tr_s, tr_peak, metrics = time_train(policy, batch, w_loss(), steps, device)
+    print(f"{label}: train {tr_s:.3f} s, logprob {lp_s:.3f} s, peak {tr_peak} GiB, "
+          f"{metrics['micro_batches']:.0f} micro-batches", flush=True)
+    return {"train_s": tr_s, "logprob_s": lp_s, "train_peak_gib": tr_peak, "logprob_peak_gib": lp_peak,
+            "micro_batches": metrics["micro_batches"], "loss": metrics["loss"]}
 
 
 def variants(policy: HFTrainEngine, reference: HFInferEngine, w: Workload, steps: int, device: str,
@@ -204,13 +220,7 @@ def variants(policy: HFTrainEngine, reference: HFInferEngine, w: Workload, steps
                                                 ("padded, chunked head", False, True, None, w.rows)]:
         use_path([policy], packed, rows, budget, chunked)
         use_path([reference], packed, w.infer_rows, budget, chunked)
-        loss = PolicyLoss(clip_eps=0.2, kl_coef=0.04, kl_estimator="k3", tis_cap=2.0)
-        lp_s, lp_peak = time_logprobs(policy, reference, batch, steps, device)
-        tr_s, tr_peak, metrics = time_train(policy, batch, loss, steps, device)
-        out.append({"variant": name, "train_s": tr_s, "logprob_s": lp_s, "train_peak_gib": tr_peak,
-                    "logprob_peak_gib": lp_peak, "micro_batches": metrics["micro_batches"]})
-        print(f"variant {name}: train {tr_s:.3f} s, logprob {lp_s:.3f} s, peak {tr_peak} GiB, "
-              f"{metrics['micro_batches']:.0f} micro-batches", flush=True)
+        out.append({"variant": name, **measure(policy, reference, batch, steps, device, f"variant {name}")})
     # the logprob phase alone in larger micro-batches (no activations kept): the policy's infer_* options
     use_path([policy], True, w.rows_cap, w.budget)
     use_path([reference], True, 64, 18432)
@@ -231,11 +241,10 @@ def compiled(model: str, device: str, dtype: str, w: Workload, steps: int, vocab
     policy, reference = build(model, device, dtype, compile=True)
     batch = make_batch(w, vocab)
     inputs = batch.select("input_ids", "attention_mask", "response_mask")
-    loss = PolicyLoss(clip_eps=0.2, kl_coef=0.04, kl_estimator="k3", tis_cap=2.0)
     use_path([policy], True, w.rows_cap, w.budget)
     use_path([reference], True, w.infer_rows, w.budget)
     t0 = time.perf_counter()
-    policy.train_step(batch, loss)
+    policy.train_step(batch, w_loss())
     policy.infer(inputs)
     reference.infer(inputs)
     _sync(device)
@@ -243,11 +252,7 @@ def compiled(model: str, device: str, dtype: str, w: Workload, steps: int, vocab
     for name, budget, rows in [("budget", w.budget, w.rows_cap), ("budget 12288, 64 rows", 12288, 64)]:
         use_path([policy], True, rows, budget)
         use_path([reference], True, w.infer_rows, budget)
-        lp_s, lp_peak = time_logprobs(policy, reference, batch, steps, device)
-        tr_s, tr_peak, metrics = time_train(policy, batch, loss, steps, device)
-        out[name] = {"train_s": tr_s, "logprob_s": lp_s, "train_peak_gib": tr_peak, "logprob_peak_gib": lp_peak,
-                     "micro_batches": metrics["micro_batches"], "loss": metrics["loss"]}
-        print(f"compiled, {name}: train {tr_s:.3f} s, logprob {lp_s:.3f} s, peak {tr_peak} GiB", flush=True)
+        out[name] = measure(policy, reference, batch, steps, device, f"compiled, {name}")
     return out
 
 

@@ -10,7 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+
+
+def yaml_path(info: ValidationInfo | None, default: str) -> str:
+    """The YAML path of the section being validated, as ``xrlhf validate`` passes it in the
+    validation context (``{"path": ...}``), or ``default`` without one (a section built in code)."""
+    return ((info.context or {}).get("path") if info is not None else None) or default
 
 
 class Strict(BaseModel):

@@ -39,6 +39,7 @@ import torch.distributed as dist
 from loguru import logger
 from pydantic import BaseModel, Field, ValidationInfo, model_validator
 
+from xrlhf.config.schema import yaml_path
 from xrlhf.data.batch import Batch
 from xrlhf.engines.base import ENGINES, EngineSpec, ForwardOutput, InferEngine, TrainEngine
 from xrlhf.engines.hf import HFInferOptions, HFModel, HFTrainOptions, save_with_tokenizer
@@ -72,7 +73,7 @@ _QUIET = {"steps_per_print": 1 << 30, "wall_clock_breakdown": False}
 def _without_conflicts(o: BaseModel, info: ValidationInfo | None, role: str) -> BaseModel:
     """``o`` if its ``deepspeed:`` block has no conflicts, else every conflict in one error, each
     line named by the YAML path that validation passes in its context (``{"path": ...}``)."""
-    path = ((info.context or {}).get("path") if info is not None else None) or "deepspeed engine"
+    path = yaml_path(info, "deepspeed engine")
     errors = conflicts(o, path, role)
     if errors:
         raise ValueError("\n".join(errors))

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from xrlhf.config.schema import yaml_path
 from xrlhf.data.batch import Batch, response_width
 from xrlhf.engines.base import (ENGINES, EngineSpec, ForwardOutput, GenerateEngine, GenerateOptions, GenerationOutput,
                                 InferEngine, InferOptions, NamedTensors, SamplingParams, TrainEngine, TrainOptions)
@@ -274,10 +275,9 @@ class HFTrainOptions(LoraTrainOptions, HFModelOptions):
     @model_validator(mode="after")
     def _compile_without_checkpointing(self, info: ValidationInfo):
         if self.compile and self.gradient_checkpointing:
-            path = ((info.context or {}).get("path") if info is not None else None) or "train"
-            raise ValueError(f"{path}.compile: the layers of gradient_checkpointing run eagerly in training (torch."
-                             f"compile does not trace through transformers' checkpointing); set one of compile, "
-                             f"gradient_checkpointing to false")
+            raise ValueError(f"{yaml_path(info, 'train')}.compile: the layers of gradient_checkpointing run eagerly "
+                             f"in training (torch.compile does not trace through transformers' checkpointing); set "
+                             f"one of compile, gradient_checkpointing to false")
         return self
 
     def uses_mixed_precision(self, device: str) -> bool:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from xrlhf.config.schema import yaml_path
 from xrlhf.engines.base import TrainOptions, engine_class, engine_options
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ class LoraTrainOptions(TrainOptions):
 
     @model_validator(mode="after")
     def _lora_dropout(self, info: ValidationInfo):
-        path = ((info.context or {}).get("path") if info is not None else None) or "train"
+        path = yaml_path(info, "train")
         if self.lora is not None and self.lora.dropout > 0 and not self.dropout:
             raise ValueError(f"{path}.lora.dropout: {self.lora.dropout:g} needs {path}.dropout: true (train engines "
                              f"run without dropout unless the section asks for it); set it to 0 or set dropout: true")
