@@ -66,8 +66,8 @@ def test_dynamic_sampling_counts_and_cap(model_dir):
             seen["groups"] += 1
         return torch.tensor(scores), {}
 
-    trainer = make_trainer(model_dir, {"dynamic_sampling": {"enabled": True, "max_generated_factor": 3.0},
-                                       "stream_parts": 2}, reward=reward)
+    trainer = make_trainer(model_dir, {"refill": {"name": "dynamic_sampling", "max_generated_factor": 3.0},
+                                       "stream_rewards": True, "stream_parts": 2}, reward=reward)
     rollout, pos = trainer.collector(1, 0, lambda: None)
     # round 1: 4 prompts, groups 0..3 -> 0, 2 kept; round 2: 2 prompts (4, 5) -> 4 kept; round 3: 1 (6) -> kept
     assert rollout.metrics["sampling/generated_groups"] == 7 and pos == 7
@@ -77,7 +77,7 @@ def test_dynamic_sampling_counts_and_cap(model_dir):
     assert all(rollout.batch["scores"][4 * g:4 * g + 4].std() > 0 for g in range(4))
 
     seen["uniform"] = True  # now every group is uniform: the cap (2 x 4 groups) stops it, the batch is filled
-    trainer.cfg.rollout.dynamic_sampling.max_generated_factor = 2.0
+    trainer.collector.refill.options.max_generated_factor = 2.0
     rollout, pos = trainer.collector(2, pos, lambda: None)
     assert rollout.metrics["sampling/generated_groups"] == 8 and pos == 15
     assert rollout.metrics["sampling/filled_groups"] == 4 and rollout.metrics["sampling/kept_fraction"] == 0

@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from xrlhf.algorithms.episodes import EpisodeRunner, episode_batch, episode_metrics, evaluate_episodes, turn_seed
+from xrlhf.algorithms.rollout.episodes import EpisodeRunner, episode_batch, episode_metrics
+from xrlhf.algorithms.rollout.evaluate import evaluate_episodes
+from xrlhf.utils.seeds import turn_seed
 from xrlhf.algorithms.local import LocalHandle
 from xrlhf.data.chat import ChatFormat
 from xrlhf.data.text import load_tokenizer

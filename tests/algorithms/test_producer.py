@@ -1,15 +1,17 @@
-"""The rollout producer's schedule, hand-off, checkpoint state and faults, with a stand-in
-``collect`` (control flow only; the real runs are in test_async.py)."""
+"""The rollout producer's schedule (the synchronous one, k = 0, included), hand-off, idle
+generator, checkpoint state and faults, with a stand-in ``collect`` (control flow only; the
+real runs are in test_async.py and test_one_path.py)."""
 
 import threading
 import time
 
 import pytest
 
-from xrlhf.algorithms.producer import RolloutProducer, sample_seed
+from xrlhf.algorithms.rollout.producer import Producer as RolloutProducer
 from xrlhf.config.schema import RolloutConfig
 from xrlhf.utils import faults
 from xrlhf.utils.errors import WorkerDiedError
+from xrlhf.utils.seeds import derive_seed, sample_seed, seed_of, turn_seed
 
 
 class Generator:
@@ -38,7 +40,7 @@ def train(producer, gen, steps, step_s=0.0):
     return got
 
 
-@pytest.mark.parametrize("k", [1, 2, 3])
+@pytest.mark.parametrize("k", [0, 1, 2, 3])
 @pytest.mark.parametrize("gen_s,step_s", [(0.0, 0.01), (0.01, 0.0)])
 def test_fixed_schedule_generates_batch_b_with_version_b_minus_1_minus_k(k, gen_s, step_s):
     gen = Generator(gen_s)
@@ -48,6 +50,41 @@ def test_fixed_schedule_generates_batch_b_with_version_b_minus_1_minus_k(k, gen_
     assert [g["batch"] for g in got] == list(range(1, 9))
     assert [g["pos"] for g in got] == [10 * i for i in range(8)]
     assert gen.used == {b: max(0, b - 1 - k) for b in range(1, 9)}
+
+
+def test_staleness_0_generates_each_batch_after_the_previous_publish_and_idles_between():
+    """The synchronous loop: batch s waits for version s-1, and between a batch and the next sync
+    the generator is idle (``on_idle``: a co-located vLLM sleeps) before the trainer gets it."""
+    gen, events = Generator(), []
+    idle = lambda: events.append(("idle", gen.version)) or 0.0  # noqa: E731
+    p = RolloutProducer(gen.collect, RolloutConfig(max_staleness=0), last=4, on_idle=idle).start()
+    for s in range(1, 5):
+        got = p.get(s)
+        events.append(("got", s))
+        assert got["batch"] == s and gen.used[s] == s - 1
+        p.before_sync(s)
+        gen.version = s
+        p.after_sync(s)
+    p.stop()
+    # idle after every batch but the last (nothing follows it), always before the trainer takes it
+    assert events == [("idle", 0), ("got", 1), ("idle", 1), ("got", 2), ("idle", 2), ("got", 3), ("got", 4)]
+
+
+def test_an_evaluation_holds_the_generator_awake_until_released():
+    gen, idle = Generator(0.01), []
+    p = RolloutProducer(gen.collect, RolloutConfig(max_staleness=0), last=3,
+                        on_idle=lambda: idle.append(gen.version) or 0.0).start()
+    p.get(1)
+    p.before_sync(1)
+    gen.version = 1
+    p.after_sync(1, hold=True)  # the trainer evaluates on the generator after step 1
+    time.sleep(0.2)  # meanwhile batch 2 is generated: its idle call must wait for the release
+    assert idle == [0]
+    p.release()
+    assert idle == [0, 1]
+    assert p.get(2)["batch"] == 2
+    p.release()  # nothing held: no-op
+    p.stop()
 
 
 def test_latest_uses_the_newest_synced_version_within_the_bound():
@@ -134,6 +171,14 @@ def test_a_silent_generator_is_reported_after_the_stall_timeout():
 
 
 def test_sample_seeds_are_distinct_and_63_bit():
-    seeds = {sample_seed(0, b, r, a) for b in range(20) for r in range(64) for a in range(2)}
-    assert len(seeds) == 20 * 64 * 2 and all(0 <= s < 2**63 for s in seeds)
+    seeds = {sample_seed(0, b, r, a) for b in range(-1, 20) for r in range(64) for a in range(2)}
+    assert len(seeds) == 21 * 64 * 2 and all(0 <= s < 2**63 for s in seeds)
     assert sample_seed(1, 1, 0) != sample_seed(0, 1, 0)
+
+
+def test_every_kind_of_seed_comes_from_one_hash_with_its_own_tag():
+    s = sample_seed(7, 3, 5)
+    assert turn_seed(s, 0) == s and derive_seed(s, 0) == s  # the first turn and first try: the sample's own
+    derived = {turn_seed(s, t) for t in range(1, 50)} | {derive_seed(s, a) for a in range(1, 50)}
+    assert len(derived) == 98 and s not in derived
+    assert seed_of(1, 2) != seed_of(2, 1) and seed_of(-1) == seed_of(-1) and 0 <= seed_of(-1) < 2**63

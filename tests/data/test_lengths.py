@@ -9,6 +9,7 @@ import pytest
 
 from tests.conftest import build_gpt2
 from xrlhf.algorithms import ALGORITHMS
+from xrlhf.algorithms.rollout.types import Tally
 from xrlhf.data.lengths import check_prompt_lengths, model_positions
 from xrlhf.data.text import load_tokenizer
 from xrlhf.envs import Prompt, build_env
@@ -43,7 +44,7 @@ def test_check_prompt_lengths_names_the_prompt_and_the_limit(short_model):
 class NoGenerate:
     world_size = 1
 
-    def generate(self, ids, params):
+    def generate(self, ids, params, seeds=None, wait=True):
         raise AssertionError("generate must not be reached with a prompt the model cannot hold")
 
 
@@ -58,4 +59,4 @@ def test_a_rollout_with_a_too_long_prompt_stops_with_one_line(short_model):
     trainer = ALGORITHMS.get("grpo")(cfg, algorithm_options(cfg), handles, env,
                                      load_tokenizer(path), reward=None, log=lambda m: None)
     with pytest.raises(UserError, match=r"the prompt 'sort 1 2 3 4 5 6 7 8 9 0 1 2:' \(30 tokens\) \+ max_new_tokens 8"):
-        trainer.rollout([Prompt("2+2="), Prompt("sort 1 2 3 4 5 6 7 8 9 0 1 2:")], 2, {})
+        trainer.collector.sampler.groups([Prompt("2+2="), Prompt("sort 1 2 3 4 5 6 7 8 9 0 1 2:")], 1, 0, Tally())

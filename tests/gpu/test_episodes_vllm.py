@@ -15,7 +15,7 @@ import torch
 
 from tests.algorithms.test_episodes import Echo
 from tests.gpu.gpu_helpers import generate_options
-from xrlhf.algorithms.episodes import EpisodeRunner, episode_metrics
+from xrlhf.algorithms.rollout.episodes import EpisodeRunner, episode_metrics
 from xrlhf.algorithms.local import LocalHandle
 from xrlhf.data.text import load_tokenizer
 from xrlhf.engines.base import EngineSpec, SamplingParams

@@ -22,17 +22,16 @@ import torch
 from loguru import logger
 from pydantic import BaseModel
 
-from xrlhf.algorithms.episodes import EpisodeRunner, evaluate_episodes
 from xrlhf.algorithms.handles import Handles
 from xrlhf.algorithms.off_policy import staleness_stats
-from xrlhf.algorithms.producer import RolloutProducer
-from xrlhf.algorithms.rollout import Rollout, RolloutCollector, sampling_params
+from xrlhf.algorithms.rollout import Producer, Rollout, sampling_params
+from xrlhf.algorithms.rollout.build import build_collector, build_producer, episode_runner
+from xrlhf.algorithms.rollout.evaluate import evaluate, evaluate_episodes
+from xrlhf.algorithms.rollout.refill import REFILLS, refill_errors
 from xrlhf.config.schema import XConfig
-from xrlhf.data.batch import Batch, build_sequences
-from xrlhf.data.lengths import check_prompt_lengths
-from xrlhf.data.text import decode_responses, encode_prompt
-from xrlhf.engines.base import GenerationOutput, Head, SamplingParams
-from xrlhf.envs import Env, Prompt, clean_response
+from xrlhf.data.batch import Batch
+from xrlhf.engines.base import Head
+from xrlhf.envs import Env, Prompt
 from xrlhf.envs.episode import is_episode_env
 from xrlhf.utils.errors import NonFiniteError
 from xrlhf.utils.memory import memory_metrics
@@ -46,40 +45,6 @@ ALGORITHMS: Registry[type] = Registry("algorithm")
 def register_algorithm(name: str):
     """Decorator registering a ``Trainer`` subclass under ``algorithm.name: <name>``."""
     return ALGORITHMS.register(name)
-
-
-def evaluate(generate: Callable[[list[list[int]], SamplingParams], GenerationOutput], env: Env, tokenizer,
-             params: SamplingParams, limit: int | None = None,
-             reward: Callable | None = None) -> dict[str, float]:
-    """Mean reward (and accuracy, per task) of ``generate`` on the env's held-out prompts.
-
-    ``reward``: score with this reward source ``(prompts, responses, batch) -> (scores,
-    metrics)`` instead of ``env.score`` (envs whose ``reward_source`` is ``"model"``).
-    """
-    prompts = env.eval_prompts()[:limit]
-    ids = [encode_prompt(tokenizer, p.text) for p in prompts]
-    out = generate(ids, params)
-    texts = decode_responses(tokenizer, out.token_ids)
-    if reward is not None:
-        return _evaluate_with(reward, prompts, ids, out.token_ids, texts, tokenizer.pad_token_id)
-    scores = env.score(prompts, texts)
-    metrics = {"eval/reward_mean": sum(s.reward for s in scores) / len(scores)}
-    if all(s.correct is not None for s in scores):
-        metrics["eval/accuracy"] = sum(bool(s.correct) for s in scores) / len(scores)
-    for task in sorted({p.task for p in prompts if p.task}):
-        rows = [s.reward for p, s in zip(prompts, scores) if p.task == task]
-        metrics[f"eval/reward_{task}"] = sum(rows) / len(rows)
-    return metrics
-
-
-def _evaluate_with(reward: Callable, prompts: list[Prompt], ids: list[list[int]], responses: list[list[int]],
-                   texts: list[str], pad_id: int) -> dict[str, float]:
-    """Eval metrics from a reward source: mean score, and exact match where prompts have answers."""
-    scores, _ = reward(prompts, texts, build_sequences(ids, responses, pad_id))
-    metrics = {"eval/reward_mean": float(scores.float().mean())}
-    if all(p.answer is not None for p in prompts):
-        metrics["eval/exact_match"] = sum(clean_response(t) == p.answer for p, t in zip(prompts, texts)) / len(prompts)
-    return metrics
 
 
 class Trainer(ABC):
@@ -127,8 +92,9 @@ class Trainer(ABC):
         """Spans of the step's work by lane (``utils.timeline``); each step's row carries them."""
         self.memory_timeline = memory_timeline_on(cfg)
         self._memory: dict[str, float] = {}
-        self.episodes = episode_runner(cfg, env, tokenizer, self.gen_handle) if is_episode_env(env) and self.gen_handle is not None else None
-        """Runs the samples of an episode env (``algorithms.episodes``); ``None`` for one-turn envs."""
+        self.episodes = (episode_runner(cfg, env, tokenizer, self.gen_handle)
+                         if is_episode_env(env) and self.gen_handle is not None else None)
+        """Runs the samples of an episode env (``algorithms.rollout.episodes``); ``None`` for one-turn envs."""
 
     # -- config hooks -----------------------------------------------------------------------
     @classmethod
@@ -170,7 +136,7 @@ class Trainer(ABC):
             metrics.update(self._memory)
             self._memory = {}
             self.step_idx = step
-            if t.eval_every and step % t.eval_every == 0 and step != t.steps:
+            if self.evaluates_after(step):
                 metrics.update(self.evaluate())
             metrics["time/step_s"] = time.time() - t0
             self.log({"step": step, **metrics, "timeline": self.timeline.drain()})
@@ -185,6 +151,12 @@ class Trainer(ABC):
         return {"eval_reward_initial": initial["eval/reward_mean"], "eval_reward_final": final["eval/reward_mean"],
                 "eval_initial": initial, "eval_final": final, "steps": t.steps}
 
+    def evaluates_after(self, step: int) -> bool:
+        """Whether ``fit`` evaluates after step ``step`` (``trainer.eval_every``; the last step's
+        evaluation is the final one)."""
+        t = self.cfg.trainer
+        return bool(t.eval_every) and step % t.eval_every == 0 and step != t.steps
+
     def mark_memory(self, phase: str) -> None:
         """The end of a step's ``phase``: every handle's memory since the previous mark becomes
         ``memory/<phase>/...`` metrics of the step (``utils.memory``; ``logging.memory_timeline``)."""
@@ -194,12 +166,11 @@ class Trainer(ABC):
     def evaluate(self) -> dict[str, float]:
         """The generator's answers to the env's held-out prompts, scored (``evaluate``)."""
         t = self.cfg.trainer
+        params = sampling_params(self.cfg, t.eval_temperature)
         if self.episodes is not None:
-            return evaluate_episodes(self.episodes, sampling_params(self.cfg, t.eval_temperature), t.eval_size,
-                                     self.cfg.seed)
+            return evaluate_episodes(self.episodes, params, t.eval_size, self.cfg.seed)
         reward = self.reward if self.env.reward_source == "model" else None
-        return evaluate(self.gen_handle.generate, self.env, self.tok, sampling_params(self.cfg, t.eval_temperature),
-                        t.eval_size, reward=reward)
+        return evaluate(self.gen_handle, self.env, self.tok, params, t.eval_size, reward=reward, seed=self.cfg.seed)
 
     def state_dict(self) -> dict[str, Any]:
         """The trainer's own state for exact resume (handles save theirs separately)."""
@@ -221,12 +192,11 @@ class Trainer(ABC):
 
 
 class RLTrainer(Trainer):
-    """Online RL: each ``step`` = rollout -> reward -> ``update`` (the algorithm) -> weight sync.
+    """Online RL: each ``step`` takes batch ``s`` from the producer, runs ``update`` (the
+    algorithm) and publishes version ``s`` to the generators (``algorithms/rollout``).
 
-    With ``rollout.max_staleness`` 0 (the default) the step generates its own batch, then
-    trains, then syncs: today's loop, the same calls in the same order. Above 0 a
-    ``RolloutProducer`` thread generates and scores the batches ahead (``algorithms/producer.py``)
-    and the step takes batch ``step`` from it, trains, and publishes the new version.
+    ``rollout.max_staleness`` only changes when the producer may start a batch: 0 is the
+    synchronous loop (generate, train, sync), above 0 generation runs ahead of training.
     """
 
     progress_keys = (("reward/mean", "reward"), ("kl/mean", "kl"), ("policy/loss", "pg_loss"),
@@ -235,68 +205,30 @@ class RLTrainer(Trainer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.collector = RolloutCollector(self.cfg, self.env, self.tok, self.gen_handle, self.reward,
-                                          self.group_filter, self.timeline, self.episodes)
-        self.producer: RolloutProducer | None = None
+        self.collector = build_collector(self.cfg, self.env, self.tok, self.gen_handle, self.reward,
+                                         self.group_filter, self.timeline, self.episodes)
+        self.producer: Producer | None = None
         self._producer_state: dict[str, Any] | None = None
 
-    @property
-    def asynchronous(self) -> bool:
-        return self.cfg.rollout.max_staleness > 0
-
     def group_filter(self, scores: torch.Tensor) -> bool:
-        """Dynamic sampling: keep a group of ``n`` samples (``scores`` ``[n]``) only if their
-        rewards differ (equal rewards give a group-relative estimator no signal)."""
+        """A refill policy's judgement of a group of ``n`` samples (``scores`` ``[n]``): keep it
+        only if their rewards differ (equal rewards give a group-relative estimator no signal)."""
         return bool(scores.max() > scores.min())
 
     def step(self) -> dict[str, float]:
-        """One RL step: rollout, then the algorithm's update, then weight sync.
+        """One RL step: batch ``s``, the algorithm's update, then version ``s`` published.
 
         A step whose rewards or loss are not finite changes nothing (the engines skip a
-        non-finite optimizer step) and is counted; ``fault_tolerance.max_bad_steps`` of them
-        in a row abort the run.
+        non-finite optimizer step; the same weights are published) and is counted;
+        ``fault_tolerance.max_bad_steps`` of them in a row abort the run.
         """
-        if self.asynchronous:
-            return self._async_step()
-        t = self.cfg.trainer
-        timings: dict[str, float] = {}
-        r = self.cfg.rollout
-        if r.dynamic_sampling.enabled or r.stream_rewards or self.episodes is not None:
-            rollout, self.data_pos = self.collector(self.step_idx + 1, self.data_pos, lambda: None)
-        else:
-            prompts = self.env.train_prompts(self.data_pos, t.prompts_per_step)
-            self.data_pos += t.prompts_per_step
-            with self.timeline.span("generator", f"b{self.step_idx + 1}"):
-                rollout = self.rollout(prompts, t.samples_per_prompt, timings)
-        self.mark_memory("generate")
-        if not torch.isfinite(rollout.batch["scores"]).all():
-            return self._bad_step("rewards", {**rollout.metrics, **timings})
-        t0 = time.time()  # (not before a skipped step: no sync would wake it)
-        self.handles.end_rollout()  # co-located vLLM sleeps until sync_weights wakes it
-        timings["time/sleep_s"] = time.time() - t0
-        self.mark_memory("sleep")
-        t0 = time.time()
-        with self.timeline.span("trainer", "update"):
-            metrics = self.update(rollout, timings)
-        timings["time/update_s"] = time.time() - t0
-        self.mark_memory("train")
-        with self.timeline.span("trainer", "sync"):
-            timings["time/sync_s"] = self.handles.sync_weights()
-        self.mark_memory("sync")
-        if any(metrics.get(k, 0) > 0 for k in ("policy/skipped", "critic/skipped")):
-            return self._bad_step("loss", {**rollout.metrics, **metrics, **timings})
-        self.bad_steps = 0
-        return {**rollout.metrics, **metrics, **timings}
-
-    def _async_step(self) -> dict[str, float]:
-        """Take batch ``s`` from the producer, train, publish version ``s`` and sync it (when the
-        schedule allows: ``RolloutProducer.before_sync``). The generator stays awake."""
         s = self.step_idx + 1
         producer = self._start_producer()
         timings: dict[str, float] = {}
         with self.timeline.span("trainer", "wait"):
             rollout = producer.get(s)
         timings["time/wait_rollout_s"] = producer.waited_s
+        self.mark_memory("generate")
         metrics: dict[str, float] = staleness(rollout.batch, s - 1)
         finite = bool(torch.isfinite(rollout.batch["scores"]).all())
         if finite:
@@ -305,26 +237,45 @@ class RLTrainer(Trainer):
                 metrics.update(self.update(rollout, timings))
             timings["time/update_s"] = time.time() - t0
             self.mark_memory("train")
+        self.publish(s, timings)
+        metrics = {**rollout.metrics, **metrics, **timings}
+        if not finite:
+            return self._bad_step("rewards", metrics)
+        if any(metrics.get(k, 0) > 0 for k in ("policy/skipped", "critic/skipped")):
+            return self._bad_step("loss", metrics)
+        self.bad_steps = 0
+        return metrics
+
+    def publish(self, s: int, timings: dict[str, float]) -> None:
+        """Version ``s`` to the generators, once the schedule allows (``Producer.before_sync``)."""
+        producer = self.producer
         with self.timeline.span("trainer", "wait"):
             timings["time/wait_generation_s"] = producer.before_sync(s)
         with self.timeline.span("trainer", "sync"):
-            timings["time/sync_s"] = self.handles.sync_weights(s)  # a skipped step publishes the same weights
+            timings["time/sync_s"] = self.handles.sync_weights(s)
         self.mark_memory("sync")
-        producer.after_sync(s)
-        if not finite:
-            return self._bad_step("rewards", {**rollout.metrics, **metrics, **timings})
-        if any(metrics.get(k, 0) > 0 for k in ("policy/skipped", "critic/skipped")):
-            return self._bad_step("loss", {**rollout.metrics, **metrics, **timings})
-        self.bad_steps = 0
-        return {**rollout.metrics, **metrics, **timings}
+        producer.after_sync(s, hold=self.evaluates_after(s))  # the evaluation uses the generator next
 
-    def _start_producer(self) -> RolloutProducer:
+    def evaluate(self) -> dict[str, float]:
+        try:
+            return super().evaluate()
+        finally:
+            if self.producer is not None:
+                self.producer.release()
+
+    def _start_producer(self) -> Producer:
         if self.producer is None:
             st = self._producer_state or {"next": self.step_idx + 1, "data_pos": self.data_pos, "queue": {}}
-            self.producer = RolloutProducer(self.collector, self.cfg.rollout, self.cfg.trainer.steps, st["next"],
-                                            st["data_pos"], synced=self.step_idx, queue=st["queue"]).start()
+            self.producer = build_producer(self.cfg, self.collector, {**st, "synced": self.step_idx},
+                                           self._generator_idle).start()
             self._producer_state = None
         return self.producer
+
+    def _generator_idle(self) -> float:
+        """Nothing to generate until the next sync: co-located generators free their memory."""
+        t0 = time.time()
+        self.handles.end_rollout()
+        return time.time() - t0
 
     def fit(self, on_step_end: Callable[[int], bool] | None = None) -> dict[str, Any] | None:
         try:
@@ -355,28 +306,6 @@ class RLTrainer(Trainer):
                                  f"(fault_tolerance.max_bad_steps = {limit})")
         return {**metrics, "skipped_step": 1.0}
 
-    def rollout(self, prompts: list[Prompt], n: int, timings: dict[str, float]) -> Rollout:
-        """Generate ``n`` samples per prompt and score them."""
-        expanded = [p for p in prompts for _ in range(n)]
-        ids = [encode_prompt(self.tok, p.text) for p in expanded]
-        check_prompt_lengths(ids, [p.text for p in expanded], self.cfg.policy.generate.max_new_tokens,
-                             self.cfg.policy.model)
-        t0 = time.time()
-        out = self.gen_handle.generate(ids, sampling_params(self.cfg))
-        timings["time/generate_s"] = dt = time.time() - t0
-        batch = build_sequences(ids, out.token_ids, self.tok.pad_token_id, out.logprobs)
-        texts = decode_responses(self.tok, out.token_ids)
-        t0 = time.time()
-        scores, rmetrics = self.reward(expanded, texts, batch)
-        timings["time/reward_s"] = time.time() - t0
-        batch["scores"] = scores.float()
-        batch["group_ids"] = torch.arange(len(prompts)).repeat_interleave(n)
-        n_tokens = float(batch["response_mask"].sum())
-        metrics = {"reward/mean": float(scores.mean()), "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
-                   "response/length_mean": n_tokens / len(batch), "perf/gen_tokens_per_s": n_tokens / max(dt, 1e-9),
-                   **rmetrics}
-        return Rollout(batch, expanded, texts, metrics)
-
     @abstractmethod
     def update(self, rollout: Rollout, timings: dict[str, float]) -> dict[str, float]:
         """The algorithm: from a scored rollout to updated policy (and critic) weights."""
@@ -386,29 +315,6 @@ class RLTrainer(Trainer):
         perm = torch.randperm(len(batch), generator=self.generator)
         shuffled = batch.index(perm)
         return list(shuffled.chunks(size))
-
-
-def _continuous(cfg: XConfig) -> bool:
-    from xrlhf.engines.base import engine_class
-
-    return bool(getattr(engine_class(cfg.policy.generate.engine, "generate"), "batches_concurrent_calls", False))
-
-
-def episode_runner(cfg: XConfig, env: Env, tokenizer, generator) -> EpisodeRunner:
-    """The runner of ``env``'s episodes on ``generator``: one call per episode turn when the
-    generate engine serves concurrent calls together (continuous batching), else waves."""
-    continuous = _continuous(cfg) and hasattr(generator, "generate_on")
-    return EpisodeRunner(env, tokenizer, generator, continuous=continuous, ranks=generator.world_size)
-
-
-def episode_calls(cfg: XConfig, env: Env) -> int:
-    """How many ``generate`` calls an episode env may have running at once on one generator
-    (one per episode of a batch, and of an evaluation beside it); 0 for a one-turn env or waves."""
-    if not is_episode_env(env) or not _continuous(cfg):
-        return 0
-    t = cfg.trainer
-    evals = t.eval_size or len(env.eval_prompts())
-    return min(4096, t.prompts_per_step * t.samples_per_prompt + evals)
 
 
 def staleness(batch: Batch, version: int) -> dict[str, float]:
@@ -445,12 +351,16 @@ def _check_rollout(cls: type[Trainer], cfg: XConfig) -> list[str]:
                       "'fixed' every batch is generated by exactly one version)")
     if "on_update" in r.model_fields_set and not r.in_flight_updates:
         errors.append("rollout.on_update: only used with rollout.in_flight_updates: true")
-    if r.dynamic_sampling.enabled:
-        if cfg.trainer.samples_per_prompt < 2:
-            errors.append(f"rollout.dynamic_sampling: drops groups whose samples all got the same reward, so it "
-                          f"needs trainer.samples_per_prompt >= 2, got {cfg.trainer.samples_per_prompt}")
+    refill = r.refill.model_dump()
+    problems = refill_errors(refill)
+    errors += problems
+    if not problems and refill["name"] != "none":
+        need = REFILLS.get(refill["name"]).min_samples_per_prompt
+        if cfg.trainer.samples_per_prompt < need:
+            errors.append(f"rollout.refill: {refill['name']!r} judges the samples of a prompt together, so it needs "
+                          f"trainer.samples_per_prompt >= {need}, got {cfg.trainer.samples_per_prompt}")
         if not cls.uses_generation or not issubclass(cls, RLTrainer):
-            errors.append(f"rollout.dynamic_sampling: algorithm {cfg.algorithm.name!r} does not generate")
+            errors.append(f"rollout.refill: algorithm {cfg.algorithm.name!r} does not generate")
     return errors
 
 

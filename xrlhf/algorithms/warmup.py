@@ -17,8 +17,9 @@ from pathlib import Path
 
 from loguru import logger
 
-from xrlhf.algorithms.base import evaluate, sampling_params
-from xrlhf.algorithms.episodes import EpisodeRunner, evaluate_episodes
+from xrlhf.algorithms.rollout import sampling_params
+from xrlhf.algorithms.rollout.episodes import EpisodeRunner
+from xrlhf.algorithms.rollout.evaluate import evaluate, evaluate_episodes
 from xrlhf.algorithms.local import LocalHandle
 from xrlhf.algorithms.losses import SFTLoss
 from xrlhf.config.schema import XConfig
@@ -73,7 +74,7 @@ def supervised_warmup(cfg: XConfig, env: Env, tokenizer, model_dir: str, out_dir
             if is_episode_env(env):
                 before = evaluate_episodes(EpisodeRunner(env, tokenizer, gen), params, cfg.trainer.eval_size, cfg.seed)
             else:
-                before = evaluate(gen.generate, env, tokenizer, params, cfg.trainer.eval_size)
+                before = evaluate(gen, env, tokenizer, params, cfg.trainer.eval_size, seed=cfg.seed)
         finally:
             gen.shutdown()  # before training starts: a vLLM generator gives its GPU memory back
         logger.info(f"warm-up: eval reward before {before['eval/reward_mean']:.3f}")

@@ -198,18 +198,26 @@ class TrainerConfig(Strict):
     save_final: bool = True
 
 
-class DynamicSamplingConfig(Strict):
-    """DAPO's dynamic sampling: groups whose samples all got the same reward teach a
-    group-relative estimator nothing; drop them and generate more prompts until the batch is full."""
+class RefillConfig(Strict):
+    """How a batch is filled (``xrlhf.algorithms.rollout.refill``): ``none`` keeps every group of
+    one round; ``dynamic_sampling`` (DAPO) drops the groups the algorithm learns nothing from and
+    generates more prompts; or a policy of your own by import path. The other keys of the section
+    are the policy's own options, validated by it before the run starts."""
 
-    enabled: bool = False
-    max_generated_factor: float = Field(3.0, ge=1, description="stop generating at this many times "
-                                        "trainer.prompts_per_step groups; the batch is then filled with the last "
-                                        "dropped groups (counted in sampling/filled_groups)")
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field("none", description="'none', 'dynamic_sampling' (options: max_generated_factor) or "
+                      "'pkg.mod:Class' (a subclass of xrlhf.algorithms.rollout.refill.Refill)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _name_alone(cls, v: Any) -> Any:
+        return {"name": v} if isinstance(v, str) else v
 
 
 class RolloutConfig(Strict):
-    """Asynchronous rollout: generation runs ahead of training (``max_staleness`` > 0)."""
+    """How batches are produced: how far generation may run ahead of training (``max_staleness``;
+    0: the synchronous loop), streamed rewards, and the refill policy."""
 
     max_staleness: int = Field(0, ge=0, description="how many policy versions a sample may lag the policy it "
                                "trains: 0 = the synchronous loop (generate, then train), 1 = one-step-off "
@@ -227,9 +235,17 @@ class RolloutConfig(Strict):
                                         "true: in the synchronous loop too (samples then drawn from per-sample seeds)")
     stream_parts: int = Field(4, ge=1, description="stream_rewards: parts (whole groups each) a batch is "
                               "generated in")
-    dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
+    refill: RefillConfig = Field(default_factory=RefillConfig)
     stall_timeout_s: float = Field(600.0, gt=0, description="a generator that produces nothing for this long "
                                    "is treated as dead")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, v: Any) -> Any:
+        if isinstance(v, dict) and "dynamic_sampling" in v:
+            raise ValueError("dynamic_sampling is now a refill policy: write refill: {name: dynamic_sampling, "
+                             "max_generated_factor: 3.0} (or leave refill out to keep every group)")
+        return v
 
 
 class WarmupConfig(Strict):

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from xrlhf.algorithms.producer import sample_seed
+from xrlhf.algorithms.rollout.types import Group, Reward, Sampling, Tally
 from xrlhf.data.batch import Batch, build_sequences
 from xrlhf.data.chat import ChatFormat
 from xrlhf.data.text import encode_prompt
@@ -39,12 +39,8 @@ from xrlhf.engines.base import GenerationOutput, SamplingParams
 from xrlhf.envs.base import Prompt, clean_response
 from xrlhf.envs.episode import Episode, EpisodeEnv, Turn
 from xrlhf.utils.errors import UserError
-
-
-def turn_seed(seed: int, turn: int) -> int:
-    """The seed of turn ``turn`` (0-based) of the sample whose seed is ``seed``: ``seed`` itself
-    for the first turn, a hash of both after."""
-    return seed if turn == 0 else sample_seed(seed, 0, 0, turn)
+from xrlhf.utils.seeds import sample_seed, turn_seed
+from xrlhf.utils.timeline import Timeline
 
 
 @dataclass
@@ -251,15 +247,55 @@ def episode_metrics(trajs: list[Trajectory], prefix: str = "episode/") -> dict[s
     return m
 
 
-def evaluate_episodes(runner: EpisodeRunner, params: SamplingParams, limit: int | None = None,
-                      seed: int = 0) -> dict[str, float]:
-    """``eval/reward_mean``, ``eval/accuracy`` and the episode metrics (``eval/turns_mean``, ...) of
-    the env's held-out prompts, one episode each."""
-    prompts = runner.env.eval_prompts()[:limit]
-    t0 = time.time()
-    trajs = runner.run(prompts, [sample_seed(seed, -1, i) for i in range(len(prompts))], params)
-    m = {"eval/reward_mean": sum(t.reward for t in trajs) / len(trajs), **episode_metrics(trajs, "eval/")}
-    if all(t.correct is not None for t in trajs):
-        m["eval/accuracy"] = sum(bool(t.correct) for t in trajs) / len(trajs)
-    m["eval/time_s"] = time.time() - t0
-    return m
+class Episodes:
+    """Samples and scores the groups of an episode env: ``n`` episodes of each prompt, each scored
+    by its env as it ends (its return) or, with ``score_with_env`` false (``reward.source`` model
+    or function), the whole trajectory by the run's reward source.
+
+    Args:
+        sampling: samples per prompt, parameters, seed.
+        runner: runs the episodes on the generator.
+        reward: the run's reward source.
+        score_with_env: the env's returns are the scores.
+        timeline: where generation and scoring spans go.
+    """
+
+    def __init__(self, sampling: Sampling, runner: EpisodeRunner, reward: Reward, score_with_env: bool,
+                 timeline: Timeline):
+        self.s, self.runner, self.reward, self.score_with_env, self.timeline = (sampling, runner, reward,
+                                                                              score_with_env, timeline)
+
+    def groups(self, prompts: list[Prompt], b: int, attempt: int, tally: Tally) -> list[Group]:
+        """``n`` scored episodes of each of ``prompts``, as batch ``b``'s round ``attempt``."""
+        n = self.s.n
+        expanded = [p for p in prompts for _ in range(n)]
+        seeds = [sample_seed(self.s.seed, b, row, attempt) for row in range(len(expanded))]
+        t0 = time.time()
+        with self.timeline.span("generator", f"b{b}"):
+            trajs = self.runner.run(expanded, seeds, self.s.params)
+        tally.generate_s += time.time() - t0
+        tally.tokens += float(sum(sum(t.loss_mask) for t in trajs))
+        texts = [t.actions[-1] if t.actions else "" for t in trajs]
+        if self.score_with_env:
+            scores = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
+        else:
+            t0 = time.time()
+            with self.timeline.span("reward", f"b{b}"):
+                scores, metrics = self.reward(expanded, texts, episode_batch(trajs, self.runner.tok.pad_token_id))
+            scores = scores.float()
+            tally.add_reward_metrics(metrics, len(prompts))
+            tally.reward_s += time.time() - t0
+        return [Group(p, trajs[g * n].prompt_ids, [t.tokens for t in trajs[g * n:(g + 1) * n]],
+                      [t.logprobs for t in trajs[g * n:(g + 1) * n]], [t.versions for t in trajs[g * n:(g + 1) * n]],
+                      texts[g * n:(g + 1) * n], scores[g * n:(g + 1) * n], trajs[g * n:(g + 1) * n])
+                for g, p in enumerate(prompts)]
+
+    def assemble(self, groups: list[Group]) -> tuple[Batch, dict[str, float]]:
+        """The groups' trajectories as one batch, and the episode metrics."""
+        trajs = [t for g in groups for t in g.trajs]
+        batch = episode_batch(trajs, self.runner.tok.pad_token_id, self.runner.env.config.mask_truncated)
+        if not self.score_with_env:  # the reward source scored whole trajectories
+            del batch.tensors["turn_rewards"]
+        return batch, episode_metrics(trajs)
+
+

@@ -1,30 +1,34 @@
-"""The asynchronous rollout: a thread that generates and scores batches ahead of the trainer.
+"""The producer: a thread that builds the batches of every schedule, at most ``max_staleness``
+versions ahead of the trainer.
 
-With ``rollout.max_staleness`` ``k > 0`` the trainer does not generate: a ``RolloutProducer``
-thread in the driver does, through the same handles (no Ray here), while the trainer trains
-on the batches it queued. Versions count published policy updates: version 0 is the start
-model, the update of step ``s`` (1-based) makes version ``s``; step ``s`` trains on batch ``s``
-with the policy of version ``s - 1``. The generator holds one version at a time; the trainer
-syncs it after each update (``before_sync`` / ``after_sync`` bracket that sync).
+Versions count published policy updates: version 0 is the start model, the update of step
+``s`` (1-based) makes version ``s``; step ``s`` trains on batch ``s``. The trainer takes batch
+``s`` (``get``), updates, and publishes version ``s`` (``before_sync``, the weight sync,
+``after_sync``). With ``rollout.max_staleness`` ``k``:
 
-Two schedules (``rollout.freshness``):
-
-* ``fixed``: batch ``b`` is generated entirely with version ``need(b) = max(0, b - 1 - k)``.
-  The trainer syncs version ``s`` only once every batch that needs an older version is
+* ``fixed`` freshness: batch ``b`` is generated entirely with version ``need(b) = max(0, b - 1 -
+  k)``. The trainer syncs version ``s`` only once every batch that needs an older version is
   generated (``b <= s + k``), and the producer starts batch ``b`` only once ``need(b)`` is
-  synced; so what each batch holds is a function of the seed, never of timing. ``k = 1`` is
-  one-step-off: batch ``s + 1`` generates while step ``s`` trains.
-* ``latest``: batch ``b`` may start once version ``need(b)`` is *published* and uses whatever
-  the generator holds then (at least that version). Without ``in_flight_updates`` a sync waits
-  for the generate calls under way; with them it lands mid-generation (the engine pauses at a
-  token boundary) and each token records the version that sampled it. Timing-dependent.
+  synced; what each batch holds is a function of the seed, never of timing. ``k = 0`` is the
+  synchronous loop (batch ``s`` waits for version ``s - 1``: generate, train, sync, generate
+  ...); ``k = 1`` is one-step-off (batch ``s + 1`` generates while step ``s`` trains).
+* ``latest`` (``k >= 1``): batch ``b`` may start once version ``need(b)`` is *published* and
+  uses whatever the generator holds then. Without ``in_flight_updates`` a sync waits for the
+  generate calls under way; with them it lands mid-generation (the engine pauses at a token
+  boundary) and each token records the version that sampled it. Timing-dependent.
+
+Idle generator. When a batch is done and the next one cannot start before a sync (every batch
+at ``k = 0``), the producer calls ``on_idle`` (the handles' ``end_rollout``: a co-located vLLM
+frees its memory for the trainer) before it hands the batch over. An evaluation the trainer
+runs on the generator meanwhile holds it awake (``hold`` / ``release``); the idle call then
+runs when the hold is released.
 
 Exact resume (``fixed``): ``state_dict(step)`` waits until batches ``step + 1 .. step + k`` are
 queued and returns them with the producer's position; the batch under way then (version
 ``step``, the checkpointed weights) is regenerated on resume from its seeds.
 
 Faults: the thread's first exception is kept and raised in the trainer's thread by the next
-``get`` / ``before_sync`` (and through ``failure()`` by a handle waiting on another model, so
+``get`` / ``before_sync`` (and through ``utils.faults`` by a handle waiting on another model, so
 a dead generator stops a long train step within about a second); no finished batch for
 ``rollout.stall_timeout_s`` raises ``WorkerDiedError`` naming the rollout.
 """
@@ -41,45 +45,31 @@ from xrlhf.config.schema import RolloutConfig
 from xrlhf.utils import faults
 from xrlhf.utils.errors import WorkerDiedError
 
-_MASK64 = (1 << 64) - 1
-
-
-def sample_seed(seed: int, batch: int, row: int, attempt: int = 0) -> int:
-    """The random stream of one sample: a 63-bit hash of ``(run seed, batch, row, attempt)``.
-
-    ``row`` numbers the samples of a batch's generation round in order; ``attempt`` the round
-    (dynamic sampling generates more prompts in further rounds). splitmix64's finaliser, so
-    neighbouring keys give unrelated streams.
-    """
-    x = (seed * 0x9E3779B97F4A7C15 + batch * 0xBF58476D1CE4E5B9 + row * 0x94D049BB133111EB
-         + attempt * 0xD6E8FEB86659FD93) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return (x ^ (x >> 31)) & ((1 << 63) - 1)
-
-
 Collect = Callable[[int, int, Callable[[], None]], tuple[Any, int]]
 """``collect(batch, data_pos, on_generated) -> (rollout, next data_pos)``: generate and score
 one batch from the data position; calls ``on_generated()`` once its last generate call is done
-(scoring may still run)."""
+(scoring may still run). ``Collector`` is one."""
 
 
-class RolloutProducer:
-    """Generates batches ``start .. last`` in a thread, at most ``max_staleness`` versions ahead.
+class Producer:
+    """Generates batches ``start .. last`` in a thread (see the module docstring).
 
     Args:
-        collect: builds one batch (``Collect``); the trainer's ``collect``.
+        collect: builds one batch (``Collect``).
         options: the ``rollout`` section.
         last: the last batch to produce (``trainer.steps``).
         start: the first batch to produce (resume: after the restored queue).
         data_pos: the data position batch ``start`` begins at.
         synced: the version the generator holds now.
         queue: restored batches ``start - len(queue) .. start - 1``, by batch index.
+        on_idle: called when the generator has nothing to do until the next sync; returns the
+            seconds it took (recorded as the batch's ``time/sleep_s``).
     """
 
     def __init__(self, collect: Collect, options: RolloutConfig, last: int, start: int = 1, data_pos: int = 0,
-                 synced: int = 0, queue: dict[int, Any] | None = None):
-        self.collect, self.o, self.last = collect, options, last
+                 synced: int = 0, queue: dict[int, Any] | None = None,
+                 on_idle: Callable[[], float] | None = None):
+        self.collect, self.o, self.last, self.on_idle = collect, options, last, on_idle
         self.k = options.max_staleness
         self._next, self._pos, self._synced, self._published = start, data_pos, synced, synced
         self._generated = start - 1  # the last batch whose generation is done
@@ -87,6 +77,8 @@ class RolloutProducer:
         self._pos_after: dict[int, int] = {start - 1: data_pos}
         self._generating = False
         self._sync_pending = False
+        self._holds = 0
+        self._idle_pending = False
         self._error: BaseException | None = None
         self._stopped = False
         self._progress = time.monotonic()
@@ -99,7 +91,7 @@ class RolloutProducer:
         return max(0, batch - 1 - self.k)
 
     # -- the thread -------------------------------------------------------------------------
-    def start(self) -> "RolloutProducer":
+    def start(self) -> "Producer":
         self._thread = threading.Thread(target=self._run, name="xrlhf-rollout", daemon=True)
         self._thread.start()
         return self
@@ -123,10 +115,11 @@ class RolloutProducer:
                     self._cv.wait_for(lambda: self._stopped or self._may_start(b))
                     if self._stopped:
                         return
-                    self._generating, pos = True, self._pos
+                    self._generating, self._idle_pending, pos = True, False, self._pos
                 rollout, pos = self.collect(b, pos, lambda: self._mark_generated(b))
+                self._mark_generated(b)
+                self._idle(b, rollout)
                 with self._cv:
-                    self._mark_generated(b)
                     self._queue[b], self._pos_after[b], self._pos = rollout, pos, pos
                     self._next = b + 1
                     self._progress = time.monotonic()
@@ -143,6 +136,20 @@ class RolloutProducer:
         if self.o.freshness == "fixed":
             return self._synced >= self.need(b)
         return self._published >= self.need(b) and not self._sync_pending
+
+    def _idle(self, b: int, rollout: Any) -> None:
+        """After batch ``b``: if the next batch waits for a sync, the generator is idle until then."""
+        if self.on_idle is None or b >= self.last:
+            return
+        with self._cv:
+            if self._may_start(b + 1):
+                return
+            if self._holds:  # an evaluation uses the generator: the last release does it
+                self._idle_pending = True
+                return
+        seconds = self.on_idle()
+        if hasattr(rollout, "metrics"):
+            rollout.metrics["time/sleep_s"] = seconds
 
     def _mark_generated(self, b: int) -> None:
         with self._cv:
@@ -175,12 +182,26 @@ class RolloutProducer:
                 self._wait(lambda: not self._generating, "the generation under way")
         return time.monotonic() - t0
 
-    def after_sync(self, version: int) -> None:
-        """The generator now holds ``version``."""
+    def after_sync(self, version: int, hold: bool = False) -> None:
+        """The generator now holds ``version``; ``hold``: the trainer will use it (an evaluation)
+        before anything else may put it to sleep (``release`` when done)."""
         with self._cv:
             self._synced, self._sync_pending = version, False
+            self._holds += int(hold)
             self._progress = time.monotonic()
             self._cv.notify_all()
+
+    def release(self) -> None:
+        """The trainer's use of the generator (``after_sync(hold=True)``) is over; an idle call
+        deferred meanwhile runs now, in this thread."""
+        with self._cv:
+            if not self._holds:
+                return
+            self._holds -= 1
+            run = self._holds == 0 and self._idle_pending
+            self._idle_pending = False
+        if run and self.on_idle is not None:
+            self.on_idle()
 
     def state_dict(self, step: int) -> dict[str, Any]:
         """What resumes the producer after step ``step``: the queued batches ``step + 1 ..
