@@ -35,7 +35,7 @@ def ray_session():
 
     from xrlhf.coordinator.coordinator import init_ray
 
-    init_ray(SimpleNamespace(ray=SimpleNamespace(address=None, num_cpus=2, num_gpus=None, log_to_driver=False)))
+    init_ray(SimpleNamespace(address=None, num_cpus=2, num_gpus=None, log_to_driver=False))
     yield
     ray.shutdown()
 

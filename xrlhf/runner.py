@@ -235,9 +235,10 @@ def _start_point(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, r
 def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resume: bool,
               healing: Healing) -> dict[str, Any]:
     from xrlhf.algorithms import ALGORITHMS
-    from xrlhf.algorithms.base import episode_calls
     from xrlhf.algorithms.rewards import build_reward
+    from xrlhf.algorithms.rollout.build import episode_calls
     from xrlhf.coordinator import Coordinator
+    from xrlhf.topology import topology
 
     stop.doing = "the current warm-up step, then stop (nothing to save before the first RL step)"
     env = build_env(cfg.env.name, cfg.env.options, cfg.seed)
@@ -246,9 +247,9 @@ def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resu
     _stop_before_rl(stop, out)
     trainer_cls = ALGORITHMS.get(cfg.algorithm.name)
     options = algorithm_options(cfg)
-    coord = Coordinator(cfg, model_dir, trainer_cls.train_steps(cfg, options),
-                        policy_head=trainer_cls.policy_head, generate=trainer_cls.uses_generation,
-                        concurrent_generate=episode_calls(cfg, env), healing=healing, keep_ray=True)
+    plan = topology(cfg, model_dir, trainer_cls.train_steps(cfg, options), policy_head=trainer_cls.policy_head,
+                    generate=trainer_cls.uses_generation, concurrent_generate=episode_calls(cfg, env))
+    coord = Coordinator(plan, healing=healing, keep_ray=True)
     trainer = None
     try:
         stop.doing = "the Ray start-up, then stop (nothing to save before the first RL step)"
@@ -265,7 +266,6 @@ def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resu
             restore_handles(ckpt, coord.handles)
             trainer.load_state_dict(state["trainer"])
             coord.sync_weights(trainer.step_idx)  # the generator holds the version of the checkpoint
-        coord.keep_rng()
 
         def checkpoint(step: int) -> None:
             save_checkpoint(out, step, {"trainer": trainer.state_dict(), "model_dir": model_dir, "extra": extra,

@@ -145,7 +145,7 @@ def _section_errors(cfg: XConfig, path: str, role: str, section: Section) -> lis
 
 def _policy_adapter(cfg: XConfig):
     """The policy's LoRA options, or ``None`` (also when its train section is invalid: reported by itself)."""
-    from xrlhf.engines.lora import policy_adapter
+    from xrlhf.topology import policy_adapter
 
     try:
         return policy_adapter(cfg)
@@ -157,7 +157,7 @@ def lora_errors(cfg: XConfig) -> list[str]:
     """LoRA against the rest of the run: each train section's targets against its model (the
     engine's ``model_errors``), the reference as the policy's base, the warm-up."""
     from xrlhf.engines.base import engine_class
-    from xrlhf.engines.lora import reference_is_policy_base
+    from xrlhf.topology import reference_is_policy_base
 
     errors = []
     try:
@@ -232,7 +232,8 @@ def _trainer_gib(cfg: XConfig) -> float | None:
         params = count_params(cfg.policy.model)
     except Exception:  # noqa: BLE001 - reported by model_errors
         return None
-    from xrlhf.engines.lora import adapter_params, reference_is_policy_base
+    from xrlhf.engines.lora import adapter_params
+    from xrlhf.topology import reference_is_policy_base
 
     train = cfg.policy.train
     dtype = 2 if train.dtype == "bfloat16" else 4
@@ -259,13 +260,18 @@ def _backends_with_option(role: str, key: str) -> list[str]:
 
 
 def _transport_errors(cfg: XConfig) -> list[str]:
-    """``policy.weight_sync.transport`` names a registered transport (or ``auto``)."""
-    from xrlhf.weight_sync import TRANSPORTS
+    """``policy.weight_sync``: a registered transport (or ``auto``) that fits the layout, and its
+    own options (``weight_sync.transport_errors``)."""
+    from xrlhf.topology import colocated, on_gpu, placements
+    from xrlhf.weight_sync import transport_errors
 
-    name = cfg.policy.weight_sync.transport
-    if name == "auto" or name in TRANSPORTS:
-        return []
-    return [f"policy.weight_sync.transport: unknown transport {name!r}; valid: auto, {', '.join(TRANSPORTS.names())}"]
+    try:
+        ws, placed = cfg.policy.weight_sync, placements(cfg)
+        together = colocated(cfg)
+    except (KeyError, ValidationError, UserError):
+        return []  # a section the layout depends on is invalid: reported by itself
+    gpu = on_gpu(placed, "policy") and on_gpu(placed, "rollout")
+    return transport_errors(ws.transport, ws.transport_options(), together, gpu)
 
 
 def _reward_function_errors(cfg: XConfig) -> list[str]:

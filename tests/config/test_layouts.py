@@ -64,19 +64,33 @@ def test_vllm_needs_a_gpu_and_tensor_parallel_needs_the_split_layout(base_config
 
 def test_transports_must_fit_the_layout(base_config):
     split = {"engine": "hf", "resources": {"ranks": 2, "cpus_per_rank": 0.5}}
-    for t in ("in_process", "cuda_ipc"):
-        msgs = errors(with_(base_config, policy__generate=split, policy__weight_sync={"transport": t}))
-        assert any(m.startswith(f"policy.weight_sync.transport: {t} needs the generator in the trainer's worker")
-                   for m in msgs), msgs
-    msgs = errors(with_(base_config, policy__weight_sync={"transport": "nccl"}))
-    assert msgs[0].startswith("policy.weight_sync.transport: nccl broadcasts between GPUs")
-    for t in ("auto", "cpu", "nccl"):  # nccl runs over gloo on CPU
+    msgs = errors(with_(base_config, policy__generate=split, policy__weight_sync={"transport": "in_process"}))
+    assert any(m.startswith("policy.weight_sync.transport: in_process hands tensors over inside one process")
+               for m in msgs), msgs
+    msgs = errors(with_(base_config, policy__generate=split, policy__weight_sync={"transport": "cuda_ipc"}))
+    assert any(m.startswith("policy.weight_sync.transport: cuda_ipc needs trainer and generator on one GPU")
+               for m in msgs), msgs
+    gpu = {"ranks": 1, "gpus_per_rank": 1}
+    msgs = errors(with_(base_config, policy__resources=gpu, policy__weight_sync={"transport": "nccl"}))
+    assert any(m.startswith("policy.weight_sync.transport: nccl broadcasts between devices") for m in msgs), msgs
+    for t in ("auto", "cpu", "nccl", "disk"):  # nccl runs over gloo on CPU
         validate_dict(with_(base_config, policy__generate=split, policy__weight_sync={"transport": t}))
-    msgs = errors(with_(base_config, policy__generate={"resources": {"ranks": 3, "colocate_with": "policy"}}))
+        validate_dict(with_(base_config, policy__weight_sync={"transport": t}))  # co-located on CPU
+    msgs = errors(with_(base_config, policy__generate={"resources": {"ranks": 3, "colocate_with": "critic"}}))
     assert any(m.startswith("policy.generate.resources.colocate_with:") for m in msgs)
-    assert not any("must divide" in m for m in msgs)  # the dispatch pads: any rank count splits a batch
     msgs = errors(with_(base_config, policy__weight_sync={"transport": "cuda_ipc"}))
-    assert msgs == ["policy.weight_sync.transport: cuda_ipc needs the policy on a GPU (policy.resources.gpus_per_rank)"]
+    assert any(m.startswith("policy.weight_sync.transport: cuda_ipc needs trainer and generator on one GPU")
+               for m in msgs), msgs
+
+
+def test_a_transport_owns_its_options(base_config):
+    validate_dict(with_(base_config, policy__weight_sync={"transport": "disk", "directory": "/somewhere"}))
+    msgs = errors(with_(base_config, policy__weight_sync={"transport": "cpu", "directory": "/somewhere"}))
+    assert msgs == ["policy.weight_sync.directory: Extra inputs are not permitted (transport 'cpu'; its options: "
+                    "none)"]
+    msgs = errors(with_(base_config, policy__weight_sync={"transport": "disk", "packed": True}))
+    assert msgs == ["policy.weight_sync.packed: Extra inputs are not permitted (transport 'disk'; its options: "
+                    "directory)"]
 
 
 @pytest.mark.parametrize("name", ["ppo_vllm_colocate", "ppo_vllm_split"])
@@ -98,20 +112,37 @@ def test_colocated_handles_run_on_their_anchors_gpu(base_config):
     """A handle co-located with the policy gets a share of the policy's GPU, so its engines are
     built on CUDA even though its own ``gpus_per_rank`` is 0 (the first GPU session trained the
     critic of ``configs/gpu/ppo_vllm_colocate.yaml`` on the CPU: 130 s a step)."""
-    from xrlhf.coordinator.coordinator import handle_specs
+    from xrlhf.topology import handle_specs
 
     cfg = XConfig.model_validate(with_(base_config, policy__resources={"ranks": 1, "gpus_per_rank": 1},
                                        critic={}, reference={}))
     devices = {s.name: {role: e[1].device for role, e in s.engines.items()}
                for s in handle_specs(cfg, "model", {})}
-    assert devices == {"policy": {"train": "cuda", "generate": "cuda"}, "critic": {"train": "cuda"},
+    assert devices == {"policy": {"train": "cuda"}, "rollout": {"generate": "cuda"}, "critic": {"train": "cuda"},
                        "reference": {"infer": "cuda"}}
     cfg = XConfig.model_validate(with_(base_config, critic={"resources": {"ranks": 1}}, reference={}))
     devices = {s.name: [e[1].device for e in s.engines.values()] for s in handle_specs(cfg, "model", {})}
-    assert devices == {"policy": ["cpu", "cpu"], "critic": ["cpu"], "reference": ["cpu"]}
+    assert devices == {"policy": ["cpu"], "rollout": ["cpu"], "critic": ["cpu"], "reference": ["cpu"]}
+
+
+def test_the_generator_is_a_handle_of_its_own_in_every_layout(base_config):
+    """Co-located: one generator per policy rank in the policy's bundles, weights by cuda_ipc on a
+    GPU (cpu otherwise); split: its own resources, nccl between GPUs. Only placement and transport differ."""
+    from xrlhf.topology import topology
+
+    for res, gen, want in (({"ranks": 2, "cpus_per_rank": 1}, None, ("policy", 2, "cpu", True)),
+                           ({"ranks": 1, "gpus_per_rank": 1}, None, ("policy", 1, "cuda_ipc", True)),
+                           ({"ranks": 1, "gpus_per_rank": 1}, {"ranks": 2, "gpus_per_rank": 1}, (None, 2, "nccl", False)),
+                           ({"ranks": 1}, {"ranks": 1}, (None, 1, "cpu", False))):
+        over = {"policy__resources": res} | ({"policy__generate": {"resources": gen}} if gen else {})
+        t = topology(XConfig.model_validate(with_(base_config, **over)), "model")
+        rollout = t.spec("rollout")
+        assert "generate" not in t.spec("policy").engines and list(rollout.engines) == ["generate"]
+        got = (rollout.resources.colocate_with, rollout.resources.ranks, t.weight_sync.transport, t.weight_sync.colocated)
+        assert got == want, (res, gen)
 
 
 def test_unknown_transport_lists_the_registered_ones(base_config):
     msgs = errors(with_(base_config, policy__weight_sync={"transport": "carrier_pigeon"}))
-    assert msgs == ["policy.weight_sync.transport: unknown transport 'carrier_pigeon'; valid: auto, cpu, cuda_ipc, "
-                    "disk, in_process, nccl"]
+    assert msgs == ["policy.weight_sync.transport: unknown weight-sync transport 'carrier_pigeon'; valid: cpu, "
+                    "cuda_ipc, disk, in_process, nccl (or an import path 'pkg.module:Name') (or auto)"]

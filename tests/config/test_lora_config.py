@@ -73,15 +73,14 @@ def test_lora_on_an_engine_without_it_names_the_engines_that_have_it(lora_config
 
 
 def test_the_reference_is_the_policys_base_by_default(lora_config, base_config):
-    from xrlhf.coordinator.coordinator import handle_specs
-    from xrlhf.engines.lora import reference_is_policy_base
+    from xrlhf.topology import handle_specs, reference_is_policy_base
 
     cfg = validate_dict(lora_config)
     assert reference_is_policy_base(cfg)
-    assert [s.name for s in handle_specs(cfg, cfg.policy.model, {})] == ["policy", "critic"]
+    assert [s.name for s in handle_specs(cfg, cfg.policy.model, {})] == ["policy", "rollout", "critic"]
     assert not reference_is_policy_base(validate_dict(base_config))  # full fine-tuning: a reference model
     off = validate_dict({**lora_config, "reference": {"from_policy_base": False, "infer": {"micro_batch_size": 4}}})
-    assert [s.name for s in handle_specs(off, off.policy.model, {})] == ["policy", "critic", "reference"]
+    assert [s.name for s in handle_specs(off, off.policy.model, {})] == ["policy", "rollout", "critic", "reference"]
 
 
 def test_reference_settings_the_base_would_ignore_are_errors(lora_config, base_config):
@@ -100,7 +99,7 @@ def test_reference_settings_the_base_would_ignore_are_errors(lora_config, base_c
 
 
 def test_adapter_sync_needs_a_generator_that_loads_adapters(lora_config):
-    from xrlhf.coordinator.coordinator import handle_specs
+    from xrlhf.topology import handle_specs
 
     lora_config["policy"]["train"]["lora"]["sync"] = "adapter"
     assert errors(lora_config) == ["policy.train.lora.sync: 'adapter' sends the generator LoRA adapters, and generate "
@@ -108,7 +107,7 @@ def test_adapter_sync_needs_a_generator_that_loads_adapters(lora_config):
                                    "vllm)"]
     lora_config["policy"]["train"]["lora"]["sync"] = "merged"
     cfg = validate_dict(lora_config)
-    gen = handle_specs(cfg, cfg.policy.model, {})[0].engines["generate"][1]
+    gen = handle_specs(cfg, cfg.policy.model, {})[1].engines["generate"][1]
     assert gen.adapter is None  # merged: the generator gets ordinary full weights
 
 

@@ -8,6 +8,7 @@ import torch
 from xrlhf.algorithms.losses import PolicyLoss
 from xrlhf.config.schema import XConfig
 from xrlhf.coordinator import Coordinator
+from xrlhf.topology import topology
 from xrlhf.data.batch import build_sequences
 from xrlhf.data.text import encode_prompt, load_tokenizer
 
@@ -29,7 +30,7 @@ def rl_batch(tok, n=8):
 def train_with_ranks(config: dict, ranks: int, batch) -> dict[str, torch.Tensor]:
     data = {**config, "critic": None, "reference": None}
     data["policy"] = {**config["policy"], "resources": {"ranks": ranks, "cpus_per_rank": 0.5}}
-    coord = Coordinator(XConfig.model_validate(data), config["policy"]["model"]).start()
+    coord = Coordinator(topology(XConfig.model_validate(data), config["policy"]["model"])).start()
     try:
         policy = coord["policy"]
         for _ in range(2):

@@ -14,6 +14,7 @@ from xrlhf.algorithms.losses import PolicyLoss
 from xrlhf.algorithms.rewards import build_reward
 from xrlhf.validation import algorithm_options, validate_dict
 from xrlhf.coordinator import Coordinator
+from xrlhf.topology import topology, weight_sync_plan
 from xrlhf.data.batch import build_sequences
 from xrlhf.data.text import encode_prompt, load_tokenizer
 from xrlhf.engines.base import SamplingParams
@@ -39,7 +40,7 @@ def split_run(tiny_model):
         "trainer": {"steps": 2, "prompts_per_step": 8},
     }
     cfg = validate_dict(data)
-    coord = Coordinator(cfg, tiny_model, {"policy": 4, "critic": 4}).start()
+    coord = Coordinator(topology(cfg, tiny_model, {"policy": 4, "critic": 4})).start()
     yield cfg, coord
     coord.shutdown()
 
@@ -57,8 +58,9 @@ def batch(tok, n=4):
 def test_after_a_sync_every_generator_holds_the_trainers_weights(split_run, tiny_model, transport, tmp_path):
     cfg, coord = split_run
     if coord.transport != transport:  # re-wire the same workers with the other transport
-        cfg.policy.weight_sync.transport = transport
-        cfg.policy.weight_sync.directory = str(tmp_path) if transport == "disk" else None
+        cfg.policy.weight_sync = {"transport": transport, "verify": True, "bucket_mb": 1,
+                                  **({"directory": str(tmp_path)} if transport == "disk" else {})}
+        coord.topology.weight_sync = weight_sync_plan(cfg)
         coord._wire_weight_sync()
     policy, rollout = coord["policy"], coord["rollout"]
     assert coord.transport == transport and coord.generator is rollout and rollout.world_size == 2

@@ -12,6 +12,7 @@ import pytest
 
 from tests.coordinator.start_order_engines import STAMPS
 from xrlhf.coordinator import Coordinator
+from xrlhf.topology import topology
 from xrlhf.validation import validate_dict
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -23,10 +24,7 @@ def stamps() -> dict[str, float]:
     return {p.name.rsplit("-", 1)[0]: float(p.read_text()) for p in STAMPS.iterdir()}
 
 
-@pytest.mark.parametrize("order", ["default", "alone-first"])
-def test_engines_that_start_alone_are_built_when_nothing_else_is(tiny_model, order, monkeypatch):
-    if order == "alone-first":  # the order before (benchmarks/startup.py compares the two)
-        monkeypatch.setenv("XRLHF_START_ORDER", "alone-first")
+def test_engines_that_start_alone_are_built_when_nothing_else_is(tiny_model):
     shutil.rmtree(STAMPS, ignore_errors=True)
     cfg = validate_dict({
         "name": "order", "seed": 0, "ray": {"num_cpus": 2},
@@ -38,14 +36,11 @@ def test_engines_that_start_alone_are_built_when_nothing_else_is(tiny_model, ord
         "algorithm": {"name": "grpo", "mini_batch_size": 8},
         "trainer": {"steps": 1, "prompts_per_step": 4, "samples_per_prompt": 2},
     })
-    coord = Coordinator(cfg, tiny_model, {"policy": 1}).start()
+    coord = Coordinator(topology(cfg, tiny_model, {"policy": 1})).start()
     try:
         t = stamps()
         assert set(t) == {"alone-start", "alone-end", "infer-start", "infer-end"}
-        assert len(coord.pids["policy"]) == 1 and len(coord.pids["reference"]) == 1
-        if order == "default":
-            assert t["alone-start"] > t["infer-end"], "the alone engine was built while the reference was"
-        else:
-            assert t["infer-start"] > t["alone-end"], "the reference was built while the alone engine was"
+        assert len(coord.pids["policy"]) == 1 and len(coord.pids["rollout"]) == 1 and len(coord.pids["reference"]) == 1
+        assert t["alone-start"] > t["infer-end"], "the alone engine was built while the reference was"
     finally:
         coord.shutdown()

@@ -130,9 +130,11 @@ def test_coordinator_and_local_handles_satisfy_the_seam(tiny_model):
     for cls in (Coordinator, LocalHandles):
         missing = {n for n in protocol_members(Handles) if not hasattr(cls, n)}
         assert not missing, f"{cls.__name__} lacks {missing}"
-    for cls in (ModelHandle, LocalHandle):  # name / trainable are set in __init__
-        missing = {n for n in protocol_members(Handle) - {"name", "trainable"} if not hasattr(cls, n)}
-        assert not missing, f"{cls.__name__} lacks {missing}"
+    for cls in (ModelHandle, LocalHandle):  # both run the calls declared once, each with its dispatch
+        assert issubclass(cls, Handle) and not getattr(cls, "__abstractmethods__", None)
+        declared = {n for n, f in vars(Handle).items() if hasattr(f, "dispatch_mode")}
+        assert {"generate", "infer", "train_step", "receive_each", "end_sync"} <= declared
+        assert all(getattr(cls, n) is getattr(Handle, n) for n in declared - {"sync_weights_local"})
     spec = EngineSpec(model_path=tiny_model, options={"lr": 1e-3}, seed=0)
     gen_spec = EngineSpec(model_path=tiny_model, seed=0)  # each engine validates its own options
     local = LocalHandles(LocalHandle.of("policy", train=HFTrainEngine(spec), generate=HFGenerateEngine(gen_spec)))

@@ -75,7 +75,7 @@ def ray_session(assets):
 
     from xrlhf.coordinator.coordinator import init_ray
 
-    init_ray(load_config(REPO / "configs" / "grpo.yaml", [f"policy.model={assets['model']}"]))
+    init_ray(load_config(REPO / "configs" / "grpo.yaml", [f"policy.model={assets['model']}"]).ray)
     yield
     ray.shutdown()
 

@@ -31,7 +31,7 @@ def ray_session(model):
 
     from xrlhf.coordinator.coordinator import init_ray
 
-    init_ray(load_config(REPO / "configs" / "tool_calc.yaml", [f"policy.model={model}"]))
+    init_ray(load_config(REPO / "configs" / "tool_calc.yaml", [f"policy.model={model}"]).ray)
     yield
     ray.shutdown()
 

@@ -238,11 +238,12 @@ class RLTrainer(Trainer):
             timings["time/update_s"] = time.time() - t0
             self.mark_memory("train")
         self.publish(s, timings)
+        self.step_idx = s  # (``fit`` says so too; a caller may also drive ``step`` itself)
         metrics = {**rollout.metrics, **metrics, **timings}
         if not finite:
-            return self._bad_step("rewards", metrics)
+            return self._bad_step(s, "rewards", metrics)
         if any(metrics.get(k, 0) > 0 for k in ("policy/skipped", "critic/skipped")):
-            return self._bad_step("loss", metrics)
+            return self._bad_step(s, "loss", metrics)
         self.bad_steps = 0
         return metrics
 
@@ -297,10 +298,10 @@ class RLTrainer(Trainer):
         super().load_state_dict(state)
         self._producer_state = state.get("producer")
 
-    def _bad_step(self, what: str, metrics: dict[str, float]) -> dict[str, float]:
+    def _bad_step(self, s: int, what: str, metrics: dict[str, float]) -> dict[str, float]:
         self.bad_steps += 1
         limit = self.cfg.fault_tolerance.max_bad_steps
-        logger.warning(f"step {self.step_idx + 1}: non-finite {what}; step skipped ({self.bad_steps}/{limit} in a row)")
+        logger.warning(f"step {s}: non-finite {what}; step skipped ({self.bad_steps}/{limit} in a row)")
         if self.bad_steps >= limit:
             raise NonFiniteError(f"{self.bad_steps} consecutive steps with non-finite {what}; stopping "
                                  f"(fault_tolerance.max_bad_steps = {limit})")

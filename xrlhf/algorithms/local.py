@@ -2,9 +2,9 @@
 
 Why: tests, notebooks and the supervised warm-up want a trainer on a model without starting
 Ray. Rather than a second execution path, a local handle calls the very ``EngineHost`` that a
-Ray ``EngineWorker`` is (``xrlhf.engines.host``), and spreads calls with the very dispatch
-plan of ``ModelHandle`` (``xrlhf.data.dispatch.plan``: split, pad, gather, unit-weighted
-metrics). It satisfies ``algorithms.handles.Handle`` / ``Handles``.
+Ray ``EngineWorker`` is (``xrlhf.engines.host``), through the very call declarations of
+``ModelHandle`` (``xrlhf.engines.calls.HandleCalls``: split, pad, gather, unit-weighted
+metrics). It satisfies ``algorithms.handles.Handles``.
 
 Ranks run one after another in this process. With several hosts, ``generate`` / ``infer``
 split and pad exactly as a Ray handle does; a ``train_step`` needs the ranks' gradients summed
@@ -21,11 +21,10 @@ from typing import Any, Callable
 import torch
 
 from xrlhf.data.batch import Batch
-from xrlhf.data.dispatch import ALL, DP, DP_TRAIN, ONE, RANK0, plan
-from xrlhf.engines.base import (DistInfo, EngineSpec, GenerateEngine, GenerationOutput, InferEngine, LossFn,
-                                SamplingParams, TrainEngine)
+from xrlhf.data.dispatch import DP_TRAIN, plan
+from xrlhf.engines.base import DistInfo, EngineSpec, GenerateEngine, InferEngine, TrainEngine
+from xrlhf.engines.calls import HandleCalls
 from xrlhf.engines.host import EngineHost
-from xrlhf.engines.training import merge_rank_states
 
 
 @dataclass
@@ -38,8 +37,9 @@ class Done:
         return self.value
 
 
-class LocalHandle:
-    """A model handle whose ranks are ``EngineHost`` objects in this process.
+class LocalHandle(HandleCalls):
+    """A model handle whose ranks are ``EngineHost`` objects in this process; it runs the calls
+    declared in ``engines.calls.HandleCalls`` with their dispatch, like the Ray ``ModelHandle``.
 
     Args:
         name: ``policy``, ``critic``, ``reference``, ``reward`` or ``rollout``.
@@ -71,29 +71,16 @@ class LocalHandle:
     def world_size(self) -> int:
         return len(self.hosts)
 
-    def _call(self, mode: str, method: str, *args, wait: bool = True,
-              combine: Callable[[list[Any]], Any] | None = None, split_kwargs: tuple[str, ...] = (), **kwargs) -> Any:
-        ranks, calls, gather = plan(mode, self.world_size, args, kwargs, split_kwargs)
+    def _dispatch(self, mode: str, method: str, args: tuple, kwargs: dict, *, wait: bool,
+                  gather: Callable | None, split_kwargs: tuple[str, ...], group: str | None) -> Any:
+        """The ranks one after another in this process (``HandleCalls``)."""
+        if mode == DP_TRAIN and self.world_size > 1:
+            raise NotImplementedError(f"{self.name}: in-process ranks cannot sum their gradients; "
+                                      f"a local handle trains on one rank (use the Ray coordinator for more)")
+        ranks, calls, combine = plan(mode, self.world_size, args, kwargs, split_kwargs)
         results = [getattr(self.hosts[r], method)(*a, **kw) for r, (a, kw) in zip(ranks, calls)]
-        out = (combine or gather)(results)
+        out = (gather or combine)(results)
         return out if wait else Done(out)
-
-    # -- the calls trainers make (``Handle``) -------------------------------------------------
-    def generate(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None, *,
-                 wait: bool = True) -> GenerationOutput | Done:
-        return self._call(DP, "generate", prompts, params, seeds=seeds, split_kwargs=("seeds",), wait=wait)
-
-    def generate_on(self, rank: int, prompts: list[list[int]], params: SamplingParams,
-                    seeds: list[int] | None = None, *, wait: bool = True) -> GenerationOutput | Done:
-        """``generate`` on rank ``rank`` only (``Handle.generate_on``)."""
-        return self._call(ONE, "generate", rank, prompts, params, seeds=seeds, wait=wait)
-
-    def infer(self, batch: Batch, *, wait: bool = True) -> Batch | Done:
-        return self._call(DP, "infer", batch, wait=wait)
-
-    def infer_base(self, batch: Batch, *, wait: bool = True) -> Batch | Done:
-        """``infer`` with the train engines' start model (LoRA adapters off)."""
-        return self._call(DP, "infer_base", batch, wait=wait)
 
     def base_reference(self) -> "LocalHandle":
         """A reference handle that is this handle's base (``coordinator.handle.BaseReference``'s
@@ -102,52 +89,17 @@ class LocalHandle:
         ref.trainable = False
         return ref
 
-    def train_step(self, batch: Batch, loss_fn: LossFn, *, wait: bool = True) -> dict[str, float] | Done:
-        if self.world_size > 1:
-            raise NotImplementedError(f"{self.name}: in-process ranks cannot sum their gradients; "
-                                      f"a local handle trains on one rank (use the Ray coordinator for more)")
-        return self._call(DP_TRAIN, "train_step", batch, loss_fn, wait=wait)
-
-    def save_pretrained(self, path: str, *, wait: bool = True) -> Any:
-        return self._call(ALL, "save_pretrained", path, wait=wait)
-
-    def state_dict(self, *, wait: bool = True) -> Any:
-        return self._call(ALL, "state_dict", wait=wait, combine=merge_rank_states)
-
-    def load_state_dict(self, state: dict[str, Any], *, wait: bool = True) -> Any:
-        return self._call(ALL, "load_state_dict", state, wait=wait)
-
-    def save_state(self, path: str, *, wait: bool = True) -> Any:
-        return self._call(ALL, "save_state", path, wait=wait)
-
-    def load_state(self, path: str, *, wait: bool = True) -> Any:
-        return self._call(ALL, "load_state", path, wait=wait)
-
-    def rng_state(self, *, wait: bool = True) -> Any:
-        return self._call(ALL, "rng_state", wait=wait)
-
-    def set_rng_state(self, states: list[dict[str, Any]]) -> None:
-        for host, state in zip(self.hosts, states):
-            host.set_rng_state(state)
-
-    # -- weights between the policy's own engines ---------------------------------------------
     def sync_weights_local(self, version: int | None = None, *, wait: bool = True) -> Any:
         """Each rank: its train engine -> its generate engine (``in_process`` transport)."""
         for host in self.hosts:
             if host.transport is None:
-                host.set_transport("in_process", {})
-        return self._call(ALL, "sync_weights_local", version, wait=wait)
+                host.set_transport({}, "in_process")
+        return super().sync_weights_local(version, wait=wait)
 
     def shutdown(self) -> None:
         """Free every rank's engines now (a vLLM generator's processes and GPU memory)."""
         for host in self.hosts:
             host.shutdown()
-
-    def sleep_generator(self, *, wait: bool = True) -> Any:
-        return self._call(ALL, "sleep_generator", wait=wait)
-
-    def weight_checksums(self, role: str, *, wait: bool = True) -> Any:
-        return self._call(RANK0, "weight_checksums", role, wait=wait)
 
 
 class _BaseReference(LocalHandle):

@@ -113,21 +113,28 @@ class GenerateConfig(Section):
     top_k: int = Field(0, ge=0)
     max_new_tokens: int = Field(16, ge=1)
     stop_token_ids: list[int] = Field(default_factory=list, description="default: the model's EOS")
-    resources: Resources | None = Field(None, description="disaggregated layout: the generators run as their own "
-                                        "handle ('rollout') with these resources; unset: in the policy's workers")
+    resources: Resources | None = Field(None, description="where the generators (the 'rollout' handle) run: unset, "
+                                        "co-located: one per policy rank, in the policy's bundles (a share of its "
+                                        "GPU); set: the split layout, on devices of their own")
 
 
 class WeightSyncConfig(Strict):
-    """How new policy weights reach the generate engine."""
+    """How new policy weights reach the generators. Keys besides these are the chosen transport's
+    own options (``disk``: ``directory``; ``cuda_ipc``: ``packed``), validated by it before the run
+    starts (``xrlhf.weight_sync.transport_errors``)."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
 
     transport: str = Field(
-        "auto", description="a registered transport (in_process, cpu, disk, cuda_ipc, nccl; checked against "
-        "xrlhf.weight_sync's registry) or auto: co-located -> in_process (HF) or cuda_ipc (vLLM on a GPU); "
-        "split -> nccl on GPUs, cpu otherwise")
+        "auto", description="a registered transport (cpu, disk, cuda_ipc, nccl; in_process only between engines "
+        "of one process) or auto: generators co-located with the policy -> cuda_ipc on a GPU, cpu otherwise; "
+        "generators of their own (policy.generate.resources) -> nccl on GPUs, cpu otherwise")
     bucket_mb: int = Field(256, ge=1, description="weights move in buckets of at most this size")
     verify: bool = Field(False, description="checksum every tensor on both sides; a mismatch stops the run")
-    directory: str | None = Field(None, description="disk: where the trainer writes and the generators read "
-                                  "(default: a new directory under the trainer's TMPDIR, one node only)")
+
+    def transport_options(self) -> dict[str, Any]:
+        """The chosen transport's own options: the section's keys besides the shared ones."""
+        return dict(self.model_extra or {})
 
 
 class PolicyConfig(Strict):
@@ -341,24 +348,9 @@ class XConfig(Strict):
 
 
 def layout_errors(cfg: XConfig) -> list[str]:
-    """Checks of the generation layout (co-located or split) against the weight-sync transport."""
-    p = cfg.policy
-    g, t = p.generate, p.weight_sync.transport
-    errors = []
-    if g.resources is not None:  # split: a 'rollout' handle of generators
-        where = "policy.generate.resources"
-        if g.resources.colocate_with is not None:
-            errors.append(f"{where}.colocate_with: the generators of the split layout have their own placement; "
-                          f"remove it (leave {where} out for the co-located layout)")
-        if t in ("in_process", "cuda_ipc"):
-            errors.append(f"policy.weight_sync.transport: {t} needs the generator in the trainer's worker (co-located "
-                          f"layout); with {where} set use nccl (GPUs), cpu or auto")
-    else:
-        if t == "nccl":
-            errors.append("policy.weight_sync.transport: nccl broadcasts between GPUs, but the co-located layout puts "
-                          "trainer and generator on one (NCCL cannot have two ranks on a GPU); use auto or cuda_ipc, "
-                          "or set policy.generate.resources for the split layout")
-    if t == "cuda_ipc" and p.resources.gpus_per_rank == 0:
-        errors.append("policy.weight_sync.transport: cuda_ipc needs the policy on a GPU "
-                      "(policy.resources.gpus_per_rank)")
+    """Checks of the generation layout (the transport against it: ``weight_sync.transport_errors``)."""
+    g, errors = cfg.policy.generate, []
+    if g.resources is not None and g.resources.colocate_with not in (None, "policy"):
+        errors.append(f"policy.generate.resources.colocate_with: the generators share the policy's bundles "
+                      f"('policy') or have their own (leave it out), not {g.resources.colocate_with!r}'s")
     return errors

@@ -1,8 +1,9 @@
 """``Coordinator``: starts Ray, places the handles, builds their engines, wires weight sync.
 
-The algorithm layer gets ready ``ModelHandle`` objects (``policy``, ``critic``,
-``reference``, ``reward``, ``generator``; the ``algorithms.handles.Handles`` Protocol) and calls
-``sync_weights()`` after each policy update.
+It builds what the shell's ``Topology`` (``coordinator/spec.py``) says and reads no config. The
+algorithm layer gets ready ``ModelHandle`` objects (``policy``, ``generator``, ``critic``,
+``reference``, ``reward``; the ``algorithms.handles.Handles`` Protocol) and calls
+``sync_weights(version)`` after each policy update.
 """
 
 from __future__ import annotations
@@ -12,91 +13,24 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 from loguru import logger
 
-from xrlhf.config.schema import Resources, XConfig
+from xrlhf.config.schema import RayConfig
 from xrlhf.coordinator.handle import ROLLOUT_GROUPS, BaseReference, ModelHandle
 from xrlhf.coordinator.health import HEALTH_GROUP, Heartbeat
-from xrlhf.coordinator.resources import Slot, anchor_of, place
+from xrlhf.coordinator.resources import Slot, place
+from xrlhf.coordinator.spec import HandleSpec, Topology
 from xrlhf.coordinator.weight_routes import WeightRoutes
 from xrlhf.coordinator.worker import EngineWorker
-from xrlhf.engines.base import DistInfo, EngineSpec, engine_class, engine_options
-from xrlhf.engines.lora import policy_adapter, reference_is_policy_base
+from xrlhf.engines.base import DistInfo, EngineSpec, engine_class
 from xrlhf.utils.errors import WorkerDiedError
 from xrlhf.utils.faults import Healing
 
 
-@dataclass
-class HandleSpec:
-    """What one handle is: its engines by role, and where it runs."""
-
-    name: str
-    engines: dict[str, tuple[str, EngineSpec]]
-    resources: Resources
-    train_options: dict[str, Any] = field(default_factory=dict)
-
-
-def handle_specs(cfg: XConfig, policy_model: str, total_train_steps: dict[str, int],
-                 policy_head: str = "causal_lm", generate: bool = True) -> list[HandleSpec]:
-    """The handles a run needs, from its config (``policy_model``: the RL start point).
-
-    ``policy_head`` / ``generate``: the trained model's head, and whether the policy handle
-    gets a generate engine (a reward model being trained: ``"score"``, no generation).
-    """
-
-    placed = {"policy": cfg.policy.resources, "rollout": cfg.policy.generate.resources}
-    from_base = reference_is_policy_base(cfg)  # the reference is the policy's own base: no handle
-    placed.update({h: getattr(cfg, h).resources for h in ("critic", "reference", "reward")
-                   if getattr(cfg, h) is not None and not (h == "reference" and from_base)})
-    placed = {h: r for h, r in placed.items() if r is not None}
-
-    def spec(model: str, head: str, res: Resources, section, role: str, path: str, temperature: float = 1.0,
-             total_steps: int = 0, adapter=None) -> EngineSpec:
-        # A co-located handle runs where its anchor's bundle is: on a GPU if the anchor has one
-        # (it gets a share of it), whatever its own gpus_per_rank says.
-        anchor = res if res.colocate_with is None else placed[anchor_of(res.colocate_with, placed)]
-        options = engine_options(section.engine, role, section.engine_fields(), path)  # validated before
-        return EngineSpec(model_path=model, head=head, device="cuda" if anchor.gpus_per_rank > 0 else "cpu",
-                          options=options, seed=cfg.seed, temperature=temperature, total_steps=total_steps,
-                          adapter=adapter)
-
-    p = cfg.policy
-    temp = p.generate.temperature or 1.0
-    policy = {"train": (p.train.engine, spec(policy_model, policy_head, p.resources, p.train, "train", "policy.train",
-                                             temp, total_train_steps.get("policy", 0)))}
-    out = [HandleSpec("policy", policy, p.resources)]
-    if generate:
-        gen_res = p.generate.resources or p.resources  # split layout: the generators' own handle, 'rollout'
-        adapter = policy_adapter(cfg)  # a LoRA adapter the syncs carry as such, not merged
-        adapter = adapter if adapter is not None and adapter.sync == "adapter" else None
-        gen = (p.generate.engine, spec(policy_model, "causal_lm", gen_res, p.generate, "generate", "policy.generate",
-                                       temp, adapter=adapter))
-        if p.generate.resources is None:
-            policy["generate"] = gen
-        else:
-            out.append(HandleSpec("rollout", {"generate": gen}, p.generate.resources))
-    if cfg.critic is not None:
-        c = cfg.critic
-        out.append(HandleSpec("critic", {"train": (c.train.engine, spec(
-            c.model or policy_model, "value", c.resources, c.train, "train", "critic.train",
-            total_steps=total_train_steps.get("critic", 0)))}, c.resources))
-    if cfg.reference is not None and not from_base:
-        r = cfg.reference
-        out.append(HandleSpec("reference", {"infer": (r.infer.engine, spec(
-            r.model or policy_model, "causal_lm", r.resources, r.infer, "infer", "reference.infer", temp))},
-            r.resources))
-    if cfg.reward.source == "model":
-        w = cfg.reward
-        out.append(HandleSpec("reward", {"infer": (w.infer.engine, spec(w.model, "score", w.resources, w.infer,
-                                                                          "infer", "reward.infer"))}, w.resources))
-    return out
-
-
-def init_ray(cfg: XConfig) -> bool:
+def init_ray(options: RayConfig) -> bool:
     """Start a local Ray, or join ``ray.address``; workers see the driver's import path.
 
     Returns whether this call started (and so owns) the Ray connection; an already
@@ -110,14 +44,14 @@ def init_ray(cfg: XConfig) -> bool:
            "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     # Ray's notice that token authentication is on (it stays on) is not the user's business here.
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
-    kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env}, "log_to_driver": cfg.ray.log_to_driver,
+    kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env}, "log_to_driver": options.log_to_driver,
                               "logging_level": "WARNING", "configure_logging": True}
-    if cfg.ray.address:
-        ray.init(address=cfg.ray.address, **kwargs)
+    if options.address:
+        ray.init(address=options.address, **kwargs)
     else:
         # "local": a Ray of this run's own, even where a cluster started by `ray start` runs on
         # this machine (ray.init would join it, and refuse num_cpus); joining one is ray.address
-        ray.init(address="local", num_cpus=cfg.ray.num_cpus or os.cpu_count(), num_gpus=cfg.ray.num_gpus,
+        ray.init(address="local", num_cpus=options.num_cpus or os.cpu_count(), num_gpus=options.num_gpus,
                  include_dashboard=False, **kwargs)
     return True
 
@@ -131,27 +65,18 @@ class Coordinator:
     """Owns Ray and the handles of one run.
 
     Args:
-        cfg: the validated config.
-        policy_model: the directory the policy (and by default critic and reference) start from.
-        total_train_steps: optimizer steps per trainable handle, for LR schedules.
-        policy_head, generate: see ``handle_specs`` (the trainer class's ``policy_head`` and
-            ``uses_generation``).
+        topology: what to build (``xrlhf.topology.topology``: handles, placement, weight sync).
+        healing: restarts left and made, shared with the runner's restarts from a checkpoint.
+        keep_ray: ``shutdown`` leaves a Ray this coordinator started running (the runner stops
+            it at the end: a restart from a checkpoint reuses it).
     """
 
-    def __init__(self, cfg: XConfig, policy_model: str, total_train_steps: dict[str, int] | None = None,
-                 policy_head: str = "causal_lm", generate: bool = True, concurrent_generate: int = 0,
-                 healing: Healing | None = None, keep_ray: bool = False):
-        self.cfg = cfg
-        self.healing = healing or Healing(cfg.fault_tolerance.max_restarts)
-        """Restarts left and made; shared with the runner's restarts from a checkpoint."""
+    def __init__(self, topology: Topology, healing: Healing | None = None, keep_ray: bool = False):
+        self.topology = topology
+        self.specs = topology.handles
+        self.healing = healing or Healing(topology.fault_tolerance.max_restarts)
         self.keep_ray = keep_ray
-        """``shutdown`` leaves a Ray this coordinator started running (the runner stops it at the end:
-        a restart from a checkpoint reuses it)."""
-        self.concurrent_generate = concurrent_generate
-        """``generate`` calls the trainer may have running at once on one generating worker beyond
-        an asynchronous rollout's (an episode env's turns: one call per episode; 0: none)."""
-        self.specs = handle_specs(cfg, policy_model, total_train_steps or {}, policy_head, generate)
-        self.reference_from_policy = reference_is_policy_base(cfg)
+        self.reference_from_policy = topology.reference_from_policy
         """The reference is the policy's base with its LoRA adapters off (no handle of its own)."""
         self.handles: dict[str, ModelHandle] = {}
         self.placement_groups: list = []
@@ -163,6 +88,7 @@ class Coordinator:
         """The policy version the generators hold (the last ``sync_weights``'s)."""
         self.slots: dict[str, Slot] = {}
         self.weight_sync: WeightRoutes | None = None
+        self.transport: str | None = None
         self._owns_ray = False
         self._heal_lock = threading.Lock()
 
@@ -170,32 +96,28 @@ class Coordinator:
         t0 = time.time()
         logger.info("starting Ray and the workers (" + ", ".join(f"{s.name} x{s.resources.ranks}" for s in self.specs)
                     + "); this takes 20-40 s on a laptop CPU")
-        self._owns_ray = init_ray(self.cfg)
+        self._owns_ray = init_ray(self.topology.ray)
         slots = self.slots = place({s.name: s.resources for s in self.specs})
         self.placement_groups = list({id(s.pg): s.pg for s in slots.values()}.values())
         # Every handle's workers start at once and build their engines side by side, except the
-        # engines that size themselves from the GPU memory they see free (vLLM's KV cache): those
-        # start after all the others, one handle at a time, while no other worker allocates or
-        # frees GPU memory. XRLHF_START_ORDER=alone-first (benchmarks/startup.py) starts each of
-        # their handles whole and alone before the others, as before.
-        alone_first = os.environ.get("XRLHF_START_ORDER") == "alone-first"
+        # engines that size themselves from the GPU memory they see free (``starts_alone``: vLLM's
+        # KV cache): those start after all the others, while no other worker allocates or frees
+        # GPU memory.
         steps: list[tuple[ModelHandle, list, dict, list[DistInfo]]] = []
-        for s in sorted(self.specs, key=lambda s: not _alone(s.engines)) if alone_first else self.specs:
+        for s in self.specs:
             alone = _alone(s.engines)
             others = {r: e for r, e in s.engines.items() if r not in alone}
             handle, refs, dists = self._create(s, slots[s.name], engines=others)
             self.handles[s.name] = handle
             steps.append((handle, refs, alone, dists))
-            if alone and alone_first:  # this handle whole, before the next one's workers exist
-                self._finish(*steps.pop())
         for handle, refs, _, _ in steps:
             self._finish(handle, refs, {}, [])
         for handle, _, alone, dists in steps:
             if alone:
                 self._finish(handle, [], alone, dists)
         self._wire_weight_sync()
-        monitor = (Heartbeat(lambda: self.handles, self.cfg.fault_tolerance.heartbeat_timeout_s)
-                   if self.cfg.fault_tolerance.heartbeat_timeout_s > 0 else None)
+        ft = self.topology.fault_tolerance
+        monitor = Heartbeat(lambda: self.handles, ft.heartbeat_timeout_s) if ft.heartbeat_timeout_s > 0 else None
         for h in self.handles.values():
             h.monitor, h.healer = monitor, self
         logger.info(f"Ray handles ready in {time.time() - t0:.1f}s: " + ", ".join(
@@ -210,12 +132,12 @@ class Coordinator:
         """New workers of handle ``s`` in ``slot``, building ``engines`` (default: all of the
         handle's; none: no call). Returns the handle, the ``setup`` calls under way, and each
         rank's ``DistInfo`` (for a later ``_finish``)."""
-        # asynchronous rollout, episode turns: a generating worker runs generate calls beside each
-        # other and beside its other calls
-        concurrent = "generate" in s.engines and (self.cfg.rollout.max_staleness > 0 or self.concurrent_generate > 0)
+        # a generator runs generate calls beside each other (the parts of a batch, an evaluation,
+        # episode turns) and beside a weight sync (in-flight updates)
+        concurrent = "generate" in s.engines
         groups = {HEALTH_GROUP: 1}  # heartbeats are answered beside any call (``health.Heartbeat``)
         if concurrent:
-            groups["rollout"] = max(ROLLOUT_GROUPS["rollout"], self.concurrent_generate)
+            groups["rollout"] = max(ROLLOUT_GROUPS["rollout"], self.topology.concurrent_generate)
         actor = ray.remote(concurrency_groups=groups)(EngineWorker)
         workers = [actor.options(**slot.options(rank), max_restarts=0,
                                  name=None).remote(s.name, rank, slot.threads)
@@ -224,7 +146,7 @@ class Coordinator:
         gpu = s.resources.gpus_per_rank > 0
         master, port = handle._get([workers[0].address.remote()], [0], timeout)[0]
         dists = [DistInfo(rank, len(workers), master, port, "nccl" if gpu else "gloo",
-                          self.cfg.fault_tolerance.collective_timeout_s) for rank in range(len(workers))]
+                          self.topology.fault_tolerance.collective_timeout_s) for rank in range(len(workers))]
         engines = s.engines if engines is None else engines
         refs = [w.setup.remote(engines, d) for w, d in zip(workers, dists)] if engines else []
         return handle, refs, dists
@@ -240,14 +162,15 @@ class Coordinator:
             self.pids[handle.name] = [r["pid"] for r in handle._get(refs, ranks)]
 
     def _wire_weight_sync(self) -> None:
-        self.weight_sync = None
-        if not any("generate" in s.engines for s in self.specs):  # e.g. a reward model being trained
-            self.transport = None
+        plan = self.topology.weight_sync
+        if plan is None or "rollout" not in self.handles:  # nothing generates (a reward model being trained)
             return
-        self.weight_sync = WeightRoutes(self.cfg, self.handles["policy"], self.handles.get("rollout"))
+        gen = self._spec("rollout").engines["generate"]
+        self.weight_sync = WeightRoutes(plan, self.handles["policy"], self.handles["rollout"],
+                                        (gen[0], gen[1].options))
         self.transport = self.weight_sync.setup()
-        logger.info(f"weight sync: {self.transport} ({'split' if 'rollout' in self.handles else 'co-located'} "
-                    f"layout, verify {'on' if self.cfg.policy.weight_sync.verify else 'off'})")
+        logger.info(f"weight sync: {self.transport} ({'co-located' if plan.colocated else 'split'} layout, "
+                    f"verify {'on' if plan.verify else 'off'})")
 
     # -- the handles, as ``algorithms.handles.Handles`` names them ---------------------------------
     @property
@@ -256,9 +179,9 @@ class Coordinator:
         return self.handles["policy"]
 
     @property
-    def generator(self) -> ModelHandle:
-        """The handle that generates: ``rollout`` in the split layout, else ``policy``."""
-        return self.handles.get("rollout") or self.handles["policy"]
+    def generator(self) -> ModelHandle | None:
+        """The handle that generates, ``rollout`` (``None`` when nothing generates)."""
+        return self.handles.get("rollout")
 
     @property
     def critic(self) -> ModelHandle | None:
@@ -289,15 +212,7 @@ class Coordinator:
 
     # -- healing ------------------------------------------------------------------------------
     def _spec(self, name: str) -> HandleSpec | None:
-        return next((s for s in self.specs if s.name == name), None)
-
-    def keep_rng(self) -> None:
-        """Remember the RNG states of the handles restarted in place that sample (after the start
-        or a resume; ``Pending`` renews them after each unkeyed ``generate``), so that a restarted
-        generator samples what the dead one would have."""
-        for name, h in self.handles.items():
-            if "generate" in self._spec(name).engines and self.in_place(name):
-                h.saved_rng = h.rng_state()
+        return self.topology.spec(name)
 
     def in_place(self, name: str) -> bool:
         """Whether handle ``name`` is restarted on its own when a worker dies: one without training
@@ -312,7 +227,7 @@ class Coordinator:
         # an asynchronous rollout's generators may hold an older version than the trainer's; a
         # broadcast sync is a collective with the policy's rank 0, which may be blocked in it
         broadcast = self.weight_sync is not None and self.weight_sync.kind == "broadcast"
-        return self.cfg.rollout.max_staleness == 0 and not broadcast
+        return self.topology.max_staleness == 0 and not broadcast
 
     def heal(self, error: WorkerDiedError) -> bool:
         """Restart the dead worker's handle in place (new workers in the same placement-group
@@ -337,14 +252,12 @@ class Coordinator:
             new, setup, _ = self._create(spec, self.slots[name], timeout=300)
             self.pids[name] = [r["pid"] for r in new._get(setup, list(range(new.world_size)), timeout=600)]
             old.workers = new.workers  # the trainer's handle objects stay valid
-            if old.saved_rng is not None:  # unkeyed sampling goes on where the dead workers were
-                old.set_rng_state(old.saved_rng)
             synced = ""
             if "generate" in spec.engines and self.weight_sync is not None:
                 self.weight_sync.setup()
                 self.weight_sync.sync(self.version)
                 synced = f", weights of policy version {self.version or 0} re-synced" + \
-                    (" (verified)" if self.cfg.policy.weight_sync.verify else "")
+                    (" (verified)" if self.weight_sync.plan.verify else "")
             event = self.healing.record(error, "in place", time.time() - t0, "the interrupted call")
             logger.warning(f"{name} restarted in {event['recover_s']:.1f} s{synced}; redoing the interrupted call")
             if self.on_pids is not None:

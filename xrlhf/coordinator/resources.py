@@ -25,6 +25,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from xrlhf.config.schema import Resources
+from xrlhf.coordinator.spec import anchor_of
 from xrlhf.utils.errors import UserError
 
 READY_TIMEOUT_S = 120.0
@@ -59,23 +60,6 @@ class Slot:
         return {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus,
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(
                     self.pg, placement_group_bundle_index=rank % self.bundles)}
-
-
-def anchor_of(name: str, specs: dict[str, Resources]) -> str:
-    """The handle whose placement group ``name`` lands in: ``colocate_with`` followed to its end.
-
-    Raises:
-        UserError: for a handle the run does not use, or a cycle.
-    """
-    seen = [name]
-    while specs[name].colocate_with is not None:
-        name = specs[name].colocate_with
-        if name not in specs:
-            raise UserError(f"{seen[-1]}.resources.colocate_with: handle {name!r} is not used by this run")
-        if name in seen:
-            raise UserError(f"{seen[0]}.resources.colocate_with: a cycle {' -> '.join(seen + [name])}")
-        seen.append(name)
-    return name
 
 
 def _bundle(r: Resources) -> dict[str, float]:

@@ -1,36 +1,33 @@
 """Weight routes across Ray workers: which worker sends, which receive, and in what order.
 
-The transports themselves (how a bucket travels) are ``xrlhf.weight_sync``; this module only
-decides who sends to whom. Two layouts (docs/vllm.md):
+The transports themselves (how a bucket travels) are ``xrlhf.weight_sync``; the transport of a
+run is chosen by the shell (``topology.weight_sync_plan``). This module only decides who sends
+to whom. The generators are always a handle of their own, ``rollout``; two layouts:
 
-* **co-located** (``policy.generate.resources`` unset): every policy worker hosts a train and
-  a generate engine; each rank pushes its own weights to its own generator
-  (``sync_weights_local``). ``auto`` is decided in the worker, where it is known whether the
-  generator's weights live in the worker's process (HF, or vLLM without multiprocessing:
-  ``in_process``) or in another process on the same GPU (vLLM: ``cuda_ipc``). Between the
-  rollout and the update the generators sleep (vLLM frees its KV cache, and its weights at
-  ``sleep_level: 2``); the sync wakes them.
-* **split** (``policy.generate.resources`` set): the generators are a handle of their own,
-  ``rollout``, on their own devices. Policy rank 0 sends (every trainer rank holds the same
-  weights after a step). A message transport (``cpu``, ``disk``): rank 0's messages go to
-  the object store once and every rollout worker reads them from there (``disk``'s messages
-  are file paths, so only the paths travel). A broadcast transport (``nccl``): the receivers
-  are started first, then the sender, because each bucket is a collective.
-
-Options a transport takes beyond the shared ones (``disk``'s ``directory``) are passed only
-when set, and checked against the transport's own signature here, before any worker builds it.
+* **co-located** (``policy.generate.resources`` unset): generator ``r`` shares the bundle (the
+  GPU) of policy rank ``r``, and each policy rank sends its own weights to its own generator,
+  bucket by bucket (``begin_send`` / ``next_message``: a ``cuda_ipc`` bucket points into the
+  trainer's memory and stays valid only until the next is asked for). The messages go from
+  worker to worker through Ray's object store, never through the driver. Between the rollout
+  and the update the generators may sleep (vLLM frees its KV cache, and its weights at
+  ``sleep_level: 2``); a sync wakes the weights, and the KV cache once the trainer has returned
+  its cached memory (``release_memory``, then ``end_sync``: the order of verl and OpenRLHF).
+* **split** (``policy.generate.resources`` set): the generators run on devices of their own.
+  Policy rank 0 sends (every trainer rank holds the same weights after a step). A message
+  transport (``cpu``, ``disk``): rank 0's messages go to the object store once and every
+  rollout worker reads them from there. A broadcast transport (``nccl``): the receivers are
+  started first, then the sender, because each bucket is a collective.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import ray
 
-from xrlhf.config.schema import XConfig
 from xrlhf.coordinator.handle import ModelHandle
-from xrlhf.engines.base import engine_class, engine_options
+from xrlhf.coordinator.spec import WeightSyncPlan
+from xrlhf.engines.base import engine_class
 from xrlhf.weight_sync import WeightSyncError, check_options
 
 
@@ -38,55 +35,56 @@ class WeightRoutes:
     """Pushes the policy trainer's weights to the generators (see the module docstring).
 
     Args:
-        cfg: the run's config (``policy.weight_sync``, ``policy.generate``).
-        policy: the policy handle (train engines; and the generators when co-located).
-        rollout: the generators' handle in the split layout, else ``None``.
+        plan: the transport and the layout (``Topology.weight_sync``).
+        policy: the policy handle (its train engines send).
+        rollout: the generators' handle.
+        generate_engine: the generators' engine name and options (a broadcast counts their
+            processes: ``workers_per_engine``).
     """
 
-    def __init__(self, cfg: XConfig, policy: ModelHandle, rollout: ModelHandle | None):
-        self.cfg, self.policy, self.rollout = cfg, policy, rollout
-        self.transport = ""
-        self.kind = "message"
+    def __init__(self, plan: WeightSyncPlan, policy: ModelHandle, rollout: ModelHandle,
+                 generate_engine: tuple[str, object] | None = None):
+        self.plan, self.policy, self.rollout, self.generate_engine = plan, policy, rollout, generate_engine
+        self.kind = check_options(plan.transport, plan.options).kind
+        self.epoch = 0
+        """Counts complete syncs; a sync that sees it move (a generator restarted and re-synced
+        while it ran) stops: the restart's sync was whole."""
+
+    @property
+    def transport(self) -> str:
+        return self.plan.transport
 
     def setup(self) -> str:
         """Build every worker's side of the transport; returns the transport's name."""
-        ws, gen = self.cfg.policy.weight_sync, self.cfg.policy.generate
-        common: dict[str, Any] = {"bucket_bytes": ws.bucket_mb << 20, "verify": ws.verify, "dtype": gen.dtype}
-        if ws.directory is not None:
-            common["directory"] = ws.directory
-        if self.rollout is None:
-            if ws.transport != "auto":
-                check_options(ws.transport, common)
-            names = self.policy._get([w.set_transport.remote(ws.transport, common) for w in self.policy.workers],
-                                     list(range(self.policy.world_size)))
-            self.transport = names[0]
-            return self.transport
-        gpus = gen.resources.gpus_per_rank > 0
-        name = ws.transport if ws.transport != "auto" else ("nccl" if gpus else "cpu")
-        self.kind = check_options(name, common).kind
-        sender, receivers = dict(common), [dict(common) for _ in self.rollout.workers]
-        if self.kind == "broadcast":
-            host, port = self.policy._get([self.policy.workers[0].address.remote()], [0])[0]
-            options = engine_options(gen.engine, "generate", gen.engine_fields(), "policy.generate")
-            tp = engine_class(gen.engine, "generate").workers_per_engine(options)  # processes per generator
-            group = {"host": host, "port": port, "world_size": 1 + tp * self.rollout.world_size}
-            sender.update(group, rank=0)
-            for r, opts in enumerate(receivers):
-                opts.update(group, rank=1 + tp * r)
-        refs = [self.policy.workers[0].set_transport.remote(name, sender)]
-        refs += [w.set_transport.remote(name, o) for w, o in zip(self.rollout.workers, receivers)]
+        name, common = self.plan.transport, dict(self.plan.options)
+        if self.plan.colocated:
+            if self.rollout.world_size != self.policy.world_size:
+                raise WeightSyncError(f"co-located generators: {self.rollout.world_size} for {self.policy.world_size} "
+                                      f"policy ranks; each policy rank sends to the generator of its own bundle")
+            senders = receivers = [common] * self.policy.world_size
+        else:
+            senders, receivers = [common], [dict(common) for _ in self.rollout.workers]
+            if self.kind == "broadcast":
+                host, port = self.policy._get([self.policy.workers[0].address.remote()], [0])[0]
+                name_, options = self.generate_engine
+                tp = engine_class(name_, "generate").workers_per_engine(options)  # processes per generator
+                group = {"host": host, "port": port, "world_size": 1 + tp * self.rollout.world_size}
+                senders = [{**common, **group, "rank": 0}]
+                receivers = [{**o, **group, "rank": 1 + tp * r} for r, o in enumerate(receivers)]
+        refs = [w.set_transport.remote(o, name) for w, o in zip(self.policy.workers, senders)]
+        refs += [w.set_transport.remote(o, name) for w, o in zip(self.rollout.workers, receivers)]
         ray.get(refs)
-        self.transport = name
         return name
 
     def sync(self, version: int | None = None) -> float:
         """One sync of the policy's current weights (``version``: their policy version, stamped
         on the tokens the generators sample with them); returns seconds taken."""
         t0 = time.time()
-        if self.rollout is None:
-            self.policy.sync_weights_local(version)
+        epoch = self.epoch
+        if self.plan.colocated:
+            self._pairwise(epoch)
         elif self.kind == "broadcast":
-            receiving = self.rollout.receive_weights(None, version, wait=False)  # they wait for the sender's buckets
+            receiving = self.rollout.receive_weights(None, wait=False)  # they wait for the sender's buckets
             helpers = self.policy.join_weight_gather()  # a ZeRO-3 trainer's other ranks gather with rank 0
             sent = self.policy.broadcast_weights(wait=False)
             n_sent = sent.get()
@@ -96,10 +94,25 @@ class WeightRoutes:
         else:
             helpers = self.policy.join_weight_gather()
             messages = self.policy.send_weights(wait=False).refs[0]  # stays in the object store
-            self.rollout.receive_weights(messages, version)  # Ray hands every worker the stored messages
+            self.rollout.receive_weights(messages)  # Ray hands every worker the stored messages
             if helpers is not None:
                 helpers.get()
+        if self.epoch == epoch:  # (else a restarted generator was synced whole meanwhile)
+            if self.plan.colocated:
+                self.policy.release_memory()
+            self.rollout.end_sync(version)
+            self.epoch += 1
         return time.time() - t0
+
+    def _pairwise(self, epoch: int) -> None:
+        """Each policy rank's buckets to the generator of its bundle, one bucket at a time."""
+        self.policy.begin_send()
+        while True:
+            sending = self.policy.next_message(wait=False)
+            loaded = self.rollout.receive_each(sending.refs)  # resolved worker-side: no copy through here
+            sending.get()
+            if self.epoch != epoch or not any(loaded):
+                return
 
     def _check(self, sent: int, received: list[int]) -> None:
         bad = [r for r, n in enumerate(received) if n != sent]
@@ -108,6 +121,6 @@ class WeightRoutes:
                                   f"{[received[r] for r in bad]} tensors of {sent} sent")
 
     def end_rollout(self) -> None:
-        """The rollout is over: co-located generators release their memory for training."""
-        if self.rollout is None:
-            self.policy.sleep_generator()
+        """The rollout is over until the next sync: co-located generators release their memory."""
+        if self.plan.colocated:
+            self.rollout.sleep_generator()

@@ -46,12 +46,13 @@ import torch
 
 from xrlhf.data.batch import Batch
 
-DP, DP_TRAIN, ALL, RANK0, ONE = "dp", "dp_train", "all", "rank0", "one"
+DP, DP_TRAIN, ALL, RANK0, ONE, EACH = "dp", "dp_train", "all", "rank0", "one", "each"
 """Dispatch modes: split the first argument over the ranks (``DP``), the same for a train step
 (``DP_TRAIN``: padding rows weigh nothing, metrics weighted by units), the same call on every
 rank (``ALL``, a list of per-rank results back), rank 0 only (``RANK0``), the rank given as the
 first argument only, with the other arguments (``ONE``: an episode's turns stay on one
-generator, no padding copies)."""
+generator, no padding copies), rank ``r`` with item ``r`` of the first argument (``EACH``: one
+weight-sync message per rank)."""
 
 
 @dataclass(frozen=True)
@@ -216,4 +217,8 @@ def plan(mode: str, ranks: int, args: tuple[Any, ...], kwargs: dict[str, Any], s
         if not 0 <= rank < ranks:
             raise ValueError(f"rank {rank} of a handle with {ranks} ranks")
         return [rank], [(args[1:], kwargs)], lambda results: results[0]
-    raise ValueError(f"unknown dispatch mode {mode!r}; valid: {DP}, {DP_TRAIN}, {ALL}, {RANK0}, {ONE}")
+    if mode == EACH:
+        if len(args[0]) != ranks:
+            raise ValueError(f"{len(args[0])} per-rank arguments for a handle with {ranks} ranks")
+        return list(range(ranks)), [((a, *args[1:]), kwargs) for a in args[0]], list
+    raise ValueError(f"unknown dispatch mode {mode!r}; valid: {DP}, {DP_TRAIN}, {ALL}, {RANK0}, {ONE}, {EACH}")

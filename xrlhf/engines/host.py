@@ -41,6 +41,7 @@ class EngineHost:
         self.infer_engine: InferEngine | None = None
         self.gen: GenerateEngine | None = None
         self.transport = None
+        self._outbox = None  # the buckets of a sync under way (``begin_send``)
 
     # -- set-up ---------------------------------------------------------------------------
     def setup(self, engines: dict[str, tuple[str, EngineSpec]], dist: DistInfo) -> dict[str, Any]:
@@ -53,15 +54,9 @@ class EngineHost:
             setattr(self, {"train": "train", "infer": "infer_engine", "generate": "gen"}[role], engine)
         return {"pid": os.getpid(), "device": str(next(iter(engines.values()))[1].device)}
 
-    def set_transport(self, name: str, options: dict[str, Any]) -> str:
-        """Build this worker's side of the weight-sync transport; returns its name.
-
-        ``auto`` (co-located layout) is decided here: ``in_process`` when the generator's weights
-        live in this process, else ``cuda_ipc`` on a GPU (vLLM's engine process), else ``cpu``.
-        """
-        if name == "auto":
-            on_gpu = self.train is not None and self.train.spec.device.startswith("cuda")
-            name = "in_process" if self.gen.shares_trainer_process else "cuda_ipc" if on_gpu else "cpu"
+    def set_transport(self, options: dict[str, Any], name: str) -> str:
+        """Build this worker's side of the weight-sync transport ``name`` (chosen by the
+        coordinator: ``weight_sync.choose_transport``) with ``options``; returns the name."""
         opts = dict(options)
         if isinstance(opts.get("dtype"), str):
             opts["dtype"] = getattr(torch, opts["dtype"])
@@ -98,18 +93,44 @@ class EngineHost:
         return n
 
     def send_weights(self) -> list[Message]:
-        """Sender side of a message transport to other workers: every bucket's message."""
+        """Sender side of a message transport to other workers: every bucket's message at once
+        (transports whose buckets stay valid after the next is packed: ``cpu``, ``disk``)."""
         return list(self.transport.send(self.train.weights_for_sync()))
+
+    def begin_send(self) -> None:
+        """Start a sync bucket by bucket (``next_message``): a bucket stays valid until the next
+        is asked for, as ``Transport.send`` promises (``cuda_ipc``'s handles point into it)."""
+        self._outbox = iter(self.transport.send(self.train.weights_for_sync()))
+
+    def next_message(self) -> Message | None:
+        """The next bucket's message; ``None`` once all are sent (the transport then cleans up)."""
+        message = next(self._outbox, None)
+        if message is None:
+            self._outbox = None
+        return message
 
     def broadcast_weights(self) -> int:
         """Sender side of a broadcast transport (the receivers run ``receive_weights`` meanwhile)."""
         return sum(len(m.names) for m in self.transport.send(self.train.weights_for_sync()))
 
-    def receive_weights(self, messages: list[Message] | None = None, version: int | None = None) -> int:
-        """Receiver side: load a message transport's buckets, or a broadcast's (``None``)."""
-        n = self.gen.receive_weights(self.transport, messages)
+    def receive_weights(self, messages: list[Message] | None = None) -> int:
+        """Receiver side: load a message transport's buckets, or a broadcast's (``None``); the
+        sync ends with ``end_sync``."""
+        return self.gen.receive_weights(self.transport, messages)
+
+    def receive_message(self, message: Message | None) -> int:
+        """One bucket of a sync sent bucket by bucket (``None``: the sender has sent all)."""
+        return 0 if message is None else self.gen.receive_weights(self.transport, [message])
+
+    def end_sync(self, version: int | None = None) -> None:
+        """The sync is over: the generator holds policy ``version`` (and wakes what slept)."""
         self._end_sync(version)
-        return n
+
+    def release_memory(self) -> None:
+        """Return this process's cached accelerator memory (a trainer, before its co-located
+        generator's KV cache wakes in another process)."""
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def _end_sync(self, version: int | None = None) -> None:
         if torch.cuda.is_available() and self.gen.frees_memory_when_asleep:

@@ -28,16 +28,13 @@ from __future__ import annotations
 import json
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Literal
+from typing import Any, Iterable, Iterator, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from xrlhf.config.schema import yaml_path
-from xrlhf.engines.base import TrainOptions, engine_class, engine_options
-
-if TYPE_CHECKING:
-    from xrlhf.config.schema import XConfig
+from xrlhf.engines.base import TrainOptions
 
 PEFT_PREFIX = "base_model.model."
 """Where PEFT's ``PeftModel`` puts the wrapped model's own names in its state dict."""
@@ -101,25 +98,6 @@ class LoraTrainOptions(TrainOptions):
 
 
 # -- the run: the policy's adapter and the reference ---------------------------------------------
-def policy_adapter(cfg: "XConfig") -> BaseModel | None:
-    """The LoRA adapter the policy trains (its train engine's ``adapter_options``), or ``None``."""
-    train = cfg.policy.train
-    return engine_class(train.engine, "train").adapter_options(
-        engine_options(train.engine, "train", train.engine_fields(), "policy.train"))
-
-
-def reference_is_policy_base(cfg: "XConfig") -> bool:
-    """Whether the reference is the policy's own base with its LoRA adapters off (no model of its
-    own): ``reference.from_policy_base``, or by default when the policy trains LoRA adapters and
-    ``reference.model`` is unset (the reference is then the policy's start model anyway)."""
-    r = cfg.reference
-    if r is None:
-        return False
-    if r.from_policy_base is not None:
-        return r.from_policy_base
-    return r.model is None and policy_adapter(cfg) is not None
-
-
 # -- the model's linear layers: what target_modules may name ------------------------------------
 def _is_linear(module: torch.nn.Module) -> bool:
     return isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"  # GPT-2's transposed linear

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterable, Iterator, Literal
 
 import torch
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from xrlhf.utils.registry import Registry
 
@@ -209,6 +210,10 @@ class Message:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
+class NoOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
 class Transport(ABC):
     """Moves buckets of weights from a trainer to a generator.
 
@@ -224,6 +229,14 @@ class Transport(ABC):
 
     name: ClassVar[str]
     kind: ClassVar[Literal["message", "broadcast"]] = "message"
+    reach: ClassVar[Literal["process", "gpu", "cluster"]] = "cluster"
+    """Where sender and receiver may be: one process (``in_process``), two processes on one GPU
+    (``cuda_ipc``), anywhere the transport's medium reaches (``cpu``: Ray's object store;
+    ``disk``: a directory both see; ``nccl``: GPUs of a network)."""
+    needs_gpu: ClassVar[bool] = False
+    Options: ClassVar[type[BaseModel]] = NoOptions
+    """The options a config may set in ``policy.weight_sync`` for this transport (besides
+    ``transport``, ``bucket_mb`` and ``verify``); the others are wired by the coordinator."""
 
     def __init__(self, bucket_bytes: int = 256 << 20, verify: bool = False, dtype: torch.dtype | None = None):
         self.bucket_bytes = bucket_bytes
@@ -337,6 +350,47 @@ def check_options(name: str, options: dict[str, Any]) -> type:
             raise ValueError(f"policy.weight_sync: transport {name!r} takes no option {', '.join(map(repr, unknown))} "
                              f"(its options: {', '.join(params)}); remove it or choose a transport that takes it")
     return cls
+
+
+def choose_transport(name: str, colocated: bool, gpu: bool) -> str:
+    """``name``, or for ``auto`` the transport of the layout: generators in the policy's bundles
+    get ``cuda_ipc`` on a GPU (the trainer's own memory, no copy) and ``cpu`` otherwise; generators
+    of their own get ``nccl`` between GPUs and ``cpu`` otherwise. The one place ``auto`` is decided."""
+    if name != "auto":
+        return name
+    if colocated:
+        return "cuda_ipc" if gpu else "cpu"
+    return "nccl" if gpu else "cpu"
+
+
+def transport_errors(name: str, own: dict[str, Any], colocated: bool, gpu: bool) -> list[str]:
+    """Problems of ``policy.weight_sync`` for a run whose generators are separate workers,
+    ``colocated`` with the trainer's bundles or not, on GPUs or not (each line: the path and the fix)."""
+    where = "policy.weight_sync.transport"
+    try:
+        cls = TRANSPORTS.get(choose_transport(name, colocated, gpu))
+    except KeyError as e:
+        return [f"{where}: {e.args[0]} (or auto)"]
+    errors = []
+    layout = "co-located (policy.generate.resources unset)" if colocated else "split (policy.generate.resources set)"
+    if cls.reach == "process":
+        errors.append(f"{where}: {cls.name} hands tensors over inside one process, but a run's generators are "
+                      f"workers of their own; use auto")
+    elif cls.reach == "gpu" and not (colocated and gpu):
+        errors.append(f"{where}: {cls.name} needs trainer and generator on one GPU (the co-located layout with "
+                      f"policy.resources.gpus_per_rank > 0); the layout is {layout}: use auto")
+    if cls.needs_gpu and not gpu:
+        errors.append(f"{where}: {cls.name} needs GPUs (policy.resources.gpus_per_rank); use auto")
+    elif cls.kind == "broadcast" and colocated and gpu:
+        errors.append(f"{where}: {cls.name} broadcasts between devices, but the {layout} layout puts trainer and "
+                      f"generator on one (NCCL cannot have two ranks on a GPU); use auto, or set "
+                      f"policy.generate.resources")
+    try:
+        cls.Options(**own)
+    except ValidationError as e:
+        errors += [f"policy.weight_sync.{'.'.join(map(str, err['loc']))}: {err['msg']} (transport {cls.name!r}; "
+                   f"its options: {', '.join(cls.Options.model_fields) or 'none'})" for err in e.errors()]
+    return errors
 
 
 def build_transport(name: str, **options) -> Transport:

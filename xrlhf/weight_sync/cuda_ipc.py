@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Iterator
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 
 from xrlhf.weight_sync.base import TRANSPORTS, Message, Transport, WeightSyncError, cuda_device, flatten, unflatten
 
@@ -22,6 +23,13 @@ from xrlhf.weight_sync.base import TRANSPORTS, Message, Transport, WeightSyncErr
 def gpu_uuid(device: torch.device) -> str:
     """The UUID of the physical GPU behind ``device`` (the same in every process)."""
     return str(torch.cuda.get_device_properties(device).uuid)
+
+
+class CUDAIPCOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    packed: bool = Field(False, description="one flat buffer (one IPC mapping) per bucket, at the cost of a "
+                         "device-to-device copy, instead of one zero-copy handle per tensor")
 
 
 @TRANSPORTS.register("cuda_ipc")
@@ -35,6 +43,9 @@ class CUDAIPCTransport(Transport):
     """
 
     name = "cuda_ipc"
+    reach = "gpu"
+    needs_gpu = True
+    Options = CUDAIPCOptions
 
     def __init__(self, bucket_bytes: int = 256 << 20, verify: bool = False, dtype: torch.dtype | None = None,
                  packed: bool = False):

@@ -37,6 +37,7 @@ import weakref
 from typing import Any, Iterable, Iterator
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 
 from xrlhf.weight_sync.base import TRANSPORTS, Message, Transport, WeightSyncError, unflatten
 from xrlhf.weight_sync.memory import HostBuffers
@@ -105,6 +106,13 @@ def _remove(files: list[str], directory: str | None) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+class DiskOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    directory: str | None = Field(None, description="where the trainer writes and the generators read (default: "
+                                  "a new directory under the trainer's TMPDIR, one node only)")
+
+
 @TRANSPORTS.register("disk")
 class DiskTransport(Transport):
     """Any placement with a shared file system: a safetensors file per bucket, its path per message.
@@ -116,6 +124,7 @@ class DiskTransport(Transport):
     """
 
     name = "disk"
+    Options = DiskOptions
 
     def __init__(self, bucket_bytes: int = 256 << 20, verify: bool = False, dtype: torch.dtype | None = None,
                  directory: str | None = None):

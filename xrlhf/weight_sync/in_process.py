@@ -1,8 +1,8 @@
 """``in_process``: trainer and generator in one process; tensors are handed over as they are.
 
-The co-located layout with the Transformers generate engine (or vLLM running its engine in
-the trainer's process) needs no copy at all: the loader copies straight from the trainer's
-parameters into its own.
+A trainer and a generator hosted together in one process (an in-process ``LocalHandle``: tests,
+notebooks) need no copy at all: the loader copies straight from the trainer's parameters into
+its own. A run's generators are workers of their own and never use it.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ class InProcessTransport(Transport):
     """Trainer and generator in one process: tensors are handed over as they are (no copy)."""
 
     name = "in_process"
+    reach = "process"
 
     def pack(self, tensors: list[torch.Tensor], names: list[str], index: int) -> Any:
         return tensors

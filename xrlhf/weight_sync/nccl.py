@@ -92,6 +92,7 @@ class NCCLTransport(Transport):
 
     name = "nccl"
     kind = "broadcast"
+    # (on CPU the same protocol runs over gloo: the split layout's CPU tests use it)
 
     def __init__(self, bucket_bytes: int = 256 << 20, verify: bool = False, dtype: torch.dtype | None = None,
                  host: str = "127.0.0.1", port: int = 0, world_size: int = 2, rank: int = 0,

@@ -138,16 +138,15 @@ class Producer:
         return self._published >= self.need(b) and not self._sync_pending
 
     def _idle(self, b: int, rollout: Any) -> None:
-        """After batch ``b``: if the next batch waits for a sync, the generator is idle until then."""
-        if self.on_idle is None or b >= self.last:
-            return
+        """After batch ``b``: if the next batch waits for a sync, the generator is idle until then
+        (``time/sleep_s`` of the batch: what ``on_idle`` took here, 0 when deferred or not idle)."""
+        seconds = 0.0
         with self._cv:
-            if self._may_start(b + 1):
-                return
-            if self._holds:  # an evaluation uses the generator: the last release does it
-                self._idle_pending = True
-                return
-        seconds = self.on_idle()
+            idle = self.on_idle is not None and b < self.last and not self._may_start(b + 1)
+            if idle and self._holds:  # an evaluation uses the generator: the last release does it
+                self._idle_pending, idle = True, False
+        if idle:
+            seconds = self.on_idle()
         if hasattr(rollout, "metrics"):
             rollout.metrics["time/sleep_s"] = seconds
 

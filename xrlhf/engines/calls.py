@@ -1,0 +1,188 @@
+"""``HandleCalls``: every call a model handle makes on its ranks, each declared once with its dispatch.
+
+A handle is one model over ``world_size`` ranks, each rank an ``EngineHost``. What a call does
+on a rank is the host's method of the same name; how the call is spread over the ranks and how
+the results come back is its *dispatch* (``xrlhf.data.dispatch``: ``DP`` splits the first
+argument, ``ALL`` calls every rank, ...), declared here once with ``@call`` in the manner of
+verl's ``@register(dispatch_mode=...)``. Two classes run the declarations: the Ray
+``coordinator.ModelHandle`` (one actor per rank, futures, healing) and the in-process
+``algorithms.local.LocalHandle`` (tests, the warm-up); each implements only ``_dispatch``. No Ray
+here.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from abc import ABC, abstractmethod
+from typing import Any, Callable
+
+from xrlhf.data.dispatch import ALL, DP, DP_TRAIN, EACH, ONE, RANK0
+from xrlhf.engines.training import merge_rank_states
+
+
+def call(mode: str, gather: Callable[[list[Any]], Any] | None = None, split_kwargs: tuple[str, ...] = (),
+         group: str | None = None, target: str | None = None):
+    """Declare a handle method's dispatch; the body is not run.
+
+    ``gather`` replaces the mode's way of combining the ranks' results; ``split_kwargs`` are
+    per-row keyword arguments split like the first (``dispatch.plan``); ``group``: the Ray
+    concurrency group the call runs in (``rollout``: generation, beside the default group's
+    other calls); ``target``: the host method called (default: the handle method's name). Every
+    declared method takes ``wait`` (``False``: a ``Pending`` whose ``get()`` gathers later).
+    """
+
+    def deco(fn):
+        method = target or fn.__name__
+        names = list(inspect.signature(fn).parameters)[1:]  # after self
+
+        @functools.wraps(fn)
+        def wrapper(self: "HandleCalls", *args, wait: bool = True, **kwargs):
+            if split_kwargs and len(args) > 1:  # per-row arguments given by position: split them by name
+                kwargs.update({n: a for n, a in zip(names[1:], args[1:]) if n in split_kwargs})
+                args = args[:1] + tuple(a for n, a in zip(names[1:], args[1:]) if n not in split_kwargs)
+            return self._dispatch(mode, method, args, kwargs, wait=wait, gather=gather, split_kwargs=split_kwargs,
+                                  group=group)
+
+        wrapper.dispatch_mode = mode
+        return wrapper
+
+    return deco
+
+
+class HandleCalls(ABC):
+    """The calls of a model handle (policy, critic, reference, reward, rollout); see the module.
+
+    Attributes:
+        name: the handle's name.
+        trainable: whether its ranks hold a train engine (then it is checkpointed).
+    """
+
+    name: str
+    trainable: bool
+
+    @property
+    @abstractmethod
+    def world_size(self) -> int:
+        """The number of ranks."""
+
+    @abstractmethod
+    def _dispatch(self, mode: str, method: str, args: tuple, kwargs: dict, *, wait: bool,
+                  gather: Callable | None, split_kwargs: tuple[str, ...], group: str | None) -> Any:
+        """Run ``method`` on the ranks as ``mode`` says; the result, or a ``Pending`` when not ``wait``."""
+
+    # -- compute ------------------------------------------------------------------------------
+    @call(DP, split_kwargs=("seeds",), group="rollout")
+    def generate(self, prompts, params, seeds=None):
+        """One continuation per token-id prompt (``B`` lists of ids, their logprobs and versions),
+        prompts and ``seeds`` (one per prompt) split across ranks -> ``GenerationOutput``."""
+
+    @call(ONE, group="rollout", target="generate")
+    def generate_on(self, rank, prompts, params, seeds=None):
+        """``generate`` on rank ``rank`` only, no padding copies (an episode's turns stay on one
+        generator) -> ``GenerationOutput``."""
+
+    @call(DP)
+    def infer(self, batch):
+        """``logprobs`` / ``values`` ``[B, R]`` or ``scores`` ``[B]`` of ``batch``, no gradients -> ``Batch``."""
+
+    @call(DP)
+    def infer_base(self, batch):
+        """Logprobs of ``batch`` under the train engines' start model (LoRA adapters off) -> ``Batch``."""
+
+    @call(DP_TRAIN)
+    def train_step(self, batch, loss_fn):
+        """One optimizer step on the global mini-batch ``batch`` -> metrics, unit-weighted means."""
+
+    # -- weights ------------------------------------------------------------------------------
+    @call(EACH)
+    def set_transport(self, options, name):
+        """Every rank builds its side of transport ``name`` with its own ``options`` -> names."""
+
+    @call(ALL)
+    def sync_weights_local(self, version=None):
+        """Each rank: its train engine -> its own generate engine (one process: ``in_process``)."""
+
+    @call(ALL)
+    def begin_send(self):
+        """Every rank starts sending its weights as a message transport's buckets (``next_message``)."""
+
+    @call(ALL)
+    def next_message(self):
+        """Every rank's next bucket (``None`` when it has sent all); the previous one is released."""
+
+    @call(RANK0)
+    def send_weights(self):
+        """Rank 0's weights as every bucket's message at once (use ``wait=False``: keep them in Ray)."""
+
+    @call(RANK0)
+    def broadcast_weights(self):
+        """Rank 0 broadcasts its weights (the receivers must be in ``receive_weights``)."""
+
+    @call(ALL)
+    def receive_weights(self, messages):
+        """Every rank loads the same messages (``None``: a broadcast's) -> tensors loaded per rank."""
+
+    @call(EACH, target="receive_message")
+    def receive_each(self, messages):
+        """Rank ``r`` loads ``messages[r]``, one bucket of its own trainer's (``None``: that trainer
+        has sent all) -> tensors loaded per rank."""
+
+    @call(ALL)
+    def end_sync(self, version=None):
+        """A sync is over: the generators hold policy ``version`` and get their memory back."""
+
+    @call(ALL)
+    def release_memory(self):
+        """Every rank returns its cached accelerator memory (before a co-located generator wakes)."""
+
+    @call(ALL)
+    def weight_checksums(self, role):
+        """Per rank: checksums by HF name of the ``"train"`` or ``"generate"`` engine's weights."""
+
+    # -- memory phases ------------------------------------------------------------------------
+    @call(ALL)
+    def sleep_generator(self):
+        """Release the generate engines' memory until the next sync."""
+
+    @call(ALL)
+    def wake_generator(self):
+        """Bring the generate engines back."""
+
+    @call(ALL)
+    def memory_stats(self, reset=True):
+        """Per rank: the worker's memory (GiB: resident set; on a GPU its peak and the device's use)."""
+
+    # -- state --------------------------------------------------------------------------------
+    @call(ALL)
+    def save_pretrained(self, path):
+        """Every rank takes part (a ZeRO-3 engine gathers its shards); rank 0 writes HF format."""
+
+    @call(ALL, gather=merge_rank_states)
+    def state_dict(self):
+        """Model, optimizer and scheduler state: rank 0's where all ranks hold the same after a
+        step, the union of the ranks' shards for a sharded engine (``merge_rank_states``)."""
+
+    @call(ALL)
+    def load_state_dict(self, state):
+        """Every rank restores the same state."""
+
+    @call(ALL)
+    def save_state(self, path):
+        """Every rank writes its part of the training state into the directory ``path``."""
+
+    @call(ALL)
+    def load_state(self, path):
+        """Every rank restores its part from what ``save_state`` wrote to ``path``."""
+
+    @call(ALL)
+    def rng_state(self):
+        """Every rank's RNG state."""
+
+    @call(EACH)
+    def set_rng_state(self, states):
+        """Rank ``r`` restores ``states[r]`` (``rng_state``'s list)."""
+
+    @call(ALL)
+    def pid(self):
+        """Every rank's process id."""
