@@ -56,7 +56,7 @@ def test_staleness_0_generates_each_batch_after_the_previous_publish_and_idles_b
     """The synchronous loop: batch s waits for version s-1, and between a batch and the next sync
     the generator is idle (``on_idle``: a co-located vLLM sleeps) before the trainer gets it."""
     gen, events = Generator(), []
-    idle = lambda: events.append(("idle", gen.version)) or 0.0  # noqa: E731
+    idle = lambda: events.append(("idle", gen.version)) or {}  # noqa: E731
     p = RolloutProducer(gen.collect, RolloutConfig(max_staleness=0), last=4, on_idle=idle).start()
     for s in range(1, 5):
         got = p.get(s)
@@ -66,14 +66,15 @@ def test_staleness_0_generates_each_batch_after_the_previous_publish_and_idles_b
         gen.version = s
         p.after_sync(s)
     p.stop()
-    # idle after every batch but the last (nothing follows it), always before the trainer takes it
-    assert events == [("idle", 0), ("got", 1), ("idle", 1), ("got", 2), ("idle", 2), ("got", 3), ("got", 4)]
+    # idle after every batch (the last: nothing follows it), always before the trainer takes it
+    assert events == [("idle", 0), ("got", 1), ("idle", 1), ("got", 2), ("idle", 2), ("got", 3), ("idle", 3),
+                      ("got", 4)]
 
 
 def test_an_evaluation_holds_the_generator_awake_until_released():
     gen, idle = Generator(0.01), []
     p = RolloutProducer(gen.collect, RolloutConfig(max_staleness=0), last=3,
-                        on_idle=lambda: idle.append(gen.version) or 0.0).start()
+                        on_idle=lambda: idle.append(gen.version) or {"time/sleep_s": 1.0}).start()
     p.get(1)
     p.before_sync(1)
     gen.version = 1

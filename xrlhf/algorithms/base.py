@@ -160,8 +160,12 @@ class Trainer(ABC):
     def mark_memory(self, phase: str) -> None:
         """The end of a step's ``phase``: every handle's memory since the previous mark becomes
         ``memory/<phase>/...`` metrics of the step (``utils.memory``; ``logging.memory_timeline``)."""
-        if self.memory_timeline:
-            self._memory.update(memory_metrics(phase, self.handles.memory()))
+        self._memory.update(self.memory_marks(phase))
+
+    def memory_marks(self, phase: str) -> dict[str, float]:
+        """``memory/<phase>/...``: every handle's memory since the previous mark (none when the
+        memory timeline is off)."""
+        return memory_metrics(phase, self.handles.memory()) if self.memory_timeline else {}
 
     def evaluate(self) -> dict[str, float]:
         """The generator's answers to the env's held-out prompts, scored (``evaluate``)."""
@@ -228,7 +232,8 @@ class RLTrainer(Trainer):
         with self.timeline.span("trainer", "wait"):
             rollout = producer.get(s)
         timings["time/wait_rollout_s"] = producer.waited_s
-        self.mark_memory("generate")
+        if not any(k.startswith("memory/generate/") for k in rollout.metrics):  # (the producer's idle call marks it)
+            self.mark_memory("generate")
         metrics: dict[str, float] = staleness(rollout.batch, s - 1)
         finite = bool(torch.isfinite(rollout.batch["scores"]).all())
         if finite:
@@ -272,11 +277,13 @@ class RLTrainer(Trainer):
             self._producer_state = None
         return self.producer
 
-    def _generator_idle(self) -> float:
-        """Nothing to generate until the next sync: co-located generators free their memory."""
+    def _generator_idle(self) -> dict[str, float]:
+        """Nothing to generate until the next sync: co-located generators free their memory.
+        Returns the batch's ``time/sleep_s`` and the memory at the end of generation and of the sleep."""
+        metrics = self.memory_marks("generate")
         t0 = time.time()
         self.handles.end_rollout()
-        return time.time() - t0
+        return {**metrics, "time/sleep_s": time.time() - t0, **self.memory_marks("sleep")}
 
     def fit(self, on_step_end: Callable[[int], bool] | None = None) -> dict[str, Any] | None:
         try:

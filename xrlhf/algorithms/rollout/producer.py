@@ -18,7 +18,7 @@ Versions count published policy updates: version 0 is the start model, the updat
   boundary) and each token records the version that sampled it. Timing-dependent.
 
 Idle generator. When a batch is done and the next one cannot start before a sync (every batch
-at ``k = 0``), the producer calls ``on_idle`` (the handles' ``end_rollout``: a co-located vLLM
+at ``k = 0``; the last batch always), the producer calls ``on_idle`` (the handles' ``end_rollout``: a co-located vLLM
 frees its memory for the trainer) before it hands the batch over. An evaluation the trainer
 runs on the generator meanwhile holds it awake (``hold`` / ``release``); the idle call then
 runs when the hold is released.
@@ -62,13 +62,13 @@ class Producer:
         data_pos: the data position batch ``start`` begins at.
         synced: the version the generator holds now.
         queue: restored batches ``start - len(queue) .. start - 1``, by batch index.
-        on_idle: called when the generator has nothing to do until the next sync; returns the
-            seconds it took (recorded as the batch's ``time/sleep_s``).
+        on_idle: called when the generator has nothing to do until the next sync; returns
+            metrics of the batch just generated (``time/sleep_s``, memory by phase).
     """
 
     def __init__(self, collect: Collect, options: RolloutConfig, last: int, start: int = 1, data_pos: int = 0,
                  synced: int = 0, queue: dict[int, Any] | None = None,
-                 on_idle: Callable[[], float] | None = None):
+                 on_idle: Callable[[], dict[str, float]] | None = None):
         self.collect, self.o, self.last, self.on_idle = collect, options, last, on_idle
         self.k = options.max_staleness
         self._next, self._pos, self._synced, self._published = start, data_pos, synced, synced
@@ -78,7 +78,7 @@ class Producer:
         self._generating = False
         self._sync_pending = False
         self._holds = 0
-        self._idle_pending = False
+        self._idle_pending: int | None = None  # the batch whose idle call waits for the release
         self._error: BaseException | None = None
         self._stopped = False
         self._progress = time.monotonic()
@@ -115,7 +115,7 @@ class Producer:
                     self._cv.wait_for(lambda: self._stopped or self._may_start(b))
                     if self._stopped:
                         return
-                    self._generating, self._idle_pending, pos = True, False, self._pos
+                    self._generating, self._idle_pending, pos = True, None, self._pos
                 rollout, pos = self.collect(b, pos, lambda: self._mark_generated(b))
                 self._mark_generated(b)
                 self._idle(b, rollout)
@@ -139,16 +139,14 @@ class Producer:
 
     def _idle(self, b: int, rollout: Any) -> None:
         """After batch ``b``: if the next batch waits for a sync, the generator is idle until then
-        (``time/sleep_s`` of the batch: what ``on_idle`` took here, 0 when deferred or not idle)."""
-        seconds = 0.0
+        (its metrics join the batch's; deferred while the trainer holds the generator)."""
         with self._cv:
-            idle = self.on_idle is not None and b < self.last and not self._may_start(b + 1)
+            idle = self.on_idle is not None and (b >= self.last or not self._may_start(b + 1))
             if idle and self._holds:  # an evaluation uses the generator: the last release does it
-                self._idle_pending, idle = True, False
-        if idle:
-            seconds = self.on_idle()
+                self._idle_pending, idle = b, False
+        metrics = self.on_idle() if idle else {}
         if hasattr(rollout, "metrics"):
-            rollout.metrics["time/sleep_s"] = seconds
+            rollout.metrics.update({"time/sleep_s": 0.0, **metrics})
 
     def _mark_generated(self, b: int) -> None:
         with self._cv:
@@ -197,10 +195,15 @@ class Producer:
             if not self._holds:
                 return
             self._holds -= 1
-            run = self._holds == 0 and self._idle_pending
-            self._idle_pending = False
-        if run and self.on_idle is not None:
-            self.on_idle()
+            b = self._idle_pending if self._holds == 0 else None
+            if b is not None:
+                self._idle_pending = None
+        if b is None or self.on_idle is None:
+            return
+        metrics = self.on_idle()
+        with self._cv:  # batch b waits in the queue (the trainer takes it after this)
+            if hasattr(self._queue.get(b), "metrics"):
+                self._queue[b].metrics.update(metrics)
 
     def state_dict(self, step: int) -> dict[str, Any]:
         """What resumes the producer after step ``step``: the queued batches ``step + 1 ..
