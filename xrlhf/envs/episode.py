@@ -122,12 +122,12 @@ class EpisodeEnv(Env):
         return out
 
     def max_prompt_tokens(self, tokenizer, sample: int = 256) -> int:
-        """The longest first prompt (template applied) plus the episode's token budget: what a
-        sequence can grow to, for ``xrlhf validate``'s check against the model's positions."""
+        """The longest first prompt (template applied). ``xrlhf validate`` checks it plus
+        ``max_episode_tokens`` (all that may follow it) against the model's positions."""
         from xrlhf.data.text import encode_prompt
 
         prompts = self.eval_prompts() + self.train_prompts(0, sample)
-        return max(len(encode_prompt(tokenizer, p)) for p in prompts) + self.config.max_episode_tokens
+        return max(len(encode_prompt(tokenizer, p)) for p in prompts)
 
 
 def is_episode_env(env: Any) -> bool:
