@@ -12,6 +12,7 @@ import textwrap
 import pytest
 import yaml
 
+from xrlhf.report import tidy
 from xrlhf.validation import validate_dict
 from xrlhf.runner import run
 from xrlhf.utils.errors import NonFiniteError, UserError
@@ -37,7 +38,7 @@ def test_function_reward_tensorboard_report_and_periodic_eval(base_config, tmp_p
     for png in ("reward.png", "kl.png", "losses.png", "throughput.png", "phases.png"):
         assert (out / "plots" / png).stat().st_size > 1000, png
     report = (out / "report.md").read_text()
-    assert "![reward](plots/reward.png)" in report and str(summary["eval_reward_final"]) in report
+    assert "![reward](plots/reward.png)" in report and f"| eval_reward_final | {tidy(summary['eval_reward_final'])} |" in report
     (out / "report.md").unlink()
     proc = subprocess.run([sys.executable, "-m", "xrlhf.cli", "report", str(out)], capture_output=True, text=True)
     assert proc.returncode == 0 and (out / "report.md").is_file()
