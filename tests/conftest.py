@@ -10,6 +10,13 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# Ray's start-up on a loaded machine: its default waits for the GCS (30 s for the cluster id, 5 s
+# per connection) ran out on a busy 2-core box ("Timed out while waiting for GCS to become
+# available"). Read by every Ray process these tests start, in-process or in a subprocess run.
+RAY_STARTUP_ENV = {"RAY_py_gcs_connect_timeout_s": "180", "RAY_gcs_server_port_wait_time_s": "180",
+                   "RAY_gcs_rpc_server_connect_timeout_s": "60"}
+for _key, _value in RAY_STARTUP_ENV.items():
+    os.environ.setdefault(_key, _value)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -24,6 +31,26 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=f"needs {marker.args[0]} GPUs, found {n_gpus}"))
 
 
+def start_ray(cfg, attempts: int = 3) -> None:
+    """``init_ray(cfg)``, tried again after a failed start (a loaded machine can still miss
+    Ray's start-up deadlines, raised to minutes above)."""
+    import time
+
+    import ray
+
+    from xrlhf.coordinator.coordinator import init_ray
+
+    for attempt in range(1, attempts + 1):
+        try:
+            init_ray(cfg)
+            return
+        except Exception:  # noqa: BLE001 - Ray raises RuntimeError, ConnectionError, TimeoutError ...
+            ray.shutdown()
+            if attempt == attempts:
+                raise
+            time.sleep(5 * attempt)
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """One local Ray for the tests that run handles in this process (they reuse it, as in a
@@ -33,9 +60,7 @@ def ray_session():
 
     import ray
 
-    from xrlhf.coordinator.coordinator import init_ray
-
-    init_ray(SimpleNamespace(ray=SimpleNamespace(address=None, num_cpus=2, num_gpus=None, log_to_driver=False)))
+    start_ray(SimpleNamespace(ray=SimpleNamespace(address=None, num_cpus=2, num_gpus=None, log_to_driver=False)))
     yield
     ray.shutdown()
 
