@@ -24,6 +24,11 @@ def pytest_collection_modifyitems(config, items):
 
     n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for item in items:
+        # `make test-quick` leaves out what takes minutes: the end-to-end runs, every test that starts
+        # Ray (the ray_session fixture: a Ray start-up, then handles in Ray workers), and what is
+        # marked slow by hand
+        if "e2e" in item.path.parts or "ray_session" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
         if "gpu" in item.keywords and n_gpus == 0:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
         marker = item.get_closest_marker("gpus")

@@ -25,6 +25,7 @@ CASES = {"packed": {"max_tokens_per_micro_batch": 30}, "padded": {"packing": "of
 TOLERANCE = {"mixed_precision": 1e-3}  # bf16 autocast: the fused kernels round at other places
 
 
+@pytest.mark.slow  # torch.compile of every layout: tens of seconds
 @pytest.mark.parametrize("case", list(CASES))
 def test_compiled_layers_give_the_eager_step(tiny_model, case):
     layout, tol = CASES[case], TOLERANCE.get(case, 1e-6)

@@ -100,9 +100,6 @@ def stray_workers() -> list:
 @pytest.fixture(autouse=True)
 def no_stray_workers():
     yield
-    import gc
-
-    gc.collect()  # a collected SandboxedTool stops its workers
     deadline = time.monotonic() + 5
     while (left := stray_workers()) and time.monotonic() < deadline:
         time.sleep(0.05)

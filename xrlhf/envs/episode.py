@@ -80,6 +80,9 @@ class EpisodeOptions(EnvOptions):
                                     "observations together); more is truncation")
     mask_truncated: bool = Field(False, description="leave truncated episodes out of the loss (their "
                                  "tokens get loss mask 0), as DAPO's overlong filtering")
+    step_timeout_s: float = Field(60.0, gt=0, description="an env's answer to one turn (Episode.step, its tool "
+                                  "calls included) that takes longer is abandoned (xrlhf.utils.bounded): the episode "
+                                  "ends truncated and the log names the env and the prompt")
 
 
 class EpisodeEnv(Env):
