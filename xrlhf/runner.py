@@ -30,7 +30,8 @@ from xrlhf.data.text import load_tokenizer
 from xrlhf.envs import build_env
 from xrlhf.tracking import Tracker, truncate_metrics
 from xrlhf.utils.errors import UserError, WorkerDiedError
-from xrlhf.validation import algorithm_options, resolve_dict, resolved_config
+from xrlhf.resolved import resolve_dict, resolved_config
+from xrlhf.validation import algorithm_options
 
 
 class Interrupted(Exception):

@@ -12,7 +12,8 @@ import yaml
 from xrlhf.config import dump_config
 from xrlhf.runner import check_output_dir
 from xrlhf.utils.errors import UserError
-from xrlhf.validation import resolve_dict, resolved_config, validate_dict
+from xrlhf.resolved import resolve_dict, resolved_config
+from xrlhf.validation import validate_dict
 
 
 def test_config_yaml_holds_every_default(base_config):
