@@ -252,3 +252,27 @@ def test_concurrent_calls_use_several_workers(own_tools, sandbox):
     assert len(tool.pool._idle) <= 4
     tool.close()
 
+
+
+ORPHANING = """
+import os, sys, threading, time
+sys.path.insert(0, sys.argv[2])
+from xrlhf.tools import build_tool, call_tool
+tool = build_tool("own_tools:Sleeper", {"sandbox": sys.argv[1], "timeout_s": 600})
+tool.start()
+threading.Thread(target=call_tool, args=(tool, "600"), daemon=True).start()
+time.sleep(1)
+print("calling", flush=True)
+os._exit(3)  # the trainer dies mid-call, leaving no chance to clean up
+"""
+
+
+@pytest.mark.parametrize("sandbox", SANDBOXES)
+def test_a_worker_stuck_in_a_call_ends_with_the_trainer(own_tools, sandbox):
+    import subprocess
+
+    pkg = next(p for p in sys.path if p.endswith("pkg"))
+    proc = subprocess.run([sys.executable, "-c", ORPHANING, sandbox, pkg], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 3 and proc.stdout == "calling\n", proc.stderr
+    # no_stray_workers: the worker (and its sandbox) exited within seconds, though its call sleeps 600 s

@@ -12,6 +12,9 @@ visible, read-only). In order it:
    sockets, no processes), then builds the tool, so its constructor runs under the hook too;
 5. answers ``{"ready": true}`` (or ``{"ready": false, "error": ...}``), then one JSON line per
    request line: ``{"arguments": ...}`` -> ``{"output": str, "error": bool}``, until stdin ends.
+
+A thread watches stdin for a hang-up: when the trainer is gone (its end of the pipe closed, by a
+crash or a kill), the worker exits at once, even in the middle of a call that never returns.
 """
 
 import json
@@ -55,9 +58,26 @@ def unreadable(paths):
     return [p for p in paths if os.path.isdir(p) and not os.access(p, os.R_OK | os.X_OK)]
 
 
+def exit_when_orphaned(fd=0):
+    """Exit the process once nobody can write to ``fd`` (the trainer closed its end or died)."""
+    import select
+    import threading
+
+    def watch():
+        poll = select.poll()
+        poll.register(fd, 0)  # POLLHUP and POLLERR are always reported; data is the main loop's
+        while True:
+            for _, events in poll.poll():
+                if events & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+                    os._exit(0)
+
+    threading.Thread(target=watch, name="lifeline", daemon=True).start()
+
+
 def main(cfg):
     channel = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)
+    exit_when_orphaned()
     from xrlhf.tools._sandbox_run import set_limits
 
     set_limits(cfg["limits"])
