@@ -311,21 +311,21 @@ def env_errors(cfg: XConfig) -> list[str]:
     errors = user_code_errors(cfg, env)
     if errors:
         return errors
+    name = cfg.env.name
     try:
         tokenizer = _tokenizer(cfg.policy.model)
-        _warn_unknown_text(env, tokenizer, cfg.env.name)
+        _user_call(f"env.name: env {name!r}: reading its prompts", lambda: _warn_unknown_text(env, tokenizer, name))
         if not trainer.uses_generation:
             return []
-        _warn_short_turns(cfg, env, tokenizer)
+        _user_call(f"warmup.steps: env {name!r}: its warm-up demonstrations",
+                   lambda: _warn_short_turns(cfg, env, tokenizer))
         if getattr(env, "multi_turn", False) and not getattr(tokenizer, "chat_template", None):
-            return [f"policy.model: {cfg.policy.model} has no chat template, and env {cfg.env.name!r} runs chat "
+            return [f"policy.model: {cfg.policy.model} has no chat template, and env {name!r} runs chat "
                     f"episodes; add a chat_template.jinja to the model directory (the tiny models of "
                     f"`xrlhf make-tiny-model` have one: rebuild it)"]
-        longest = env.max_prompt_tokens(tokenizer)
+        longest = _user_call(f"env.name: env {name!r}: max_prompt_tokens", lambda: env.max_prompt_tokens(tokenizer))
     except UserError as e:
         return e.messages
-    except Exception as e:  # noqa: BLE001 - an env's own max_prompt_tokens (or its prompts' encoding)
-        return [f"env.name: env {cfg.env.name!r}: max_prompt_tokens raised {_raised(e)}; fix the env"]
     from xrlhf.data.lengths import length_error
 
     episode = getattr(env, "multi_turn", False)
@@ -391,6 +391,16 @@ def _tool_start_errors(env) -> list[str]:
             finally:
                 tool.close()
     return errors
+
+
+def _user_call(where: str, fn):
+    """``fn()``; an exception of the user's code in it becomes ``UserError("<where> raised ...")``."""
+    try:
+        return fn()
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's code: name it, no traceback
+        raise UserError(f"{where} raised {_raised(e)}; fix the env") from None
 
 
 def _raised(e: BaseException) -> str:
