@@ -217,6 +217,18 @@ def test_sandbox_none_runs_in_process_and_is_still_bounded(own_tools, tmp_path):
     assert time.monotonic() - start < 10  # not the 30 s call: abandoned at 0.5 s
 
 
+def test_sandbox_none_stops_calling_a_tool_whose_calls_pile_up(own_tools, monkeypatch):
+    from xrlhf.tools import base
+
+    monkeypatch.setattr(base, "MAX_ABANDONED", 2)
+    sleeper = sys.modules["own_tools"].Sleeper
+    piler = type("Piler", (sleeper,), {"name": "piler"})(sleeper.Config(sandbox="none", timeout_s=0.2))
+    assert [call_tool(piler, "30").timed_out for _ in range(2)] == [True, True]
+    refused = call_tool(piler, "0")
+    assert refused.error and not refused.timed_out and refused.output == (
+        "error: not called: 2 earlier calls of tool 'piler' are still running past their timeout")
+
+
 def test_config_errors_name_the_option(own_tools, monkeypatch):
     from xrlhf.tools import sandbox
 

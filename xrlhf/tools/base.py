@@ -31,11 +31,15 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from xrlhf.utils.bounded import UserCodeTimeout, call_bounded
+from xrlhf.utils.bounded import UserCodeTimeout, call_bounded, running_calls
 from xrlhf.utils.registry import Registry
 
 TOOLS: Registry[type] = Registry("tool", package="xrlhf.tools", skip=("base", "format", "sandbox"))
 """Tool classes by name, found by file: ``calculator`` lives in ``xrlhf/tools/calculator.py``."""
+
+MAX_ABANDONED = 8
+"""In-process calls of one tool still running past their timeout after which the tool is not
+called again until one ends (each holds a thread: a tool that always hangs must not pile them up)."""
 
 NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 """What a tool name may look like: it is written by the model inside a call (no spaces, no ':')."""
@@ -172,17 +176,22 @@ def call_tool(tool: Tool, arguments: str | dict[str, Any]) -> ToolResult:
 
     A tool that does not enforce its timeout itself (``Tool.enforces_timeout``) runs in a
     watchdog thread (``utils.bounded.call_bounded``): past ``timeout_s`` the call is abandoned and
-    the result is ``error: timed out ...`` with ``timed_out=True``. An exception (``SystemExit``
+    the result is ``error: timed out ...`` with ``timed_out=True`` (and while :data:`MAX_ABANDONED`
+    such calls of the tool still run, it is not called at all). An exception (``SystemExit``
     included) becomes ``ToolResult("error: <type>: <message>", error=True)``; the output is cut
     to ``tool.config.max_output_chars`` (:func:`truncate`); ``seconds`` is the wall time.
     """
     start = time.monotonic()
     config = getattr(tool, "config", None) or ToolOptions()
+    what = f"tool {tool.name!r}"
     if tool.enforces_timeout:
         result = run_tool(tool, arguments)
+    elif sum(c.abandoned and c.what == what for c in running_calls()) >= MAX_ABANDONED:
+        result = ToolResult(f"error: not called: {MAX_ABANDONED} earlier calls of tool {tool.name!r} are still running "
+                            f"past their timeout", error=True)
     else:
         try:
-            result = call_bounded(lambda: run_tool(tool, arguments), config.timeout_s, f"tool {tool.name!r}")
+            result = call_bounded(lambda: run_tool(tool, arguments), config.timeout_s, what)
         except UserCodeTimeout:
             result = ToolResult(f"error: timed out after {config.timeout_s:g} s (the call was abandoned)",
                                 error=True, timed_out=True)
