@@ -8,6 +8,7 @@ process isolation, the fallback everywhere else); nothing is left running after 
 
 from __future__ import annotations
 
+import importlib
 import os
 import socket
 import sys
@@ -221,7 +222,7 @@ def test_sandbox_none_stops_calling_a_tool_whose_calls_pile_up(own_tools, monkey
     from xrlhf.tools import base
 
     monkeypatch.setattr(base, "MAX_ABANDONED", 2)
-    sleeper = sys.modules["own_tools"].Sleeper
+    sleeper = importlib.import_module(own_tools).Sleeper
     piler = type("Piler", (sleeper,), {"name": "piler"})(sleeper.Config(sandbox="none", timeout_s=0.2))
     assert [call_tool(piler, "30").timed_out for _ in range(2)] == [True, True]
     refused = call_tool(piler, "0")
@@ -237,7 +238,7 @@ def test_config_errors_name_the_option(own_tools, monkeypatch):
         "env.options.tools[0].options.sandbox: 'namespaces' does not work here (needs root (euid 1000)); set it to "
         "'auto' or 'process'"]
     assert not build_tool("own_tools:Writer").namespaces  # auto falls back to process isolation
-    local = type("Local", (sys.modules["own_tools"].Writer,), {"name": "local"})
+    local = type("Local", (importlib.import_module(own_tools).Writer,), {"name": "local"})
     local.__qualname__ = "make.<locals>.Local"
     errors = sandbox.sandbox_errors(local, local.Config(), "env.options.tools[0].options.sandbox")
     assert errors == ["env.options.tools[0].options.sandbox: tool class make.<locals>.Local is defined in a function, "
