@@ -69,12 +69,12 @@ def test_calc_a_stuck_tool_is_an_error_observation_a_counter_and_a_log_line():
     sink = logger.add(lambda m: lines.append(str(m)), level="WARNING")
     tools = [{"name": "calculator"},
              {"name": "tests.envs.test_episode_envs:Hang", "options": {"sandbox": "none", "timeout_s": 0.2}}]
+    env = calc(tools=tools)
     try:
-        env = calc(tools=tools)
         p = env.train_prompts(0, 1)[0]
         stuck, answer = play(env, p, ["<tool_call>hang: now</tool_call>", p.answer])
     finally:
-        Hang.release.set()
+        type(env.tools["hang"]).release.set()  # the class the env imported by path (another module object)
         logger.remove(sink)
     assert stuck.observation == {"role": "tool", "content": "error: timed out after 0.2 s (the call was abandoned)"}
     assert stuck.info == {"tool_calls": 1.0, "tool_errors": 1.0, "tool_timeouts": 1.0} and answer.correct

@@ -41,7 +41,7 @@ def test_a_stuck_call_times_out_and_is_listed_until_it_ends(gate):
         call_bounded(gate.wait, 0.3, "env E: Episode.step (prompt 'p')")
     assert e.value.timeout_s == 0.3 and 0.3 <= time.monotonic() - start < 5
     (call,) = [c for c in running_calls() if c.what.startswith("env E")]
-    assert call.abandoned and "env E: Episode.step (prompt 'p') for 0 s (abandoned)" in describe_running()
+    assert call.abandoned and "env E: Episode.step (prompt 'p') for 0 s (abandoned)" in describe_running(limit=100)
     gate.set()  # the abandoned call ends on its own; then it is no longer listed
     deadline = time.monotonic() + 10
     while any(c.what.startswith("env E") for c in running_calls()) and time.monotonic() < deadline:
