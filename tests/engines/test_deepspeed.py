@@ -91,6 +91,7 @@ def test_engines_swap_same_loss_and_update(model_dir, one_rank, hf_step, stage, 
     assert max_diff(weights, hf_weights) < 1e-6  # one Adam step of lr 5e-3 moves weights ~5e-3
 
 
+@pytest.mark.slow  # torch.compile of the layers
 def test_compiled_layers_under_zero2_same_loss_and_update(model_dir, one_rank, hf_step):
     hf_metrics, hf_weights = hf_step
     _, metrics, weights = train_once("deepspeed", model_dir, zero_stage=2, compile=True,
