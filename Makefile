@@ -1,6 +1,8 @@
 # Two commands set up a fresh machine (Python >= 3.10, no GPU needed):
 #   make quickstart   create .venv, install, build a tiny model, run configs/quickstart.yaml
 #   make test         create .venv, install with test extras, run the test suite
+#   make test-quick   the suite without the tests marked slow (end-to-end runs, Ray start-ups, compiles)
+#                     and the GPU tests: the inner loop (CI runs make test)
 #   make data         build the tiny model and the datasets the offline configs read (dpo, kto_offline, rm, qa_ppo),
 #                     and the 4M-parameter char model configs/tool_calc.yaml trains
 PYTHON ?= python3
@@ -12,7 +14,7 @@ EXTRAS ?= test
 MODEL ?= artifacts/tiny-char
 SMALL ?= artifacts/small-char
 
-.PHONY: install quickstart test data clean
+.PHONY: install quickstart test test-quick data clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +41,9 @@ data: install $(MODEL)/config.json $(SMALL)/config.json
 
 test: install
 	$(BIN)/python -m pytest -q --durations=15
+
+test-quick: install
+	$(BIN)/python -m pytest -q -m "not slow and not gpu" --durations=10
 
 clean:
 	rm -rf $(VENV) artifacts runs .pytest_cache

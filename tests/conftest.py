@@ -10,6 +10,13 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# Ray's start-up on a loaded machine: its default waits for the GCS (30 s for the cluster id, 5 s
+# per connection) ran out on a busy 2-core box ("Timed out while waiting for GCS to become
+# available"). Read by every Ray process these tests start, in-process or in a subprocess run.
+RAY_STARTUP_ENV = {"RAY_py_gcs_connect_timeout_s": "180", "RAY_gcs_server_port_wait_time_s": "180",
+                   "RAY_gcs_rpc_server_connect_timeout_s": "60"}
+for _key, _value in RAY_STARTUP_ENV.items():
+    os.environ.setdefault(_key, _value)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -17,11 +24,36 @@ def pytest_collection_modifyitems(config, items):
 
     n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for item in items:
+        # `make test-quick` leaves out what takes minutes: the end-to-end runs, every test that starts
+        # Ray (the ray_session fixture: a Ray start-up, then handles in Ray workers), and what is
+        # marked slow by hand
+        if "e2e" in item.path.parts or "ray_session" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
         if "gpu" in item.keywords and n_gpus == 0:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
         marker = item.get_closest_marker("gpus")
         if marker is not None and n_gpus < marker.args[0]:
             item.add_marker(pytest.mark.skip(reason=f"needs {marker.args[0]} GPUs, found {n_gpus}"))
+
+
+def start_ray(options, attempts: int = 3) -> None:
+    """``init_ray(options)`` (the ``ray`` section), tried again after a failed start (a loaded machine can still miss
+    Ray's start-up deadlines, raised to minutes above)."""
+    import time
+
+    import ray
+
+    from xrlhf.coordinator.coordinator import init_ray
+
+    for attempt in range(1, attempts + 1):
+        try:
+            init_ray(options)
+            return
+        except Exception:  # noqa: BLE001 - Ray raises RuntimeError, ConnectionError, TimeoutError ...
+            ray.shutdown()
+            if attempt == attempts:
+                raise
+            time.sleep(5 * attempt)
 
 
 @pytest.fixture(scope="session")
@@ -33,9 +65,7 @@ def ray_session():
 
     import ray
 
-    from xrlhf.coordinator.coordinator import init_ray
-
-    init_ray(SimpleNamespace(address=None, num_cpus=2, num_gpus=None, log_to_driver=False))
+    start_ray(SimpleNamespace(address=None, num_cpus=2, num_gpus=None, log_to_driver=False))
     yield
     ray.shutdown()
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks import train_efficiency
 
 
+@pytest.mark.slow  # every variant trained and compiled: about a minute
 def test_smoke_writes_both_paths(tmp_path):
     data = train_efficiency.main(["--smoke", "--compile", "--variants", "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "train_efficiency.json").read_text())

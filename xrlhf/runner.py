@@ -30,6 +30,7 @@ from xrlhf.data.text import load_tokenizer
 from xrlhf.envs import build_env
 from xrlhf.tracking import Tracker, truncate_metrics
 from xrlhf.utils.errors import UserError, WorkerDiedError
+from xrlhf.resolved import resolve_dict, resolved_config
 from xrlhf.validation import algorithm_options
 
 
@@ -115,7 +116,8 @@ def _check_resume_config(out: Path, cfg: XConfig) -> None:
     saved_path = out / "config.yaml"
     if not saved_path.is_file():
         raise UserError(f"--resume: {out} has no config.yaml; is it a run directory?")
-    saved, now = _flatten(yaml.safe_load(saved_path.read_text())), _flatten(cfg.model_dump(mode="json"))
+    # both resolved: a default given explicitly now (or left out then) is the same value
+    saved, now = _flatten(resolve_dict(yaml.safe_load(saved_path.read_text()))), _flatten(resolved_config(cfg))
     diff = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
     if diff:
         raise UserError(*[f"--resume: {k} differs from the original run ({saved.get(k)!r} there, {now.get(k)!r} now)"
@@ -142,7 +144,7 @@ def run(cfg: XConfig, output_dir: str | Path | None = None, resume: bool = False
     out = (Path(output_dir) if output_dir else default_output_dir(cfg)).absolute()
     check_output_dir(out, cfg, resume)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(dump_config(cfg))
+    (out / "config.yaml").write_text(dump_config(resolved_config(cfg)))
     sink = logger.add(out / "train.log", level="DEBUG")
     tracker = Tracker(out, cfg.logging, cfg.name or out.name, cfg.model_dump(mode="json"))
     healing = Healing(cfg.fault_tolerance.max_restarts)

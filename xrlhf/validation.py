@@ -13,9 +13,15 @@ as ``dotted.yaml.path: message``:
 * then, once all of that is valid, the algorithm's cross-section checks;
 * then what the run will read, so that nothing fails after Ray has started: every model's
   ``config.json`` (valid JSON, an architecture Transformers knows, with the head the role
-  needs), every row of every dataset (all bad rows of a file, capped), the env itself, and
-  the longest prompt plus ``policy.generate.max_new_tokens`` against each model's positions.
-  Prompt text the tokenizer cannot read (``<unk>``) is a warning.
+  needs), every row of every dataset (all bad rows of a file, capped);
+* then the env's own code, called once as the run will call it: its constructor, its prompts,
+  an episode's ``start``, the warm-up's demonstrations (``warmup.steps`` > 0), each sandboxed
+  tool's start (its import and constructor); a failure is one line naming the method and the
+  fix, not a traceback mid-run (an import path that does not import is ``env.name: ...``);
+* then the longest prompt plus what may follow it (``policy.generate.max_new_tokens``, or an
+  episode env's ``max_episode_tokens``) against each model's positions.
+  Prompt text the tokenizer cannot read (``<unk>``), and warm-up turns longer than
+  ``max_new_tokens``, are warnings.
 """
 
 from __future__ import annotations
@@ -296,30 +302,121 @@ def file_errors(cfg: XConfig, parsed: dict[str, BaseModel | None]) -> list[str]:
 
 
 def env_errors(cfg: XConfig) -> list[str]:
-    """The env built as the run builds it, and its longest prompt against the models' positions."""
+    """The env built and used as the run will, then its longest prompt against the models'
+    positions. The env's own code (its constructor, prompts, ``start``, warm-up demonstrations,
+    tools) runs here once, so that a failure is one line naming the method and the fix before
+    anything is created, not a traceback in the middle of a run."""
     from xrlhf.envs import build_env
 
     trainer = _algorithms().get(cfg.algorithm.name)
     models = _models(cfg, trainer.policy_head)
-
     try:
         env = build_env(cfg.env.name, cfg.env.options, cfg.seed)
+    except Exception as e:  # noqa: BLE001 - the user's constructor: name it
+        return [f"env.name: env {cfg.env.name!r} could not be built: {_raised(e)}; fix its constructor (__init__)"]
+    errors = user_code_errors(cfg, env)
+    if errors:
+        return errors
+    name = cfg.env.name
+    try:
         tokenizer = _tokenizer(cfg.policy.model)
-        _warn_unknown_text(env, tokenizer, cfg.env.name)
+        _user_call(f"env.name: env {name!r}: reading its prompts", lambda: _warn_unknown_text(env, tokenizer, name))
         if not trainer.uses_generation:
             return []
+        _user_call(f"warmup.steps: env {name!r}: its warm-up demonstrations",
+                   lambda: _warn_short_turns(cfg, env, tokenizer))
         if getattr(env, "multi_turn", False) and not getattr(tokenizer, "chat_template", None):
-            return [f"policy.model: {cfg.policy.model} has no chat template, and env {cfg.env.name!r} runs chat "
+            return [f"policy.model: {cfg.policy.model} has no chat template, and env {name!r} runs chat "
                     f"episodes; add a chat_template.jinja to the model directory (the tiny models of "
                     f"`xrlhf make-tiny-model` have one: rebuild it)"]
-        longest = env.max_prompt_tokens(tokenizer)
+        longest = _user_call(f"env.name: env {name!r}: max_prompt_tokens", lambda: env.max_prompt_tokens(tokenizer))
     except UserError as e:
         return e.messages
     from xrlhf.data.lengths import length_error
 
-    lines = [length_error(d, longest, cfg.policy.generate.max_new_tokens, f"the longest prompt of env {cfg.env.name!r}")
+    episode = getattr(env, "multi_turn", False)
+    follows = env.config.max_episode_tokens if episode else cfg.policy.generate.max_new_tokens
+    lines = [length_error(d, longest, follows, f"the longest prompt of env {cfg.env.name!r}", episode=episode)
              for _, d, _ in models]
     return list(dict.fromkeys(x for x in lines if x))
+
+
+def user_code_errors(cfg: XConfig, env) -> list[str]:
+    """What the run will call of the env's own code, called once here: ``eval_prompts``,
+    ``train_prompts``, an episode's ``start``, the warm-up's demonstrations (``warmup.steps`` >
+    0) and the start of each sandboxed tool. The first failure, in one line naming the method."""
+    from xrlhf.envs.base import Prompt
+    from xrlhf.envs.episode import Episode, is_episode_env
+
+    where = f"env.name: env {cfg.env.name!r}"
+    prompts = []
+    for what, call in (("eval_prompts()", env.eval_prompts), ("train_prompts(0, 4)", lambda: env.train_prompts(0, 4))):
+        try:
+            got = call()
+        except Exception as e:  # noqa: BLE001 - the user's code: name it
+            return [f"{where}: {what} raised {_raised(e)}; fix the env"]
+        if not isinstance(got, list) or not all(isinstance(p, Prompt) for p in got):
+            return [f"{where}: {what} returned {_kinds(got)}, expected a list of xrlhf.envs.Prompt"]
+        prompts += got
+    if is_episode_env(env) and prompts:
+        try:
+            episode = env.start(prompts[0])
+        except Exception as e:  # noqa: BLE001
+            return [f"{where}: start() of prompt {prompts[0].text[:40]!r} raised {_raised(e)}; fix the env's start "
+                    f"(it begins every episode)"]
+        if not isinstance(episode, Episode):
+            return [f"{where}: start() returned {type(episode).__name__}, expected an xrlhf.envs.episode.Episode"]
+    if cfg.warmup.steps:
+        what = "sft_conversations(0, 1)" if is_episode_env(env) else "sft_examples(0, 1)"
+        try:
+            env.sft_conversations(0, 1) if is_episode_env(env) else env.sft_examples(0, 1)
+        except NotImplementedError as e:
+            return [f"warmup.steps: {cfg.warmup.steps} warm-up steps, but {_first_line(e)}"]
+        except Exception as e:  # noqa: BLE001
+            return [f"warmup.steps: env {cfg.env.name!r}: {what} (the warm-up's demonstrations) raised {_raised(e)}; "
+                    f"fix the env, or set warmup.steps: 0"]
+    return _tool_start_errors(env)
+
+
+def _tool_start_errors(env) -> list[str]:
+    """Each sandboxed tool of a tool env started once: its import and constructor run there."""
+    from xrlhf.envs.tool_use import ToolEnvOptions
+    from xrlhf.tools.base import build_tool
+    from xrlhf.tools.sandbox import SandboxedTool, ToolStartError
+
+    if not isinstance(env.config, ToolEnvOptions):
+        return []
+    errors = []
+    for i, spec in enumerate(env.config.tools):
+        tool = build_tool(spec.name, spec.options)
+        if isinstance(tool, SandboxedTool):
+            try:
+                tool.start()
+            except ToolStartError as e:
+                errors.append(f"env.options.tools[{i}]: tool {tool.name!r} could not start in its sandbox: {e}")
+            finally:
+                tool.close()
+    return errors
+
+
+def _user_call(where: str, fn):
+    """``fn()``; an exception of the user's code in it becomes ``UserError("<where> raised ...")``."""
+    try:
+        return fn()
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's code: name it, no traceback
+        raise UserError(f"{where} raised {_raised(e)}; fix the env") from None
+
+
+def _raised(e: BaseException) -> str:
+    return f"{type(e).__name__}: {_first_line(e)}"
+
+
+def _kinds(value: Any) -> str:
+    if isinstance(value, list):
+        return "a list of " + ", ".join(sorted({type(v).__name__ for v in value})) if value else "an empty list"
+    return f"a {type(value).__name__}"
 
 
 def _models(cfg: XConfig, policy_head: str) -> list[tuple[str, str, str]]:
@@ -425,6 +522,26 @@ def _warn_unknown_text(env, tokenizer, name: str, sample: int = 256) -> None:
             logger.warning(f"env {name!r}: prompt {p.text[:60]!r} has characters the policy's tokenizer maps to "
                            f"{tokenizer.unk_token} ({''.join(chars)!r}): the model cannot tell them apart")
             return
+
+
+def _warn_short_turns(cfg: XConfig, env, tokenizer, sample: int = 64) -> None:
+    """A warning when the warm-up teaches turns longer than ``policy.generate.max_new_tokens``:
+    the policy then starts turns it cannot finish, and each is cut off (a truncated sample)."""
+    from xrlhf.envs.episode import is_episode_env
+
+    if not cfg.warmup.steps:
+        return
+    if is_episode_env(env):
+        turns = [m["content"] for c in env.sft_conversations(0, sample) for m in c if m["role"] == "assistant"]
+    else:
+        turns = [target for _, target in env.sft_examples(0, sample)]
+    longest = max((len(tokenizer.encode(t, add_special_tokens=False)) + 1 for t in turns), default=0)
+    limit = cfg.policy.generate.max_new_tokens
+    if longest > limit:
+        logger.warning(f"policy.generate.max_new_tokens: {limit} is shorter than the longest turn the warm-up teaches "
+                       f"(about {longest} tokens with its end token, in the env's first {sample} demonstrations): such "
+                       f"turns are cut off and the sample truncated (see episode/truncated_frac); raise it to at least "
+                       f"{longest}")
 
 
 def _first_line(e: BaseException) -> str:

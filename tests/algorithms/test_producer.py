@@ -167,7 +167,7 @@ def test_a_silent_generator_is_reported_after_the_stall_timeout():
     t0 = time.monotonic()
     with pytest.raises(WorkerDiedError, match="stall_timeout_s"):
         p.get(1)
-    assert time.monotonic() - t0 < 2
+    assert time.monotonic() - t0 < 4.5  # not the collector's 5 s
     p.stop(timeout=0.1)
 
 

@@ -162,6 +162,7 @@ def test_custom_estimator_registered_in_a_test_module_is_used(model_dir):
     assert "policy/loss" in metrics and metrics["advantages/abs_mean"] > 0
 
 
+@pytest.mark.slow  # 36 training steps of two models (the e2e configs run both too)
 def test_dpo_and_reward_model_steps_lower_their_loss(model_dir, tmp_path):
     data = tmp_path / "pairs.jsonl"
     write_jsonl([{"prompt": f"{a}+1=", "chosen": str(a + 1), "rejected": str(a + 3)} for a in range(8)], data)

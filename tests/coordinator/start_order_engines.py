@@ -1,5 +1,6 @@
 """Engines for ``test_start_order.py``: the Transformers engines, stamping when they are built
-(a file per event in ``STAMPS``), one of them declaring ``starts_alone`` as vLLM does."""
+(a file per event in the directory of their option ``stamps``: the test's own tmp_path), one of
+them declaring ``starts_alone`` as vLLM does."""
 
 from __future__ import annotations
 
@@ -7,32 +8,45 @@ import os
 import time
 from pathlib import Path
 
-from xrlhf.engines.hf import HFGenerateEngine, HFInferEngine
+from pydantic import Field
 
-STAMPS = Path("/tmp/xrlhf-test-start-order")
+from xrlhf.engines.hf import HFGenerateEngine, HFGenerateOptions, HFInferEngine, HFInferOptions
 
 
-def stamp(event: str) -> None:
-    STAMPS.mkdir(exist_ok=True)
-    (STAMPS / f"{event}-{os.getpid()}").write_text(repr(time.time()))
+class StampGenerateOptions(HFGenerateOptions):
+    stamps: str = Field(description="the directory build events are stamped into")
+
+
+class StampInferOptions(HFInferOptions):
+    stamps: str = Field(description="the directory build events are stamped into")
+
+
+def stamp(spec, event: str) -> None:
+    options = spec.options
+    stamps = Path(options["stamps"] if isinstance(options, dict) else options.stamps)
+    stamps.mkdir(exist_ok=True)
+    (stamps / f"{event}-{os.getpid()}").write_text(repr(time.time()))
 
 
 class AloneGenerator(HFGenerateEngine):
     """Sizes nothing from free memory, but says it does: built alone, after the other engines."""
 
+    Options = StampGenerateOptions
     starts_alone = True
 
     def __init__(self, spec):
-        stamp("alone-start")
+        stamp(spec, "alone-start")
         super().__init__(spec)
-        stamp("alone-end")
+        stamp(spec, "alone-end")
 
 
 class SlowInfer(HFInferEngine):
     """A reference that takes a second to build: long enough to see what overlaps it."""
 
+    Options = StampInferOptions
+
     def __init__(self, spec):
-        stamp("infer-start")
+        stamp(spec, "infer-start")
         time.sleep(1.0)
         super().__init__(spec)
-        stamp("infer-end")
+        stamp(spec, "infer-end")

@@ -100,7 +100,7 @@ def test_a_node_dying_while_a_group_waits_stops_the_wait(cluster):
     t0 = time.monotonic()
     with pytest.raises(UserError) as e:
         resources.place(SPLIT, ready_timeout=60, poll_s=0.05)
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 30  # not the 60 s ready_timeout
     assert "but the Ray cluster's 2 alive nodes have 2 (1 node of the cluster died or left): 1 CPU missing" in \
         e.value.messages[0]
     assert c.removed == c.made and len(c.made) == 3  # every group made is given back

@@ -6,11 +6,8 @@ with vLLM (docs/benchmarks.md, "sixth" session: 89 s against 102 s for the old o
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
-from tests.coordinator.start_order_engines import STAMPS
 from xrlhf.coordinator import Coordinator
 from xrlhf.topology import topology
 from xrlhf.validation import validate_dict
@@ -20,25 +17,25 @@ pytestmark = pytest.mark.usefixtures("ray_session")
 MODULE = "tests.coordinator.start_order_engines"
 
 
-def stamps() -> dict[str, float]:
-    return {p.name.rsplit("-", 1)[0]: float(p.read_text()) for p in STAMPS.iterdir()}
+def stamps(directory) -> dict[str, float]:
+    return {p.name.rsplit("-", 1)[0]: float(p.read_text()) for p in directory.iterdir()}
 
 
-def test_engines_that_start_alone_are_built_when_nothing_else_is(tiny_model):
-    shutil.rmtree(STAMPS, ignore_errors=True)
+def test_engines_that_start_alone_are_built_when_nothing_else_is(tiny_model, tmp_path):
+    where = tmp_path / "stamps"
     cfg = validate_dict({
         "name": "order", "seed": 0, "ray": {"num_cpus": 2},
         "env": {"name": "reasoning", "options": {"eval_size": 8}},
         "policy": {"model": tiny_model, "train": {"lr": 1e-3, "micro_batch_size": 8},
-                   "generate": {"engine": f"{MODULE}:AloneGenerator", "max_new_tokens": 4},
+                   "generate": {"engine": f"{MODULE}:AloneGenerator", "max_new_tokens": 4, "stamps": str(where)},
                    "resources": {"ranks": 1, "cpus_per_rank": 0.5}},
-        "reference": {"infer": {"engine": f"{MODULE}:SlowInfer"}},
+        "reference": {"infer": {"engine": f"{MODULE}:SlowInfer", "stamps": str(where)}},
         "algorithm": {"name": "grpo", "mini_batch_size": 8},
         "trainer": {"steps": 1, "prompts_per_step": 4, "samples_per_prompt": 2},
     })
     coord = Coordinator(topology(cfg, tiny_model, {"policy": 1})).start()
     try:
-        t = stamps()
+        t = stamps(where)
         assert set(t) == {"alone-start", "alone-end", "infer-start", "infer-end"}
         assert len(coord.pids["policy"]) == 1 and len(coord.pids["rollout"]) == 1 and len(coord.pids["reference"]) == 1
         assert t["alone-start"] > t["infer-end"], "the alone engine was built while the reference was"

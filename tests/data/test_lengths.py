@@ -60,3 +60,30 @@ def test_a_rollout_with_a_too_long_prompt_stops_with_one_line(short_model):
                                      load_tokenizer(path), reward=None, log=lambda m: None)
     with pytest.raises(UserError, match=r"the prompt 'sort 1 2 3 4 5 6 7 8 9 0 1 2:' \(30 tokens\) \+ max_new_tokens 8"):
         trainer.collector.sampler.groups([Prompt("2+2="), Prompt("sort 1 2 3 4 5 6 7 8 9 0 1 2:")], 1, 0, Tally())
+
+
+def test_episode_env_names_its_budget_and_counts_each_turn_once(tmp_path):
+    """An episode's sequence is its first prompt plus max_episode_tokens (each turn's
+    max_new_tokens is cut to what is left of it): that is what must fit, and what to lower."""
+    from xrlhf.data.text import encode_prompt
+
+    path = str(build_model(tmp_path / "m", seed=0, max_positions=64))
+    env = build_env("calc", {"eval_size": 8}, 0)
+    longest = env.max_prompt_tokens(load_tokenizer(path))
+    assert longest == max(len(encode_prompt(load_tokenizer(path), p)) for p in env.eval_prompts() +
+                          env.train_prompts(0, 256))
+
+    def config(budget: int) -> dict:
+        return {"env": {"name": "calc", "options": {"eval_size": 8, "max_episode_tokens": budget}},
+                "policy": {"model": path, "generate": {"max_new_tokens": 16}}, "reference": None,
+                "algorithm": {"name": "grpo", "kl_coef": 0, "mini_batch_size": 4},
+                "trainer": {"prompts_per_step": 2, "samples_per_prompt": 2}}
+
+    validate_dict(config(64 - longest))  # fits exactly, though a turn's max_new_tokens would overflow on top of it
+    with pytest.raises(UserError) as e:
+        validate_dict(config(64 - longest + 1))
+    (line,) = e.value.messages
+    assert line.startswith(f"env.options.max_episode_tokens: the longest prompt of env 'calc' ({longest} tokens) + "
+                           f"max_episode_tokens {65 - longest} (the episode's turns and observations; each turn's "
+                           f"max_new_tokens counts within it) = 65 exceeds the 64 positions of {path}")
+    assert line.endswith(f"lower it to at most {64 - longest}")

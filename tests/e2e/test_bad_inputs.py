@@ -1,26 +1,30 @@
-"""Bad numbers and bad reward functions: skipped and counted, or a clear stop; logs and report."""
+"""Bad numbers, bad reward functions and bad user code: skipped and counted, or a clear stop in one
+line (exit 2, no traceback) before anything is created; logs and report."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import textwrap
 
 import pytest
 import yaml
 
+from xrlhf.report import tidy
 from xrlhf.validation import validate_dict
 from xrlhf.runner import run
 from xrlhf.utils.errors import NonFiniteError, UserError
 
-pytestmark = pytest.mark.usefixtures("ray_session")  # runs handles in this process
-
+runs_handles = pytest.mark.usefixtures("ray_session")  # the tests that run handles in this process
 
 
 def rows(out):
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+@runs_handles
 def test_function_reward_tensorboard_report_and_periodic_eval(base_config, tmp_path):
     base_config["reward"] = {"source": "function", "function": "tests.e2e.reward_fns:length_reward"}
     base_config["trainer"].update(steps=4, eval_every=2)
@@ -34,12 +38,13 @@ def test_function_reward_tensorboard_report_and_periodic_eval(base_config, tmp_p
     for png in ("reward.png", "kl.png", "losses.png", "throughput.png", "phases.png"):
         assert (out / "plots" / png).stat().st_size > 1000, png
     report = (out / "report.md").read_text()
-    assert "![reward](plots/reward.png)" in report and str(summary["eval_reward_final"]) in report
+    assert "![reward](plots/reward.png)" in report and f"| eval_reward_final | {tidy(summary['eval_reward_final'])} |" in report
     (out / "report.md").unlink()
     proc = subprocess.run([sys.executable, "-m", "xrlhf.cli", "report", str(out)], capture_output=True, text=True)
     assert proc.returncode == 0 and (out / "report.md").is_file()
 
 
+@runs_handles
 def test_nan_rewards_skip_steps_then_abort(base_config, tmp_path):
     base_config["reward"] = {"source": "function", "function": "tests.e2e.reward_fns:nan_reward"}
     base_config["trainer"]["steps"] = 10
@@ -51,6 +56,7 @@ def test_nan_rewards_skip_steps_then_abort(base_config, tmp_path):
     assert (tmp_path / "run" / "report.md").is_file()  # an aborted run still explains itself
 
 
+@runs_handles
 def test_raising_reward_scores_zero_and_is_counted(base_config, tmp_path):
     base_config["reward"] = {"source": "function", "function": "tests.e2e.reward_fns:flaky_reward"}
     base_config["fault_tolerance"] = {"reward_errors": "zero"}
@@ -80,6 +86,7 @@ def test_unknown_reward_function_is_a_config_error(base_config):
         validate_dict(base_config)
 
 
+@runs_handles
 def test_wandb_offline(base_config, tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -87,3 +94,113 @@ def test_wandb_offline(base_config, tmp_path, monkeypatch):
     base_config["logging"] = {"wandb": True, "wandb_mode": "offline", "tensorboard": False}
     run(validate_dict(base_config), tmp_path / "run")
     assert list((tmp_path / "run" / "wandb").glob("offline-run-*"))
+
+
+USER_CODE = textwrap.dedent('''
+    from xrlhf.envs.base import Prompt
+    from xrlhf.envs.episode import Episode, EpisodeEnv, Turn
+    from xrlhf.envs.reasoning import ReasoningEnv
+    from xrlhf.tools import Tool, ToolResult
+
+
+    class CtorRaises(ReasoningEnv):
+        def __init__(self, config=None, seed=0):
+            raise RuntimeError("no data file")
+
+
+    class PromptsRaise(ReasoningEnv):
+        def train_prompts(self, start, n):
+            raise ValueError("bad index")
+
+
+    class _Once(Episode):
+        def step(self, action):
+            return Turn(reward=1.0, done=True, correct=True)
+
+
+    class NoDemos(EpisodeEnv):
+        def _prompt(self, i):
+            return Prompt(text="hi", answer="hi", index=i, messages=({"role": "user", "content": "hi"},))
+
+        def train_prompts(self, start, n):
+            return [self._prompt(i) for i in range(start, start + n)]
+
+        def eval_prompts(self):
+            return [self._prompt(i) for i in range(4)]
+
+        def start(self, prompt):
+            return _Once()
+
+
+    class StartRaises(NoDemos):
+        def start(self, prompt):
+            raise KeyError("episode state")
+
+
+    class BrokenTool(Tool):
+        name = "broken"
+        description = "cannot be built"
+
+        def __init__(self, config=None):
+            raise RuntimeError("no table here")
+
+        def run(self, arguments):
+            return ToolResult("")
+''')
+
+
+@pytest.fixture
+def user_code(tmp_path, monkeypatch):
+    """A module of the user's own envs and tools (and two that cannot be imported), on the path."""
+    pkg = tmp_path / "user"
+    pkg.mkdir(mode=0o755)
+    (pkg / "user_envs.py").write_text(USER_CODE)
+    (pkg / "user_syntax.py").write_text("def f(:\n    pass\n")
+    (pkg / "user_raises.py").write_text("import os\nTABLE = os.environ['NO_SUCH_VARIABLE_XRLHF']\n")
+    monkeypatch.syspath_prepend(str(pkg))
+    yield pkg
+    for m in ("user_envs", "user_syntax", "user_raises"):
+        sys.modules.pop(m, None)
+
+
+CASES = {
+    "syntax error": ({"env": {"name": "user_syntax:Env"}},
+                     "env.name: cannot import module 'user_syntax' of 'user_syntax:Env': SyntaxError: invalid syntax ("),
+    "import raises": ({"env": {"name": "user_raises:Env"}},
+                      "env.name: cannot import module 'user_raises' of 'user_raises:Env': importing it raised KeyError: "
+                      "'NO_SUCH_VARIABLE_XRLHF'; fix the module"),
+    "constructor": ({"env": {"name": "user_envs:CtorRaises"}},
+                    "env.name: env 'user_envs:CtorRaises' could not be built: RuntimeError: no data file; fix its "
+                    "constructor (__init__)"),
+    "prompts": ({"env": {"name": "user_envs:PromptsRaise"}},
+                "env.name: env 'user_envs:PromptsRaise': train_prompts(0, 4) raised ValueError: bad index; fix the env"),
+    "start": ({"env": {"name": "user_envs:StartRaises"}},
+              "env.name: env 'user_envs:StartRaises': start() of prompt 'hi' raised KeyError: 'episode state'; fix the "
+              "env's start (it begins every episode)"),
+    "no demonstrations": ({"env": {"name": "user_envs:NoDemos"}, "warmup": {"steps": 2}},
+                          "warmup.steps: 2 warm-up steps, but NoDemos has no demonstrations for a warm-up; set "
+                          "warmup.steps: 0 or override sft_conversations()"),
+    "tool constructor": ({"env": {"name": "calc", "options": {"tools": [{"name": "user_envs:BrokenTool"}]}}},
+                         "env.options.tools[0]: tool 'broken' could not start in its sandbox: RuntimeError: no table "
+                         "here"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_user_code_failing_at_start_is_one_line(base_config, user_code, case):
+    sections, line = CASES[case]
+    with pytest.raises(UserError) as e:
+        validate_dict({**base_config, **sections})
+    assert len(e.value.messages) == 1 and e.value.messages[0].startswith(line), e.value.messages
+
+
+def test_cli_user_code_error_exits_2_in_one_line_before_the_run_directory(base_config, user_code, tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({**base_config, "env": {"name": "user_envs:NoDemos"}, "warmup": {"steps": 2}}))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(user_code), os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "xrlhf.cli", "run", str(path), "--output-dir", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error: ")]
+    assert line.startswith("error: warmup.steps: 2 warm-up steps, but NoDemos has no demonstrations")
+    assert not (tmp_path / "o").exists()

@@ -73,9 +73,9 @@ def ray_session(assets):
     """One local Ray for every run of this module (each run's Coordinator leaves it running)."""
     import ray
 
-    from xrlhf.coordinator.coordinator import init_ray
+    from tests.conftest import start_ray
 
-    init_ray(load_config(REPO / "configs" / "grpo.yaml", [f"policy.model={assets['model']}"]).ray)
+    start_ray(load_config(REPO / "configs" / "grpo.yaml", [f"policy.model={assets['model']}"]).ray)
     yield
     ray.shutdown()
 

@@ -29,9 +29,9 @@ def model(tmp_path_factory) -> str:
 def ray_session(model):
     import ray
 
-    from xrlhf.coordinator.coordinator import init_ray
+    from tests.conftest import start_ray
 
-    init_ray(load_config(REPO / "configs" / "tool_calc.yaml", [f"policy.model={model}"]).ray)
+    start_ray(load_config(REPO / "configs" / "tool_calc.yaml", [f"policy.model={model}"]).ray)
     yield
     ray.shutdown()
 

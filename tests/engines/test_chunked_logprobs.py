@@ -127,6 +127,7 @@ def peak_mib(chunk: int) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # a subprocess per chunk size, measuring peaks
 def test_peak_memory_is_one_chunk_not_the_whole_vocabulary():
     full_mib, chunked_mib = peak_mib(0), peak_mib(256)
     print(f"peak growth: full logits {full_mib:.0f} MiB, chunks of 256 tokens {chunked_mib:.0f} MiB")

@@ -25,6 +25,7 @@ CASES = {"packed": {"max_tokens_per_micro_batch": 30}, "padded": {"packing": "of
 TOLERANCE = {"mixed_precision": 1e-3}  # bf16 autocast: the fused kernels round at other places
 
 
+@pytest.mark.slow  # torch.compile of every layout: tens of seconds
 @pytest.mark.parametrize("case", list(CASES))
 def test_compiled_layers_give_the_eager_step(tiny_model, case):
     layout, tol = CASES[case], TOLERANCE.get(case, 1e-6)
@@ -40,8 +41,12 @@ def test_compiled_layers_give_the_eager_step(tiny_model, case):
     got, grads = grads_of_step(compiled, batch, loss())
     assert counters["stats"]["unique_graphs"] >= 1 and not counters["graph_break"], dict(counters["graph_break"])
     assert grads.keys() == want_grads.keys()
+    tokens = int(batch["response_mask"].sum())
     for k in want:
-        assert got[k] == pytest.approx(want[k], rel=max(1e-5, tol), abs=tol), k
+        if k.endswith("_frac"):  # a fraction of `tokens` indicators: one within rounding of the clip may flip
+            assert abs(got[k] - want[k]) <= 2 / tokens + 1e-6, k
+        else:
+            assert got[k] == pytest.approx(want[k], rel=max(1e-5, tol), abs=tol), k
     for n in want_grads:
         torch.testing.assert_close(grads[n], want_grads[n], atol=tol, rtol=max(1e-4, tol), msg=n)
     torch.testing.assert_close(compiled.infer(batch)["logprobs"], eager.infer(batch)["logprobs"], atol=10 * tol,

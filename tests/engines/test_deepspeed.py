@@ -91,6 +91,7 @@ def test_engines_swap_same_loss_and_update(model_dir, one_rank, hf_step, stage, 
     assert max_diff(weights, hf_weights) < 1e-6  # one Adam step of lr 5e-3 moves weights ~5e-3
 
 
+@pytest.mark.slow  # torch.compile of the layers
 def test_compiled_layers_under_zero2_same_loss_and_update(model_dir, one_rank, hf_step):
     hf_metrics, hf_weights = hf_step
     _, metrics, weights = train_once("deepspeed", model_dir, zero_stage=2, compile=True,
@@ -178,6 +179,7 @@ def two_ranks(model_dir, tmp_path_factory):
     return out_dir, [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
 
+@pytest.mark.slow  # two DeepSpeed ranks start as processes
 def test_two_ranks_zero2_equal_one_rank(two_ranks, ds_zero2_step, hf_step):
     _, ranks = two_ranks
     one_metrics, one_weights = ds_zero2_step
@@ -190,6 +192,7 @@ def test_two_ranks_zero2_equal_one_rank(two_ranks, ds_zero2_step, hf_step):
     assert sum("optim_states" in f for f in ranks[1]["state_files"]) == 2  # one optimizer shard per rank
 
 
+@pytest.mark.slow  # two DeepSpeed ranks start as processes
 def test_two_ranks_zero3_gathers_by_bucket_and_saves_hf(two_ranks, ds_zero2_step):
     from transformers import AutoModelForCausalLM
 
@@ -208,6 +211,7 @@ def test_two_ranks_zero3_gathers_by_bucket_and_saves_hf(two_ranks, ds_zero2_step
     assert (out_dir / "zero3-hf" / "tokenizer.json").is_file()
 
 
+@pytest.mark.slow  # two DeepSpeed ranks start as processes
 def test_two_ranks_zero3_with_a_token_budget_agree_on_the_micro_batch_count(two_ranks, hf_step, model_dir):
     from xrlhf.data.micro_batches import plan_micro_batches
 

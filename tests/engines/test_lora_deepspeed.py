@@ -141,6 +141,7 @@ def two_ranks(model_dir, tmp_path_factory):
     return out_dir, [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
 
+@pytest.mark.slow  # two DeepSpeed ranks start as processes
 def test_zero3_lora_gathers_merged_weights_and_adapters(two_ranks, hf_lora_step, model_dir):
     from xrlhf.engines.hf import HFInferEngine
 

@@ -136,8 +136,12 @@ def test_packed_train_step_equals_padded(model_dir, name):
     assert got.keys() == want.keys()
     if name.startswith("ppo"):
         assert "policy/entropy" in got and "policy/kl_loss" in got
+    tokens = int(batch["response_mask"].sum())
     for k in want:
-        assert got[k] == pytest.approx(want[k], rel=1e-5, abs=1e-6), k
+        if k.endswith("_frac"):  # a fraction of `tokens` indicators: a value within rounding of a threshold may
+            assert abs(got[k] - want[k]) <= 2 / tokens + 1e-6, k  # flip between paths (a CPU's kernels decide)
+        else:
+            assert got[k] == pytest.approx(want[k], rel=1e-5, abs=1e-6), k
     assert grads.keys() == want_grads.keys()
     for n in want_grads:
         torch.testing.assert_close(grads[n], want_grads[n], atol=1e-6, rtol=1e-4, msg=n)

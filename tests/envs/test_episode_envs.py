@@ -5,11 +5,14 @@ binary-search demonstrations). Pure env logic: no model, no Ray."""
 from __future__ import annotations
 
 import math
+import threading
 
 import pytest
+from loguru import logger
 
 from xrlhf.envs import build_env
 from xrlhf.envs.base import ENVS
+from xrlhf.tools import Tool, ToolResult
 
 
 def calc(**options):
@@ -33,7 +36,7 @@ def test_calc_tool_call_then_copied_answer_earns_the_reward():
     assert len(a) == len(b) == 3 and p.answer == str(int(a) * int(b))
     call, answer = play(env, p, [f"<tool_call>calculator: {a}*{b}</tool_call>", p.answer])
     assert call.observation == {"role": "tool", "content": p.answer} and not call.done
-    assert call.info == {"tool_calls": 1.0, "tool_errors": 0.0}
+    assert call.info == {"tool_calls": 1.0, "tool_errors": 0.0, "tool_timeouts": 0.0}
     assert answer.done and answer.correct and answer.reward == 1.0
 
 
@@ -47,6 +50,36 @@ def test_calc_tool_errors_are_observations_and_wrong_answers_score_zero():
         assert not t.done and t.info["tool_errors"] == 1.0 and t.observation["content"].startswith("error:")
     assert "unknown tool 'abacus'" in unknown.observation["content"]
     assert wrong.done and wrong.correct is False and wrong.reward == 0.0
+
+
+class Hang(Tool):
+    """A trusted tool that never answers (until the test lets it go)."""
+
+    name = "hang"
+    description = "never answers"
+    release = threading.Event()
+
+    def run(self, arguments):
+        self.release.wait(60)
+        return ToolResult("late")
+
+
+def test_calc_a_stuck_tool_is_an_error_observation_a_counter_and_a_log_line():
+    lines = []
+    sink = logger.add(lambda m: lines.append(str(m)), level="WARNING")
+    tools = [{"name": "calculator"},
+             {"name": "tests.envs.test_episode_envs:Hang", "options": {"sandbox": "none", "timeout_s": 0.2}}]
+    env = calc(tools=tools)
+    try:
+        p = env.train_prompts(0, 1)[0]
+        stuck, answer = play(env, p, ["<tool_call>hang: now</tool_call>", p.answer])
+    finally:
+        type(env.tools["hang"]).release.set()  # the class the env imported by path (another module object)
+        logger.remove(sink)
+    assert stuck.observation == {"role": "tool", "content": "error: timed out after 0.2 s (the call was abandoned)"}
+    assert stuck.info == {"tool_calls": 1.0, "tool_errors": 1.0, "tool_timeouts": 1.0} and answer.correct
+    (line,) = [x for x in lines if "timed out" in x]
+    assert f"env CalcEnv, prompt {p.text!r}: tool 'hang' timed out after 0.2 s on 'now'" in line
 
 
 def test_calc_without_tools_answers_directly_and_demonstrations_follow_the_fraction():

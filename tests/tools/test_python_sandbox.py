@@ -83,8 +83,8 @@ def test_exceptions_and_exit_status(options):
 def test_infinite_loop_times_out(options):
     start = time.monotonic()
     result = run(options, "print('started')\nwhile True:\n    pass", timeout_s=1)
-    assert result.error and result.output == "started\nerror: timed out after 1 s"
-    assert time.monotonic() - start < 4
+    assert result.error and result.timed_out and result.output == "started\nerror: timed out after 1 s"
+    assert time.monotonic() - start < 15  # 1 s and the kill, on a loaded machine
     assert run(options, "print('next')").output == "next"  # the caller goes on
 
 
@@ -109,7 +109,7 @@ def test_fork_bomb_is_contained(options):
     start = time.monotonic()
     result = run(options, FORK_BOMB, timeout_s=1)
     assert result.error and "timed out after 1 s" in result.output
-    assert time.monotonic() - start < 8
+    assert time.monotonic() - start < 20  # 1 s and the kill, on a loaded machine
     # no_stray_processes checks that every process it started is gone
 
 

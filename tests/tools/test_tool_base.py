@@ -71,6 +71,7 @@ def test_import_path_builds_a_user_tool(tmp_path, monkeypatch):
             def run(self, arguments):
                 return ToolResult("")
     """))
+    tmp_path.chmod(0o755)  # a sandboxed tool's module must be readable by the namespace sandbox's user
     monkeypatch.syspath_prepend(str(tmp_path))
     tool = build_tool("my_tools:Shout", {"times": 2})
     assert call_tool(tool, "hi").output == "HIHI"

@@ -20,6 +20,7 @@ def mypkg(tmp_path, monkeypatch):
     blocks = re.findall(r"```python\n(# mypkg/tools\.py\n.*?)```", DOC.read_text(), re.S)
     assert len(blocks) == 1
     (tmp_path / "mypkg" / "tools.py").write_text(blocks[0])
+    tmp_path.chmod(0o755)  # readable by the namespace sandbox's user, as a user's package dir is
     monkeypatch.syspath_prepend(str(tmp_path))
     yield
     for m in [m for m in sys.modules if m == "mypkg" or m.startswith("mypkg.")]:

@@ -132,6 +132,8 @@ def _valid_keys(model: type[BaseModel], loc: tuple) -> list[str]:
     return sorted(getattr(cls, "model_fields", {}))
 
 
-def dump_config(cfg: XConfig) -> str:
-    """The resolved config as YAML (what ``config.yaml`` in the run directory holds)."""
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+def dump_config(cfg: XConfig | dict[str, Any]) -> str:
+    """A config as YAML: what ``config.yaml`` in the run directory holds, given the resolved
+    dict (``xrlhf.validation.resolved_config``: the owners' options with their defaults); an
+    ``XConfig`` is dumped as the schema has it."""
+    return yaml.safe_dump(cfg if isinstance(cfg, dict) else cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,4 +1,8 @@
-"""Sequence lengths against a model's positions: a prompt plus ``max_new_tokens`` must fit.
+"""Sequence lengths against a model's positions: a prompt plus what may follow it must fit.
+
+What may follow is ``policy.generate.max_new_tokens`` for a one-turn sample, and the episode's
+budget ``env.options.max_episode_tokens`` for an episode (every turn and observation; each turn's
+``max_new_tokens`` is cut to what is left of it, so it is counted once, inside the budget).
 
 Past its last position a model with learned positions (GPT-2's ``n_positions``) fails with an
 ``IndexError`` deep in its embedding, and a rotary one (``max_position_embeddings`` of Llama,
@@ -34,22 +38,33 @@ def model_positions(model_dir: str) -> tuple[int, str] | None:
     return None
 
 
-def length_error(model_dir: str, prompt_tokens: int, max_new_tokens: int, what: str) -> str | None:
-    """One line if ``prompt_tokens + max_new_tokens`` exceed the positions of ``model_dir``.
+def length_error(model_dir: str, prompt_tokens: int, new_tokens: int, what: str,
+                 episode: bool = False) -> str | None:
+    """One line if ``prompt_tokens + new_tokens`` exceed the positions of ``model_dir``.
 
-    ``what`` names the prompt (``"the longest prompt of env 'reasoning'"``, ``"train prompt 12 ('...')"``).
+    Args:
+        model_dir: the model.
+        prompt_tokens: the prompt's length.
+        new_tokens: what may follow it: ``policy.generate.max_new_tokens``, or with ``episode``
+            the episode's budget ``max_episode_tokens``.
+        what: names the prompt (``"the longest prompt of env 'reasoning'"``, ``"the prompt '...'"``).
+        episode: the sample is an episode: the line names ``env.options.max_episode_tokens``,
+            the budget to lower.
     """
     limit = model_positions(model_dir)
-    if limit is None or prompt_tokens + max_new_tokens <= limit[0]:
+    if limit is None or prompt_tokens + new_tokens <= limit[0]:
         return None
     n, key = limit
     kind = ("learned positions: the model fails beyond them" if key in ("n_positions", "n_ctx")
             else "beyond them the model runs past the length it was trained on")
+    option, name, parts = (("env.options.max_episode_tokens", "max_episode_tokens",
+                            " (the episode's turns and observations; each turn's max_new_tokens counts within it)")
+                           if episode else ("policy.generate.max_new_tokens", "max_new_tokens", ""))
     fix = (f"lower it to at most {n - prompt_tokens}" if n > prompt_tokens
-           else "the prompt alone is too long for this model; shorten the prompts")
-    return (f"policy.generate.max_new_tokens: {what} ({prompt_tokens} tokens) + max_new_tokens {max_new_tokens} "
-            f"= {prompt_tokens + max_new_tokens} exceeds the {n} positions of {model_dir} ({key} in config.json; "
-            f"{kind}); {fix}")
+           else "the prompt alone is too long for this model; shorten the env's prompts (or use a model with more "
+                "positions)")
+    return (f"{option}: {what} ({prompt_tokens} tokens) + {name} {new_tokens}{parts} = {prompt_tokens + new_tokens} "
+            f"exceeds the {n} positions of {model_dir} ({key} in config.json; {kind}); {fix}")
 
 
 def check_prompt_lengths(ids: Sequence[Sequence[int]], texts: Sequence[str], max_new_tokens: int,

@@ -27,7 +27,7 @@ from pydantic import Field, model_validator
 
 from xrlhf.envs.base import Prompt, clean_response, register_env
 from xrlhf.envs.episode import EpisodeEnv, Message
-from xrlhf.envs.tool_use import ToolEnvOptions, ToolSpec, ToolUseEpisode, first_messages
+from xrlhf.envs.tool_use import TOOL_COUNTERS, ToolEnvOptions, ToolSpec, ToolUseEpisode, first_messages
 from xrlhf.tools.format import ToolCall, format_tool_call
 
 Op = Literal["+", "-", "*"]
@@ -64,7 +64,7 @@ class CalcEnv(EpisodeEnv):
 
     Config = CalcOptions
     config: CalcOptions
-    counters = ("tool_calls", "tool_errors")
+    counters = TOOL_COUNTERS
 
     @cached_property
     def tools(self):
@@ -102,7 +102,8 @@ class CalcEnv(EpisodeEnv):
             correct = clean_response(text) == answer
             return (self.config.reward_correct if correct else 0.0), correct
 
-        return ToolUseEpisode(self.tools, self.config.tool_format, judge)
+        return ToolUseEpisode(self.tools, self.config.tool_format, judge,
+                              where=f"env {type(self).__name__}, prompt {prompt.text[:60]!r}")
 
     def sft_conversations(self, start: int, n: int) -> list[list[Message]]:
         """Demonstrations: a ``sft_tool_fraction`` call the calculator, then copy its output."""

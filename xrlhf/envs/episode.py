@@ -80,6 +80,9 @@ class EpisodeOptions(EnvOptions):
                                     "observations together); more is truncation")
     mask_truncated: bool = Field(False, description="leave truncated episodes out of the loss (their "
                                  "tokens get loss mask 0), as DAPO's overlong filtering")
+    step_timeout_s: float = Field(60.0, gt=0, description="an env's answer to one turn (Episode.step, its tool "
+                                  "calls included) that takes longer is abandoned (xrlhf.utils.bounded): the episode "
+                                  "ends truncated and the log names the env and the prompt")
 
 
 class EpisodeEnv(Env):
@@ -122,12 +125,12 @@ class EpisodeEnv(Env):
         return out
 
     def max_prompt_tokens(self, tokenizer, sample: int = 256) -> int:
-        """The longest first prompt (template applied) plus the episode's token budget: what a
-        sequence can grow to, for ``xrlhf validate``'s check against the model's positions."""
+        """The longest first prompt (template applied). ``xrlhf validate`` checks it plus
+        ``max_episode_tokens`` (all that may follow it) against the model's positions."""
         from xrlhf.data.text import encode_prompt
 
         prompts = self.eval_prompts() + self.train_prompts(0, sample)
-        return max(len(encode_prompt(tokenizer, p)) for p in prompts) + self.config.max_episode_tokens
+        return max(len(encode_prompt(tokenizer, p)) for p in prompts)
 
 
 def is_episode_env(env: Any) -> bool:

@@ -5,10 +5,16 @@ its own validated options (a pydantic ``Config`` on the class, STYLE principle 1
 env parses a call out of the model's turn (``xrlhf.tools.format``), runs it with
 :func:`call_tool` and turns the :class:`ToolResult` into an observation.
 
-**A tool never raises into the run.** A model writes arbitrary arguments; a crash, a timeout or
-a bad argument is an *observation* for the model to learn from, not a failed training step.
-:func:`call_tool` is the one place that guarantees it: any exception becomes
-``ToolResult("error: ...", error=True)``, and every output is capped.
+**A tool never raises into the run, nor hangs it.** A model writes arbitrary arguments; a crash,
+a timeout or a bad argument is an *observation* for the model to learn from, not a failed training
+step. :func:`call_tool` is the one place that guarantees it: any exception becomes
+``ToolResult("error: ...", error=True)``, a call past ``timeout_s`` becomes ``error: timed out``
+(``timed_out=True``), and every output is capped.
+
+**Where a call runs** is the tool's ``sandbox`` option. A user's own tool runs by default in a
+sandboxed worker process (``xrlhf.tools.sandbox``: no writes outside its work dir, no network,
+killed at its timeout), as the ``python`` tool's programs do; ``sandbox: none`` runs a trusted
+tool in the trainer's process, where a call past its timeout is abandoned (``utils.bounded``).
 
 **Adding a tool means adding a file** (principle 15): ``TOOLS`` finds ``xrlhf/tools/<name>.py``
 when ``<name>`` is asked for, and a user's tool anywhere is named by import path
@@ -21,14 +27,19 @@ import re
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from xrlhf.utils.bounded import UserCodeTimeout, call_bounded, running_calls
 from xrlhf.utils.registry import Registry
 
-TOOLS: Registry[type] = Registry("tool", package="xrlhf.tools", skip=("base", "format"))
+TOOLS: Registry[type] = Registry("tool", package="xrlhf.tools", skip=("base", "format", "sandbox"))
 """Tool classes by name, found by file: ``calculator`` lives in ``xrlhf/tools/calculator.py``."""
+
+MAX_ABANDONED = 8
+"""In-process calls of one tool still running past their timeout after which the tool is not
+called again until one ends (each holds a thread: a tool that always hangs must not pile them up)."""
 
 NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 """What a tool name may look like: it is written by the model inside a call (no spaces, no ':')."""
@@ -63,11 +74,17 @@ class ToolResult:
         output: the text the model sees (an error's text starts with ``"error: "``).
         error: the call failed (bad arguments, an exception, a timeout, a non-zero exit).
         seconds: wall time of the call (set by :func:`call_tool`).
+        timed_out: the call ran past the tool's ``timeout_s`` (``error`` is set too).
     """
 
     output: str
     error: bool = False
     seconds: float = 0.0
+    timed_out: bool = False
+
+
+Sandbox = Literal["auto", "namespaces", "process", "none"]
+"""Where a tool's calls run (``ToolOptions.sandbox``; docs/tools.md says what each guarantees)."""
 
 
 class ToolOptions(BaseModel):
@@ -75,10 +92,14 @@ class ToolOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    timeout_s: float = Field(5.0, gt=0, description="wall-clock limit of one call, in seconds (enforced "
-                             "by tools that run out of process; in-process tools are bounded by construction)")
+    timeout_s: float = Field(5.0, gt=0, description="wall-clock limit of one call, in seconds: a call past it "
+                             "is an error observation (a sandboxed worker is killed, an in-process call abandoned)")
     max_output_chars: int = Field(1000, ge=16, description="longer outputs are cut to this many characters, "
                                   "keeping the start and the end")
+    sandbox: Sandbox = Field("auto", description="where calls run: namespaces / process: a sandboxed worker "
+                             "process (no writes outside its work dir, no network; namespaces: also a chroot and a "
+                             "fresh uid, needs root); auto: namespaces where they work, else process; none: in the "
+                             "trainer's process (trusted code; a call past timeout_s is abandoned, not stopped)")
 
 
 class Tool(ABC):
@@ -97,6 +118,9 @@ class Tool(ABC):
     description: ClassVar[str] = ""
     argument: ClassVar[str] = "input"
     Config: ClassVar[type[ToolOptions]] = ToolOptions
+    enforces_timeout: ClassVar[bool] = False
+    """The tool stops its own calls at ``timeout_s`` (``python``, a sandboxed tool), so
+    :func:`call_tool` calls it directly instead of through a watchdog thread."""
 
     def __init__(self, config: ToolOptions | None = None):
         if config is None:
@@ -147,13 +171,38 @@ def one_line(text: str, limit: int = 300) -> str:
 
 
 def call_tool(tool: Tool, arguments: str | dict[str, Any]) -> ToolResult:
-    """Run ``tool`` on ``arguments``; never raises (but ``KeyboardInterrupt`` passes).
+    """Run ``tool`` on ``arguments`` within its ``timeout_s``; never raises (but
+    ``KeyboardInterrupt`` passes) and never waits past the timeout.
 
-    An exception (``SystemExit`` included) becomes ``ToolResult("error: <type>: <message>",
-    error=True)``; the output is cut to ``tool.config.max_output_chars`` (:func:`truncate`);
-    ``seconds`` is the wall time.
+    A tool that does not enforce its timeout itself (``Tool.enforces_timeout``) runs in a
+    watchdog thread (``utils.bounded.call_bounded``): past ``timeout_s`` the call is abandoned and
+    the result is ``error: timed out ...`` with ``timed_out=True`` (and while :data:`MAX_ABANDONED`
+    such calls of the tool still run, it is not called at all). An exception (``SystemExit``
+    included) becomes ``ToolResult("error: <type>: <message>", error=True)``; the output is cut
+    to ``tool.config.max_output_chars`` (:func:`truncate`); ``seconds`` is the wall time.
     """
     start = time.monotonic()
+    config = getattr(tool, "config", None) or ToolOptions()
+    what = f"tool {tool.name!r}"
+    if tool.enforces_timeout:
+        result = run_tool(tool, arguments)
+    elif sum(c.abandoned and c.what == what for c in running_calls()) >= MAX_ABANDONED:
+        result = ToolResult(f"error: not called: {MAX_ABANDONED} earlier calls of tool {tool.name!r} are still running "
+                            f"past their timeout", error=True)
+    else:
+        try:
+            result = call_bounded(lambda: run_tool(tool, arguments), config.timeout_s, what)
+        except UserCodeTimeout:
+            result = ToolResult(f"error: timed out after {config.timeout_s:g} s (the call was abandoned)",
+                                error=True, timed_out=True)
+    result.output = truncate(str(result.output), config.max_output_chars)
+    result.seconds = time.monotonic() - start
+    return result
+
+
+def run_tool(tool: Tool, arguments: str | dict[str, Any]) -> ToolResult:
+    """``tool.run(arguments)`` with any exception or a result of the wrong type as an error
+    result: what :func:`call_tool` and a sandbox worker call, without a time limit or a cap."""
     try:
         result = tool.run(arguments)
         if not isinstance(result, ToolResult):
@@ -161,9 +210,6 @@ def call_tool(tool: Tool, arguments: str | dict[str, Any]) -> ToolResult:
                                 error=True)
     except (Exception, SystemExit) as e:  # noqa: BLE001 - a tool's failure is an observation, not the run's
         result = ToolResult(f"error: {type(e).__name__}: {one_line(e)}", error=True)
-    limit = getattr(getattr(tool, "config", None), "max_output_chars", ToolOptions().max_output_chars)
-    result.output = truncate(str(result.output), limit)
-    result.seconds = time.monotonic() - start
     return result
 
 
@@ -186,13 +232,23 @@ def tool_class(name: str) -> type[Tool]:
 def build_tool(name: str, options: dict[str, Any] | None = None) -> Tool:
     """The tool ``name`` (registered name or ``pkg.module:Class``) with validated options.
 
+    With ``sandbox: none`` the tool is built here, in this process; otherwise the result is a
+    :class:`xrlhf.tools.sandbox.SandboxedTool` that builds it, and runs every call, in a
+    sandboxed worker process (started at the first call, or by its ``start()``).
+
     Raises:
         KeyError: for an unknown name, listing the valid ones.
         TypeError: if ``name`` is not a ``Tool`` subclass.
+        ValueError: a sandbox this machine cannot give, or a class a worker cannot import.
         pydantic.ValidationError: for bad options (the caller prefixes the YAML path).
     """
     cls = tool_class(name)
-    return cls(cls.Config.model_validate(options or {}))
+    config = cls.Config.model_validate(options or {})
+    if config.sandbox == "none":
+        return cls(config)
+    from xrlhf.tools.sandbox import SandboxedTool
+
+    return SandboxedTool(cls, config)
 
 
 class ToolSpec(BaseModel):
@@ -227,10 +283,15 @@ def tool_errors(specs: list[dict[str, Any] | ToolSpec], where: str) -> list[str]
             continue
         options = spec.get("options") or {}
         try:
-            cls.Config.model_validate(options)
+            config = cls.Config.model_validate(options)
         except ValidationError as e:
             errors += [f"{at}.options{''.join(f'.{p}' for p in err['loc'])}: {err['msg']} "
                        f"(got {err['input']!r})" for err in e.errors()]
+        else:
+            if config.sandbox != "none":
+                from xrlhf.tools.sandbox import sandbox_errors
+
+                errors += sandbox_errors(cls, config, f"{at}.options.sandbox")
         if cls.name in seen:
             errors.append(f"{at}.name: tool {cls.name!r} is already {where}[{seen[cls.name]}]; list each tool once")
         seen.setdefault(cls.name, i)

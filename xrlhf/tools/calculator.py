@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import Field
 
-from xrlhf.tools.base import Tool, ToolOptions, ToolResult, register_tool
+from xrlhf.tools.base import Sandbox, Tool, ToolOptions, ToolResult, register_tool
 
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
@@ -32,6 +32,8 @@ class CalculatorOptions(ToolOptions):
 
     max_digits: int = Field(1000, ge=16, le=4000, description="largest integer result, in decimal digits")
     max_chars: int = Field(500, ge=1, description="longest expression accepted")
+    sandbox: Sandbox = Field("none", description="none: in the trainer's process (bounded by construction, about "
+                             "25 us a call); a sandbox works too, at a pipe round trip a call")
 
 
 @register_tool("calculator")

@@ -67,6 +67,8 @@ class PythonOptions(ToolOptions):
         "process: rlimits and the audit hook only; auto: namespaces where they work")
     audit_hook: bool = Field(True, description="refuse fork/exec, sockets, writes outside the work dir and "
                              "ctypes inside the program's interpreter (a second layer)")
+    sandbox: Literal["none"] = Field("none", description="the tool itself runs in the trainer's process; each "
+                                     "program runs in a sandbox of its own (isolation)")
 
 
 @register_tool("python")
@@ -83,6 +85,7 @@ class PythonTool(Tool):
     description = "runs a Python program (standard library only) and returns what it prints"
     argument = "code"
     Config = PythonOptions
+    enforces_timeout = True  # the program's process group is killed at timeout_s
 
     def __init__(self, config: PythonOptions | None = None):
         super().__init__(config)
@@ -152,7 +155,8 @@ class PythonTool(Tool):
 
     def _result(self, rc: int, timed_out: bool, stdout: str, stderr: str) -> ToolResult:
         if timed_out:
-            return ToolResult(join(stdout, f"error: timed out after {self.config.timeout_s:g} s"), error=True)
+            return ToolResult(join(stdout, f"error: timed out after {self.config.timeout_s:g} s"), error=True,
+                              timed_out=True)
         if rc == 0:
             return ToolResult(stdout.rstrip("\n"))
         if rc == SETUP_FAILED and stderr.startswith("sandbox setup failed"):
@@ -270,6 +274,6 @@ def namespaces_unavailable() -> str | None:
         probe = PythonTool(PythonOptions(isolation="process", timeout_s=20)).run_code("print('ok')", namespaces=True)
         reason = None if probe.output.strip() == "ok" else one_line(probe.output)
     if reason:
-        logger.warning(f"python tool: namespace sandbox unavailable ({reason}); isolation 'auto' falls back "
-                       f"to process isolation (rlimits, process group, audit hook)")
+        logger.warning(f"namespace sandbox unavailable ({reason}): the python tool's isolation 'auto' and a tool's "
+                       f"sandbox 'auto' fall back to process isolation (rlimits, process group, audit hook)")
     return reason

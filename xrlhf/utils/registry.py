@@ -99,7 +99,11 @@ class Registry(Generic[T]):
 
 
 def import_path(path: str):
-    """Import ``pkg.mod:Attr`` and return ``Attr``; raises ``KeyError`` with a readable reason."""
+    """Import ``pkg.mod:Attr`` and return ``Attr``; raises ``KeyError`` with a readable reason.
+
+    Any failure of the import is that reason, in one line: a missing module, a ``SyntaxError``
+    (with its file and line) or whatever the module's own code raised while it was imported.
+    """
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
         raise KeyError(f"{path!r} is not an import path of the form 'pkg.module:Name'")
@@ -107,6 +111,12 @@ def import_path(path: str):
         module = importlib.import_module(module_name)
     except ImportError as e:
         raise KeyError(f"cannot import module {module_name!r} of {path!r}: {e}") from None
+    except SyntaxError as e:  # the user's file does not parse: say where
+        raise KeyError(f"cannot import module {module_name!r} of {path!r}: SyntaxError: {e.msg} "
+                       f"({e.filename}, line {e.lineno}); fix the file") from None
+    except Exception as e:  # noqa: BLE001 - the module's own code raised while it was imported
+        raise KeyError(f"cannot import module {module_name!r} of {path!r}: importing it raised "
+                       f"{type(e).__name__}: {_first_line(e)}; fix the module") from None
     try:
         obj = module
         for part in attr.split("."):
@@ -114,3 +124,8 @@ def import_path(path: str):
     except AttributeError:
         raise KeyError(f"module {module_name!r} has no attribute {attr!r}") from None
     return obj
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else "(no message)"

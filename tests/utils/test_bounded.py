@@ -1,0 +1,92 @@
+"""``call_bounded``: user code that never returns costs its caller ``timeout_s``, not the run; it
+never keeps the interpreter from exiting, and Ctrl-C does not wait for it."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from xrlhf.utils.bounded import UserCodeAborted, UserCodeTimeout, call_bounded, describe_running, running_calls
+
+
+@pytest.fixture
+def gate():
+    """An event a stuck call waits on; set at the end so no thread outlives the test."""
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+def test_result_and_exception_come_back():
+    assert call_bounded(lambda: 6 * 7, 5, "sum") == 42
+
+    def boom():
+        raise KeyError("missing")
+
+    with pytest.raises(KeyError, match="missing"):
+        call_bounded(boom, 5, "boom")
+    with pytest.raises(SystemExit):
+        call_bounded(lambda: sys.exit(3), 5, "exit")
+
+
+def test_a_stuck_call_times_out_and_is_listed_until_it_ends(gate):
+    start = time.monotonic()
+    with pytest.raises(UserCodeTimeout, match=r"env E: Episode.step \(prompt 'p'\): no answer after 0.3 s") as e:
+        call_bounded(gate.wait, 0.3, "env E: Episode.step (prompt 'p')")
+    assert e.value.timeout_s == 0.3 and 0.3 <= time.monotonic() - start < 5
+    (call,) = [c for c in running_calls() if c.what.startswith("env E")]
+    assert call.abandoned and "env E: Episode.step (prompt 'p') for 0 s (abandoned)" in describe_running(limit=100)
+    gate.set()  # the abandoned call ends on its own; then it is no longer listed
+    deadline = time.monotonic() + 10
+    while any(c.what.startswith("env E") for c in running_calls()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not any(c.what.startswith("env E") for c in running_calls())
+
+
+def test_cancel_stops_the_wait_at_once(gate):
+    cancel = threading.Event()
+    threading.Timer(0.2, cancel.set).start()
+    start = time.monotonic()
+    with pytest.raises(UserCodeAborted, match="tool t: abandoned"):
+        call_bounded(gate.wait, None, "tool t", cancel=cancel)
+    assert time.monotonic() - start < 5
+
+
+SCRIPT = textwrap.dedent("""
+    import sys, threading
+    from xrlhf.utils.bounded import UserCodeTimeout, call_bounded
+    forever = threading.Event()
+    print("waiting", flush=True)
+    try:
+        call_bounded(forever.wait, float(sys.argv[1]) if sys.argv[1] != "none" else None, "stuck")
+    except UserCodeTimeout:
+        print("timed out", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+""")
+
+
+def test_the_interpreter_exits_with_an_abandoned_call_running():
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, "0.2"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout == "waiting\ntimed out\n", proc.stderr
+
+
+def test_ctrl_c_does_not_wait_for_user_code():
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, "none"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline() == "waiting\n"  # inside the call (give or take a few lines)
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        start = time.monotonic()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert out == "interrupted\n" and proc.returncode == 0, err
+    assert time.monotonic() - start < 10
