@@ -1,6 +1,6 @@
 """The vLLM engine's own logic on CPU, with vLLM replaced by a small fake.
 
-The fake ``LLM`` runs the real worker extension (``xrlhf.engines.vllm_ext``) on a model laid
+The fake ``LLM`` runs the real worker extension (``xrlhf.engines.vllm.extension``) on a model laid
 out as vLLM lays out a Llama (q/k/v and gate/up fused), and every ``collective_rpc`` argument
 crosses a pickle boundary as it would to vLLM's engine process. What it checks: the mapping
 of our config and sampling parameters to vLLM's, the sleep/wake order around a sync, weights
@@ -36,10 +36,14 @@ REAL_VLLM = importlib.util.find_spec("vllm") is not None
 
 
 def test_engines_import_without_vllm_and_choosing_it_says_how_to_install():
-    code = ("import sys, xrlhf.engines, xrlhf.engines.base as b, xrlhf.weight_sync, xrlhf.engines.vllm_ext\n"
+    code = ("import sys, xrlhf.engines, xrlhf.engines.base as b, xrlhf.weight_sync, xrlhf.engines.vllm.extension\n"
+            "import xrlhf.engines.vllm.loop, xrlhf.engines.vllm.options\n"
+            "cls = b.engine_class('vllm', 'generate')\n"  # the registry finds the package by the backend's name
+            "print(cls.__module__, 'generate' in b.engine_names('generate'), 'vllm' in b.engine_names('generate'))\n"
             "assert 'vllm' not in sys.modules\n"
             "try:\n    b.build_engine('vllm', b.EngineSpec('x'), 'generate')\nexcept KeyError as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[0] == "xrlhf.engines.vllm.engine False True"
     if not REAL_VLLM:
         assert "pip install -e '.[gpu]'" in out and "vllm" in out
 
@@ -225,7 +229,7 @@ class FakeLLM:
     def __init__(self, **kwargs):
         from transformers import AutoModelForCausalLM
 
-        from xrlhf.engines.vllm_ext import XrlhfWorkerExtension
+        from xrlhf.engines.vllm.extension import XrlhfWorkerExtension
 
         self.kwargs = kwargs
         self.calls: list = []
@@ -348,7 +352,7 @@ def test_llm_arguments_from_the_config(vllm_module, tiny_model):
     assert kwargs["gpu_memory_utilization"] == 0.3 and kwargs["enforce_eager"] and kwargs["max_model_len"] == 512
     assert kwargs["enable_sleep_mode"] and kwargs["max_num_seqs"] == 64 and kwargs["tensor_parallel_size"] == 1
     assert kwargs["logprobs_mode"] == "processed_logprobs" and kwargs["generation_config"] == "vllm"
-    assert kwargs["worker_extension_cls"] == "xrlhf.engines.vllm_ext.XrlhfWorkerExtension"
+    assert kwargs["worker_extension_cls"] == "xrlhf.engines.vllm.extension.XrlhfWorkerExtension"
     assert "distributed_executor_backend" not in kwargs
     kwargs, _ = vllm_module.llm_kwargs(engine_spec(tiny_model, tensor_parallel_size=2, sleep_level=0))
     assert kwargs["distributed_executor_backend"] == "mp" and not kwargs["enable_sleep_mode"]
@@ -453,7 +457,7 @@ def test_large_buffers_cross_to_vllm_through_shared_memory(tmp_path):
     without shared memory everything goes in band."""
     import os
 
-    from xrlhf.engines.vllm_ext import ShmPool, from_payload, to_payload
+    from xrlhf.engines.vllm.extension import ShmPool, from_payload, to_payload
 
     pool = ShmPool(str(tmp_path))
     transport = build_transport("cpu", verify=True)  # sent as is (not ``local``): its numpy buffer out of band

@@ -19,8 +19,8 @@ attributes (``self.options.lr``), so a default lives in exactly one place.
 the coordinator): ``starts_alone``, ``workers_per_engine``, ``frees_memory_when_asleep``,
 ``shares_trainer_process``, ``placement_errors``, ``rng_state``.
 
-**The backend table is the registry.** One file per backend (``hf.py``, ``deepspeed.py``,
-``vllm.py``) registers one class per role under ``"<backend>.<role>"``; ``ENGINES`` finds the
+**The backend table is the registry.** One module per backend (``hf.py``, ``deepspeed.py``,
+the package ``vllm/``) registers one class per role under ``"<backend>.<role>"``; ``ENGINES`` finds the
 file by the backend's name and imports it only when that backend is named or every name is
 listed, so each backend file imports its heavy library (vLLM, DeepSpeed) inside the functions
 that use it: validation reads every ``Options`` without vLLM or DeepSpeed installed. A class's

@@ -14,7 +14,7 @@ nothing, giving T = 1 logprobs as the HF engine does; with ``top_p < 1`` or ``to
 are of the renormalised nucleus (the true behaviour policy), higher than the trainer's by
 log(nucleus mass), which the mismatch metric shows and truncated IS corrects.
 
-Weights. Updates go through ``xrlhf.engines.vllm_ext.XrlhfWorkerExtension`` inside vLLM's
+Weights. Updates go through ``xrlhf.engines.vllm.extension.XrlhfWorkerExtension`` inside vLLM's
 worker, called with ``collective_rpc``: the transport's receive side runs there, so CUDA IPC
 handles are mapped, NCCL buffers received and checksums checked where the weights land.
 
@@ -25,7 +25,7 @@ writes them as a PEFT adapter directory in /dev/shm and loads it with the worker
 (``load_inplace``: one adapter id, replaced by each sync); every request then carries its
 ``LoRARequest``. A merged sync needs none of this: vLLM gets full weights. See docs/lora.md.
 
-Threads. A call with ``seeds`` (the asynchronous rollout's) goes through ``vllm_loop``'s
+Threads. A call with ``seeds`` (the asynchronous rollout's) goes through ``loop``'s
 request loop: one thread streams every concurrent keyed call through ``llm.llm_engine``, and a
 weight sync that arrives while they generate pauses vLLM with its requests kept, loads, and
 resumes (``pauses_mid_generation``; ``SamplingParams.on_update`` says what the running rows do).
@@ -43,100 +43,16 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
-from typing import Any, Iterator, Literal
+from typing import Any, Iterator
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
-from xrlhf.engines.base import (ENGINES, EngineSpec, GenerateEngine, GenerateOptions, GenerationOutput, NamedTensors,
-                                RolloutPlan, SamplingParams)
-from xrlhf.engines.vllm_ext import LORA_ID, LORA_NAME, ShmPool, to_payload
-from xrlhf.engines.vllm_loop import RequestLoop, sampled_logprobs
+from xrlhf.engines.base import (ENGINES, EngineSpec, GenerateEngine, GenerationOutput, NamedTensors, RolloutPlan,
+                                SamplingParams)
+from xrlhf.engines.vllm.extension import LORA_ID, LORA_NAME, ShmPool, to_payload
+from xrlhf.engines.vllm.loop import RequestLoop, sampled_logprobs
+from xrlhf.engines.vllm.options import ENV_DEFAULTS, LORA_RANKS, VLLMOptions, llm_kwargs
 from xrlhf.weight_sync import Message, Transport, WeightSyncError, build_transport
-
-EXTENSION = "xrlhf.engines.vllm_ext.XrlhfWorkerExtension"
-
-ENV_DEFAULTS = {
-    "VLLM_NO_USAGE_STATS": "1",  # the usage thread posts to stats.vllm.ai with no timeout
-    "DO_NOT_TRACK": "1",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "VLLM_HOST_IP": "127.0.0.1",  # skips the 8.8.8.8 probe of get_ip(); one node only
-    # vLLM's engine process: spawned rather than forked from a process whose threads (tokenizers,
-    # OpenMP, CUDA) may hold locks the child inherits. vLLM forks by default and that does start
-    # (76 s on an H200, docs/vllm.md), but in a worker that already trains, CUDA is initialised
-    # and vLLM spawns anyway; spawning always makes the two cases one.
-    "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
-    "TOKENIZERS_PARALLELISM": "false",
-}
-"""Set (unless already set) before vLLM is imported: no network on the way up."""
-
-
-class VLLMOptions(GenerateOptions):
-    """``policy.generate`` with ``engine: vllm``: the shared sampling fields plus these (docs/vllm.md)."""
-
-    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per generator (tensor parallel)")
-    gpu_memory_utilization: float = Field(0.4, gt=0, le=1, description="share of the GPU's total memory vLLM may "
-                                          "use (weights, activations, CUDA graphs, KV cache)")
-    enforce_eager: bool = Field(False, description="no torch.compile and no CUDA graphs")
-    sleep_level: Literal[0, 1, 2] = Field(1, description="co-located: what is freed while training runs: 0 nothing, "
-                                          "1 KV cache (weights to CPU), 2 KV cache and weights")
-    max_model_len: int | None = Field(None, ge=1, description="longest prompt + response (default: the model's)")
-    max_num_seqs: int | None = Field(None, ge=1, description="sequences decoded at once (CUDA graph sizes)")
-    engine_options: dict[str, Any] = Field(default_factory=dict, description="more vllm.LLM arguments, passed as "
-                                           "they are, and 'env': variables set before vLLM is imported")
-    seeded_sampling: bool = Field(False, description="asynchronous rollout: give each request its sample seed, so a "
-                                  "sample repeats from its seed. vLLM then samples the seeded rows one by one (a "
-                                  "kernel per row and token, v1/sample/ops/topk_topp_sampler.py): slower. Off: the "
-                                  "batch's fused sampler; vLLM is not batch-invariant anyway, so regeneration on the "
-                                  "GPU is 'same distribution', not bit-identical, either way")
-
-
-TYPED_OPTIONS = ("tensor_parallel_size", "gpu_memory_utilization", "enforce_eager", "max_model_len",
-                 "max_num_seqs")
-"""``VLLMOptions`` fields passed to ``vllm.LLM`` under the same names."""
-
-
-def llm_kwargs(spec: EngineSpec) -> tuple[dict[str, Any], dict[str, str]]:
-    """The ``vllm.LLM`` keyword arguments for ``spec`` and the user's environment: ``(kwargs, env)``.
-
-    ``policy.generate.engine_options`` adds or overrides keyword arguments (``compilation_config``,
-    ``max_num_batched_tokens``, ``enable_prefix_caching`` ...) and may hold ``env``: variables
-    set before vLLM is imported (``VLLM_ENABLE_V1_MULTIPROCESSING: 0`` runs vLLM's engine in
-    this process). ``ENV_DEFAULTS`` apply where neither the user nor the process set a value.
-    """
-    opts = spec.options if isinstance(spec.options, VLLMOptions) else VLLMOptions.model_validate(spec.options)
-    extra = dict(opts.engine_options)
-    env = {k: str(v) for k, v in (extra.pop("env", None) or {}).items()}
-    kwargs: dict[str, Any] = {
-        "model": os.path.abspath(spec.model_path),
-        "skip_tokenizer_init": True,
-        "dtype": opts.dtype,
-        "seed": spec.seed + 1009 * spec.dist.rank,  # data-parallel generators sample differently
-        "enable_sleep_mode": opts.sleep_level > 0,
-        "generation_config": "vllm",  # no defaults from generation_config.json: ours are explicit
-        "logprobs_mode": "processed_logprobs",
-        "worker_extension_cls": EXTENSION,
-    }
-    for key in TYPED_OPTIONS:
-        if getattr(opts, key) is not None:
-            kwargs[key] = getattr(opts, key)
-    if spec.adapter is not None:  # syncs carry the policy's LoRA adapter: one slot of its rank
-        kwargs.update(enable_lora=True, max_loras=1, max_cpu_loras=1, max_lora_rank=lora_rank(spec.adapter.rank))
-    if kwargs.get("tensor_parallel_size", 1) > 1:
-        # Inside a Ray actor vLLM would pick its Ray executor and ask Ray for GPUs the actor holds.
-        kwargs["distributed_executor_backend"] = "mp"
-    kwargs.update(extra)
-    return kwargs, env
-
-
-LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-"""The ``max_lora_rank`` values vLLM 0.25.1 accepts (``vllm.config.lora.MaxLoRARanks``)."""
-
-
-def lora_rank(rank: int) -> int:
-    """The smallest ``max_lora_rank`` vLLM accepts that holds an adapter of ``rank``."""
-    return next(r for r in LORA_RANKS if r >= rank)
-
 
 @ENGINES.register("vllm.generate")
 class VLLMGenerateEngine(GenerateEngine):
@@ -146,7 +62,7 @@ class VLLMGenerateEngine(GenerateEngine):
     requires = ("vllm",)
     pip_extra = "gpu"
     starts_alone = True  # vLLM sizes its KV cache from the GPU memory it sees free while it starts
-    pauses_mid_generation = True  # keyed calls: vllm_loop pauses, loads, resumes
+    pauses_mid_generation = True  # keyed calls: the request loop pauses, loads, resumes
     batches_concurrent_calls = True  # keyed calls: one request loop serves them all
 
     @classmethod
@@ -165,7 +81,7 @@ class VLLMGenerateEngine(GenerateEngine):
 
     @classmethod
     def adapter_errors(cls, options: BaseModel, adapter: BaseModel) -> list[str]:
-        """vLLM serves the policy's LoRA adapter from tensors (``vllm_ext``): up to rank 512, and
+        """vLLM serves the policy's LoRA adapter from tensors (``extension``): up to rank 512, and
         only while it keeps the base weights (an adapter sync does not send them again)."""
         errors = []
         if adapter.rank > LORA_RANKS[-1]:
@@ -241,7 +157,7 @@ class VLLMGenerateEngine(GenerateEngine):
     # -- generation ---------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  seeds: list[int] | None = None) -> GenerationOutput:
-        """``seeds`` given: through the request loop (``vllm_loop``), which serves concurrent calls
+        """``seeds`` given: through the request loop (``loop``), which serves concurrent calls
         together and lets a weight sync land mid-generation; each token is stamped with the
         version that sampled it. ``None``: ``LLM.generate``, once the loop is idle."""
         if seeds is None:
@@ -317,7 +233,7 @@ class VLLMGenerateEngine(GenerateEngine):
     @contextmanager
     def _syncing(self) -> Iterator[None]:
         """Part of a sync: the first part takes the LLM (pausing running generation, see
-        ``vllm_loop``); a failure ends the sync, failing the calls it paused."""
+        ``loop``); a failure ends the sync, failing the calls it paused."""
         if self._sync is None:
             self._sync = self._loop.begin_sync()
         try:
@@ -341,7 +257,7 @@ class VLLMGenerateEngine(GenerateEngine):
                 if self._shm is None:
                     self._shm = ShmPool()
                 local = None if part is None else [transport.local(m) for m in part]  # same host: name shared buffers
-                n += int(self._rpc("xrlhf_receive", to_payload((transport, local), self._shm))[0])  # vllm_ext
+                n += int(self._rpc("xrlhf_receive", to_payload((transport, local), self._shm))[0])  # extension.py
             self._weights_valid = True
             self._reset_cache = True
             self._adapter_sent = self._adapter_sent or n > 0
