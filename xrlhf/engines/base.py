@@ -434,6 +434,10 @@ class SamplingParams:
     """Weights may land while this call runs (``rollout.in_flight_updates``). Only then must an
     engine follow each token's version as it is sampled (vLLM: per-step outputs, which cost host
     time on every step); otherwise a row that sees an update mid-call is restarted."""
+    logprobs: bool = True
+    """Return each sampled token's logprob. ``False``: the engine need not compute or move them
+    (vLLM's per-token logprob outputs cost ~30% of its throughput on a small model) and
+    ``GenerationOutput.logprobs`` is ``[]``."""
 
 
 @dataclass
@@ -443,6 +447,9 @@ class GenerationOutput:
 
     token_ids: list[list[int]]
     logprobs: list[list[float]]
+    """``B`` lists like ``token_ids``; ``[]`` (no rows at all, whatever ``B``) when the call asked for
+    none (``SamplingParams.logprobs=False``), for every engine: a consumer that reads them anyway
+    fails at once instead of reading numbers no sampler produced."""
     versions: list[list[int]] = field(default_factory=list)
     """``B`` lists like ``token_ids``; empty when the engine does not stamp versions."""
 

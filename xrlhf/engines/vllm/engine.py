@@ -151,7 +151,9 @@ class VLLMGenerateEngine(GenerateEngine):
             self._rpc("xrlhf_set_adapter", {"r": a.rank, "lora_alpha": a.lora_alpha, "target_modules": a.target_modules,
                                             "bias": "none"}, self._adapter_dir)
         self._loop = RequestLoop(self.llm, version=lambda: self.version, prepare=self._prepare_requests,
-                                 lora=lambda: self._lora)
+                                 lora=lambda: self._lora, take=self._take_logprobs)
+        if self.options.logprobs_path == "worker":  # logprobs kept on the GPU in vLLM's worker (record.py)
+            self._rpc("xrlhf_record_logprobs")
         self._sync: bool | None = None  # during a sync (its thread only): whether it paused generation
 
     # -- generation ---------------------------------------------------------------------------
@@ -176,8 +178,9 @@ class VLLMGenerateEngine(GenerateEngine):
         fields = dict(self._sampling_fields(params), output_kind=kind)
         seeded = self.options.seeded_sampling
         call = self._loop.generate(prompts, seeds, lambda seed: VSamplingParams(**fields, seed=seed if seeded else None),
-                                   params.on_update if params.in_flight else "abort")
-        return GenerationOutput([r.token_ids for r in call.rows], [r.logprobs for r in call.rows],
+                                   params.on_update if params.in_flight else "abort", self._logprobs_from(params))
+        return GenerationOutput([r.token_ids for r in call.rows],
+                                [r.logprobs for r in call.rows] if params.logprobs else [],
                                 [r.versions for r in call.rows])
 
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
@@ -192,9 +195,27 @@ class VLLMGenerateEngine(GenerateEngine):
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts], sp,
                                  use_tqdm=False, **({} if self._lora is None else {"lora_request": self._lora}))
         token_ids = [list(out.outputs[0].token_ids) for out in outs]
-        return GenerationOutput(token_ids, [sampled_logprobs(out.outputs[0].logprobs, ids)
-                                            for out, ids in zip(outs, token_ids)],
-                                [[self.version] * len(ids) for ids in token_ids])
+        source = self._logprobs_from(params)
+        if source == "worker":
+            logprobs = self._take_logprobs([out.request_id for out in outs], token_ids, [])
+        else:
+            logprobs = [sampled_logprobs(out.outputs[0].logprobs, ids) for out, ids in zip(outs, token_ids)] \
+                if source == "outputs" else []
+        return GenerationOutput(token_ids, logprobs, [[self.version] * len(ids) for ids in token_ids])
+
+    def _logprobs_from(self, params: SamplingParams) -> str | None:
+        """Where a call's logprobs come from: vLLM's ``"outputs"``, its ``"worker"``, or nowhere."""
+        return self.options.logprobs_path if params.logprobs else None
+
+    def _take_logprobs(self, ids: list[str], token_ids: list[list[int]], drop: list[str]) -> list[list[float]]:
+        """The worker-side logprobs of finished requests ``ids`` (``xrlhf_take_logprobs``), one list
+        per request as long as its tokens; ``drop``: requests whose logprobs are never taken."""
+        import numpy as np
+
+        lengths = [len(t) for t in token_ids]
+        flat = np.frombuffer(self._rpc("xrlhf_take_logprobs", list(ids), lengths, list(drop))[0], dtype=np.float32)
+        ends = np.cumsum(lengths).tolist()
+        return [flat[end - n:end].tolist() for n, end in zip(lengths, ends)]
 
     def _prepare_requests(self, idle: bool) -> None:
         """Run by the request loop, owning the LLM, before it adds a call's requests. The prefix
@@ -227,7 +248,8 @@ class VLLMGenerateEngine(GenerateEngine):
         stop = [] if params.ignore_eos else list(params.stop_token_ids or self.eos_ids)
         return dict(n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or 0,
                     max_tokens=params.max_new_tokens, stop_token_ids=stop, ignore_eos=params.ignore_eos,
-                    logprobs=0, flat_logprobs=True, detokenize=False)
+                    logprobs=0 if self._logprobs_from(params) == "outputs" else None, flat_logprobs=True,
+                    detokenize=False)
 
     # -- weights ------------------------------------------------------------------------------
     @contextmanager

@@ -42,10 +42,14 @@ class VLLMOptions(GenerateOptions):
     engine_options: dict[str, Any] = Field(default_factory=dict, description="more vllm.LLM arguments, passed as "
                                            "they are, and 'env': variables set before vLLM is imported")
     seeded_sampling: bool = Field(False, description="asynchronous rollout: give each request its sample seed, so a "
-                                  "sample repeats from its seed. vLLM then samples the seeded rows one by one (a "
-                                  "kernel per row and token, v1/sample/ops/topk_topp_sampler.py): slower. Off: the "
-                                  "batch's fused sampler; vLLM is not batch-invariant anyway, so regeneration on the "
-                                  "GPU is 'same distribution', not bit-identical, either way")
+                                  "sample repeats from its seed. vLLM's V2 model runner (the default) seeds every "
+                                  "request anyway (Gumbel noise from seed and position), so this costs nothing there; "
+                                  "its V1 runner samples seeded rows one by one (a kernel per row and token). vLLM "
+                                  "is not batch-invariant, so regeneration is 'same distribution', not bit-identical")
+    logprobs_path: Literal["outputs", "worker"] = Field(
+        "outputs", description="how the sampled tokens' logprobs reach xrlhf: 'outputs', vLLM's per-token outputs "
+        "(per request and step on the host); 'worker', computed by vLLM's own kernel in its worker, kept on the GPU "
+        "and fetched once per call (needs vLLM's V2 model runner; docs/design/generation-speed.md)")
 
 
 TYPED_OPTIONS = ("tensor_parallel_size", "gpu_memory_utilization", "enforce_eager", "max_model_len",
