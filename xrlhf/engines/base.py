@@ -206,7 +206,8 @@ class Engine(ABC):
     pip_extra: ClassVar[str | None] = None
     starts_alone: ClassVar[bool] = False
     """The coordinator builds this engine before any other worker and waits for it (vLLM sizes
-    its KV cache from the GPU memory it sees free while it starts)."""
+    its KV cache from the GPU memory it sees free while it starts). ``starts_alone_with`` says it
+    for given options."""
 
     def __init__(self, spec: EngineSpec):
         if not isinstance(spec.options, self.Options):  # a copy: one spec may serve engines of two roles
@@ -214,6 +215,16 @@ class Engine(ABC):
             spec = dataclasses.replace(spec, options=self.Options.model_validate(given or {}))
         self.spec = spec
         self.options = spec.options
+
+    @classmethod
+    def starts_alone_with(cls, options: BaseModel | dict[str, Any]) -> bool:
+        """Whether an engine built with ``options`` starts alone (``starts_alone`` by default)."""
+        return cls.starts_alone
+
+    @classmethod
+    def preload(cls, options: BaseModel | dict[str, Any]) -> None:
+        """Import what building an engine with ``options`` will import (vLLM: ~10 s), so that a
+        host may run it in a thread while other engines build. Default: nothing."""
 
     @classmethod
     def missing_packages(cls) -> list[str]:

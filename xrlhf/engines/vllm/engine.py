@@ -51,7 +51,7 @@ from xrlhf.engines.base import (ENGINES, EngineSpec, GenerateEngine, GenerationO
                                 SamplingParams)
 from xrlhf.engines.vllm.extension import LORA_ID, LORA_NAME, ShmPool, to_payload
 from xrlhf.engines.vllm.loop import RequestLoop, sampled_logprobs
-from xrlhf.engines.vllm.options import ENV_DEFAULTS, LORA_RANKS, VLLMOptions, llm_kwargs
+from xrlhf.engines.vllm.options import ENV_DEFAULTS, LORA_RANKS, VLLMOptions, engine_env, llm_kwargs
 from xrlhf.weight_sync import Message, Transport, WeightSyncError, build_transport
 
 @ENGINES.register("vllm.generate")
@@ -61,13 +61,28 @@ class VLLMGenerateEngine(GenerateEngine):
     Options = VLLMOptions
     requires = ("vllm",)
     pip_extra = "gpu"
-    starts_alone = True  # vLLM sizes its KV cache from the GPU memory it sees free while it starts
+    starts_alone = True  # vLLM sizes its KV cache from the GPU memory it sees free while it starts (by default)
     pauses_mid_generation = True  # keyed calls: the request loop pauses, loads, resumes
     batches_concurrent_calls = True  # keyed calls: one request loop serves them all
 
     @classmethod
     def workers_per_engine(cls, options: BaseModel) -> int:
         return options.tensor_parallel_size
+
+    @classmethod
+    def starts_alone_with(cls, options: BaseModel | dict[str, Any]) -> bool:
+        """Alone unless ``kv_cache_tokens`` sizes the KV cache: vLLM then measures no free memory
+        (``determine_available_memory`` returns the given size after its profile run,
+        v1/worker/gpu_worker.py:442-460), so others may allocate while it starts."""
+        return _options(options).kv_cache_tokens is None
+
+    @classmethod
+    def preload(cls, options: BaseModel | dict[str, Any]) -> None:
+        """Set the engine's environment and import vLLM (what ``__init__`` does first), e.g. in a
+        thread while the trainer's engines build; a later ``__init__`` finds it imported."""
+        set_environment(_options(options))
+        import vllm  # noqa: F401
+        from vllm import LLM  # noqa: F401 - the lazy attribute imports the engine's modules
 
     @classmethod
     def placement_errors(cls, options: BaseModel, where: str, gpus_per_rank: float, split: bool) -> list[str]:
@@ -120,13 +135,11 @@ class VLLMGenerateEngine(GenerateEngine):
 
     def __init__(self, spec: EngineSpec):
         super().__init__(spec)
-        kwargs, env = llm_kwargs(self.spec)
+        kwargs, _ = llm_kwargs(self.spec)
         if kwargs.get("stream_interval", 1) != 1:  # held-back tokens would be stamped with a later version
             raise ValueError("policy.generate.engine_options.stream_interval: xrlhf needs every step's tokens "
                              f"(1), got {kwargs['stream_interval']}")
-        os.environ.update(env)
-        for k, v in ENV_DEFAULTS.items():
-            os.environ.setdefault(k, v)
+        set_environment(self.options)
         from vllm import LLM
 
         self.sleep_level = self.options.sleep_level
@@ -374,6 +387,18 @@ class VLLMGenerateEngine(GenerateEngine):
         if llm is not None:
             llm.llm_engine.engine_core.shutdown()
             self.llm = None
+
+
+def _options(options: BaseModel | dict[str, Any]) -> VLLMOptions:
+    return options if isinstance(options, VLLMOptions) else VLLMOptions.model_validate(
+        options.model_dump() if isinstance(options, BaseModel) else options)
+
+
+def set_environment(options: VLLMOptions) -> None:
+    """The engine's variables (``engine_env``) and ``ENV_DEFAULTS`` where unset, before vLLM is imported."""
+    os.environ.update(engine_env(options))
+    for k, v in ENV_DEFAULTS.items():
+        os.environ.setdefault(k, v)
 
 
 def _eos_ids(model_path: str) -> list[int]:
