@@ -25,7 +25,11 @@ def test_speed_options_reach_vllm_only_when_set(tiny_model):
                                          max_num_batched_tokens=32768, cudagraph_capture_sizes=[1, 8, 64, 512]))
     assert (kwargs["async_scheduling"], kwargs["enable_prefix_caching"], kwargs["max_num_batched_tokens"],
             kwargs["cudagraph_capture_sizes"]) == (False, False, 32768, [1, 8, 64, 512])
-    assert env == {}
+    assert env == {} and "compilation_config" not in kwargs
+    kwargs, _ = llm_kwargs(engine_spec(tiny_model, torch_compile=False))
+    assert kwargs["compilation_config"] == {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
+    kwargs, _ = llm_kwargs(engine_spec(tiny_model, torch_compile=False, enforce_eager=True))
+    assert "compilation_config" not in kwargs and kwargs["enforce_eager"]  # eager: no graphs either
     kwargs, _ = llm_kwargs(engine_spec(tiny_model, enable_prefix_caching=False,
                                        engine_options={"enable_prefix_caching": True}))
     assert kwargs["enable_prefix_caching"] is True  # engine_options has the last word, as documented

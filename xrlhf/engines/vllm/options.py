@@ -68,6 +68,9 @@ class VLLMOptions(GenerateOptions):
         "next one); null: vLLM's 1, 2, 4, then every 8 to 256 and every 16 above (51 sizes at max_num_seqs 512, "
         "each captured twice). Fewer sizes start faster")
     # -- start-up --------------------------------------------------------------------------------
+    torch_compile: bool = Field(True, description="vLLM compiles the model with torch.compile (its default); false: "
+                                "no compilation at start-up, the decode steps still run as whole CUDA graphs "
+                                "(FULL_DECODE_ONLY), of unfused kernels")
     multiprocessing: bool = Field(True, description="vLLM's engine core in a process of its own (vLLM's default); "
                                   "false: in this process (no process to spawn and import at start-up), its host "
                                   "work then shares this process's interpreter")
@@ -161,6 +164,10 @@ def llm_kwargs(spec: EngineSpec) -> tuple[dict[str, Any], dict[str, str]]:
     kv = kv_cache_bytes(spec.model_path, opts)
     if kv is not None:
         kwargs["kv_cache_memory_bytes"] = kv
+    if not opts.torch_compile and not opts.enforce_eager:
+        # mode 0: no compilation (config/vllm.py:1166-1172); FULL graphs need none (only piecewise ones
+        # do, config/vllm.py:1205-1217)
+        kwargs["compilation_config"] = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
     if spec.adapter is not None:  # syncs carry the policy's LoRA adapter: one slot of its rank
         kwargs.update(enable_lora=True, max_loras=1, max_cpu_loras=1, max_lora_rank=lora_rank(spec.adapter.rank))
     if kwargs.get("tensor_parallel_size", 1) > 1:
