@@ -1,7 +1,9 @@
 """vLLM backend of the generate engine (vllm 0.25.1), imported only when ``engine: vllm``.
 
 One ``vllm.LLM`` per engine, fed token ids (``skip_tokenizer_init``: the model's EOS is passed
-as a stop id) and asked for the logprob of each sampled token (``logprobs=0``).
+as a stop id) and asked for the logprob of each sampled token (``logprobs=0``) when the call
+wants them (``SamplingParams.logprobs``), unless ``logprobs_path: worker`` keeps them on the GPU
+in vLLM's worker and takes them once per call (``record.py``; docs/design/generation-speed.md).
 
 Logprobs. The contract of ``GenerateEngine`` is the logprob under softmax(logits / T) before
 top-p/top-k, the distribution the trainer recomputes. vLLM's default ``raw_logprobs`` are of
