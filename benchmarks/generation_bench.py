@@ -219,6 +219,29 @@ def run_configs(args, model: str, prompts: list[list[int]], result: dict[str, An
     sampler.close()
 
 
+def run_hf(args, model: str, prompts: list[list[int]], sampler, result: dict[str, Any]) -> None:
+    """The Transformers engine at each ``--hf-micro-batch``; the fastest goes into ``result``."""
+    import gc
+
+    import torch
+
+    from xrlhf.engines.base import EngineSpec
+    from xrlhf.engines.hf import HFGenerateEngine
+
+    tried = {}
+    for mb in map(int, str(args.hf_micro_batch).split(",")):
+        engine = HFGenerateEngine(EngineSpec(model, device="cuda", options={"micro_batch_size": mb, "dtype": "bfloat16"}))
+        seconds, tokens = timed(engine, prompts, args.new_tokens, sampler)
+        tried[mb] = dict(hf_seconds=seconds, hf_tokens_per_s=tokens / seconds, hf_micro_batch_size=mb,
+                         hf_gpu_utilization=sampler.utilization())
+        print(f"hf micro-batch {mb}: {tokens / seconds:.0f} tokens/s", flush=True)
+        del engine
+        gc.collect()
+        torch.cuda.empty_cache()
+    result.update(max(tried.values(), key=lambda r: r["hf_tokens_per_s"]))
+    result["hf_tokens_per_s_by_micro_batch"] = {mb: round(r["hf_tokens_per_s"]) for mb, r in tried.items()}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--preset", default="0.5b", help="model preset (xrlhf.models.tiny.PRESETS): '0.5b' (the "
@@ -241,8 +264,6 @@ def main() -> None:
     p.add_argument("--name", default="configs", help="with --configs: the JSON is generation-<name>.json")
     p.add_argument("--out", default="benchmarks/results")
     args = p.parse_args()
-
-    from xrlhf.engines.base import EngineSpec
 
     from transformers import AutoConfig
 
@@ -276,24 +297,7 @@ def main() -> None:
         engine.shutdown()
         del engine
     if "hf" in args.engines:
-        import gc
-
-        import torch
-
-        from xrlhf.engines.hf import HFGenerateEngine
-
-        tried = {}
-        for mb in map(int, str(args.hf_micro_batch).split(",")):
-            engine = HFGenerateEngine(EngineSpec(model, device="cuda", options={"micro_batch_size": mb, "dtype": "bfloat16"}))
-            seconds, tokens = timed(engine, prompts, args.new_tokens, sampler)
-            tried[mb] = dict(hf_seconds=seconds, hf_tokens_per_s=tokens / seconds, hf_micro_batch_size=mb,
-                             hf_gpu_utilization=sampler.utilization())
-            print(f"hf micro-batch {mb}: {tokens / seconds:.0f} tokens/s", flush=True)
-            del engine
-            gc.collect()
-            torch.cuda.empty_cache()
-        result.update(max(tried.values(), key=lambda r: r["hf_tokens_per_s"]))
-        result["hf_tokens_per_s_by_micro_batch"] = {mb: round(r["hf_tokens_per_s"]) for mb, r in tried.items()}
+        run_hf(args, model, prompts, sampler, result)
     sampler.close()
     if result["vllm_tokens_per_s"] and result["hf_tokens_per_s"]:
         result["speedup"] = result["vllm_tokens_per_s"] / result["hf_tokens_per_s"]
