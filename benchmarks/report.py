@@ -187,7 +187,7 @@ def weight_sync_cpu(r: dict | None) -> list[str]:
             "serializes its storage through `torch.save` into a `BytesIO`, several copies into fresh memory per "
             "tensor, and each device-to-host copy went into fresh pageable memory. Now a bucket is one reused "
             "pinned buffer; through Ray's object store nothing else is copied, and into vLLM's engine process the "
-            "buffers go through shared-memory files reused from sync to sync (`vllm_ext.ShmPool`), the RPC "
+            "buffers go through shared-memory files reused from sync to sync (`vllm.extension.ShmPool`), the RPC "
             "carrying only metadata. A 1 GiB copy here: ~0.27 s into reused memory, 1.1-1.9 s into fresh "
             "memory, whose pages fault in.", ""]
     return out

@@ -22,11 +22,32 @@ Variants (``--variants``, in order; caches are directories of their own, so "col
 Writes ``startup.json``. On the GPU machine::
 
     python -m benchmarks.startup --out benchmarks/results
+
+**The vLLM engine alone** (``--engine``, issue 25): ``VLLMGenerateEngine`` built in a fresh
+process per variant, all variants sharing one compile cache (``--cache-dir``, the engine's
+``compile_cache_dir``), so "cold" (the directory emptied first) and the variants after it
+(warm) differ only by the cache. Each reports the seconds to import vLLM (``preload``) and to
+build the engine, and vLLM's own lines (engine process start, model load, compilation, graph
+capture, KV cache); with ``--generate N`` the variants of ``--generate-for`` then time one
+generation of N prompts with and without logprobs. Variants (``ENGINE_VARIANTS``) over W's vLLM
+options with the KV cache sized for W's batch (``W_VLLM``): ``cold``, ``warm``, ``warm-inprocess``
+(the engine core in this process: no process to spawn), ``nocompile-inprocess`` (no torch.compile,
+whole-step CUDA graphs for decoding; its compile key differs but it compiles nothing), ``fewgraphs`` (11 CUDA-graph sizes
+instead of 51; the sizes are part of vLLM's compile cache key, so its first run compiles: run it
+twice). A configuration's compile cache is found only by a configuration of the same key
+(``VllmConfig.compute_hash``: the KV cache's size is in it, the multiprocessing switch and
+prefix caching are not)::
+
+    python -m benchmarks.startup --engine --variants cold,warm,warm-inprocess --generate 512 \
+        --generate-for warm-inprocess --cache-dir /tmp/xrlhf-i25-cache --out benchmarks/results
+
+writes ``startup-engine.json``. ``--parse-log FILE`` prints vLLM's start-up lines of any log as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -53,6 +74,19 @@ _STAMP = r"(\d\d:\d\d:\d\d)"
 def _seconds(hms: str) -> int:
     h, m, s = (int(x) for x in hms.split(":"))
     return h * 3600 + m * 60 + s
+
+
+W_VLLM = {"sleep_level": 2, "gpu_memory_utilization": 0.3, "max_model_len": 512, "max_num_seqs": 512,
+          "dtype": "bfloat16", "kv_cache_tokens": "batch"}
+"""The vLLM options of configs/gpu/grpo_w.yaml, the KV cache sized for its batch (512 x 512 tokens)."""
+
+FEW_GRAPHS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512]
+
+ENGINE_VARIANTS = {"cold": (True, {}), "warm": (False, {}), "warm-inprocess": (False, {"multiprocessing": False}),
+                   "nocompile-inprocess": (False, {"torch_compile": False, "multiprocessing": False}),
+                   "fewgraphs": (False, {"cudagraph_capture_sizes": FEW_GRAPHS}),
+                   "fewgraphs-inprocess": (False, {"cudagraph_capture_sizes": FEW_GRAPHS, "multiprocessing": False})}
+"""name -> (empty the cache first, options over ``W_VLLM``)."""
 
 
 def parse_log(text: str) -> dict[str, Any]:
@@ -116,16 +150,112 @@ def run_variant(name: str, work: Path, steps: int, model: str, timeout: float) -
     return out
 
 
+def engine_worker(args) -> None:
+    """One engine start in this (fresh) process; its figures to ``args.result`` as JSON."""
+    t0 = time.perf_counter()
+    from benchmarks.common import ensure_model, vllm_options
+    from xrlhf.engines.base import EngineSpec
+    from xrlhf.engines.vllm import VLLMGenerateEngine
+
+    model = ensure_model(args.model)
+    options = vllm_options(**json.loads(args.options))
+    out: dict[str, Any] = {"options": {k: options[k] for k in json.loads(args.options)}}
+    t1 = time.perf_counter()
+    VLLMGenerateEngine.preload(options)
+    out["import_s"] = round(time.perf_counter() - t1, 2)
+    t1 = time.perf_counter()
+    engine = VLLMGenerateEngine(EngineSpec(model, device="cuda", options=options))
+    out["engine_s"] = round(time.perf_counter() - t1, 2)
+    out["total_s"] = round(time.perf_counter() - t0, 2)  # from this process's first line (Python and torch aside)
+    Path(args.result).write_text(json.dumps(out))
+    if args.generate:
+        from benchmarks.generation_bench import prompts_for, timed
+
+        prompts = prompts_for(model, args.generate, 8)
+        for name, logprobs in (("generate_logprobs", True), ("generate_no_logprobs", False)):
+            seconds, tokens = timed(engine, prompts, args.new_tokens, logprobs=logprobs, warm_up=name == "generate_logprobs")
+            out[name] = {"seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds)}
+            Path(args.result).write_text(json.dumps(out))
+    engine.shutdown()
+
+
+def run_engine_variant(name: str, args) -> dict[str, Any]:
+    """``engine_worker`` in a fresh process for variant ``name``; its figures and vLLM's lines."""
+    cold, over = ENGINE_VARIANTS[name]
+    cache = Path(args.cache_dir)
+    if cold and cache.exists():
+        shutil.rmtree(cache)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    result, log_path = work / f"engine-{name}.json", work / f"engine-{name}.log"
+    result.unlink(missing_ok=True)
+    options = {**W_VLLM, **over, "compile_cache_dir": str(cache)}
+    generate = args.generate if name in args.generate_for.split(",") else 0
+    cmd = [sys.executable, "-m", "benchmarks.startup", "--engine-worker", "--options", json.dumps(options),
+           "--result", str(result), "--model", args.model, "--generate", str(generate),
+           "--new-tokens", str(args.new_tokens)]
+    t0 = time.time()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            proc.wait(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    text = log_path.read_text(errors="replace")
+    out = {"variant": name, "cold": cold, "exit": proc.returncode, "wall_s": round(time.time() - t0, 1),
+           **(json.loads(result.read_text()) if result.is_file() else {}), "vllm": parse_log(text)["vllm"]}
+    if proc.returncode != 0:
+        out["log_tail"] = text[-2000:]
+    return out
+
+
+def engine_main(args) -> dict[str, Any]:
+    names = [v for v in args.variants.split(",") if v]
+    unknown = set(names) - set(ENGINE_VARIANTS)
+    if unknown:
+        sys.exit(f"--variants: unknown {sorted(unknown)}; choose from {', '.join(ENGINE_VARIANTS)}")
+    results = []
+    for name in names:
+        r = run_engine_variant(name, args)
+        print(f"{name}: exit {r['exit']}, import {r.get('import_s')} s, engine {r.get('engine_s')} s, "
+              f"vLLM {r['vllm']}", flush=True)
+        results.append(r)
+        data = {"gpu": gpu_name(), "vllm_options": W_VLLM, "targets": {"cold_ready_s": 45, "warm_ready_s": 15},
+                "variants": results}
+        write_json(args.out, "startup-engine.json", data)
+    return data
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--work", default="/tmp/xrlhf-startup")
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default=None, help=f"default: {','.join(VARIANTS)}; with --engine: "
+                    f"{','.join(ENGINE_VARIANTS)}")
     ap.add_argument("--steps", type=int, default=2, help="W steps per run (the last variant: --last-steps)")
     ap.add_argument("--last-steps", type=int, default=4, help="steps of the last variant (memory timeline)")
     ap.add_argument("--model", default="artifacts/model-0.5b")
     ap.add_argument("--timeout", type=float, default=400)
+    ap.add_argument("--engine", action="store_true", help="time the vLLM engine alone (the module docstring)")
+    ap.add_argument("--cache-dir", default="/tmp/xrlhf-startup/cache", help="--engine: the shared compile cache")
+    ap.add_argument("--generate", type=int, default=0, help="--engine: then generate this many prompts, timed")
+    ap.add_argument("--generate-for", default="", help="--engine: the variants that generate (comma-separated)")
+    ap.add_argument("--parse-log", default=None, help="print vLLM's start-up lines of this log as JSON, and stop")
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--engine-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--options", default="{}", help=argparse.SUPPRESS)
+    ap.add_argument("--result", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.parse_log:
+        print(json.dumps(parse_log(Path(args.parse_log).read_text(errors="replace"))))
+        return {}
+    if args.engine_worker:
+        return engine_worker(args)
+    if args.engine:
+        args.variants = args.variants or "cold,warm,warm-inprocess"
+        return engine_main(args)
+    args.variants = args.variants or ",".join(VARIANTS)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     names = [v for v in args.variants.split(",") if v]

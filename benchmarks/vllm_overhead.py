@@ -10,7 +10,9 @@ prompts and of the memory, and times them generating together.
 
     python -m benchmarks.vllm_overhead --out benchmarks/results --engines-per-gpu 2
 
-writes ``vllm_overhead.json``.
+writes ``vllm_overhead.json``. ``--engine-options`` (JSON, ``VLLMOptions`` fields) sets the engines
+of ``--engines-per-gpu`` (benchmarks/gpu_i25_gen.sh gives W's, so they find the compile cache
+its other stages filled).
 """
 
 from __future__ import annotations
@@ -94,8 +96,8 @@ def worker(args) -> None:
     c = AutoConfig.from_pretrained(model)
     per_token = c.num_hidden_layers * 2 * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 2
     # a fixed KV cache: engines that start side by side would see each other in vLLM's memory profile
-    eng, _ = vllm_engine(model, len(prompts), args.memory / args.engines_per_gpu,
-                         kv_cache_memory_bytes=len(prompts) * 1024 * per_token)
+    fields = json.loads(args.engine_options) or {"kv_cache_memory_bytes": len(prompts) * 1024 * per_token}
+    eng, _ = vllm_engine(model, len(prompts), args.memory / args.engines_per_gpu, **fields)
     raw(eng.llm, prompts[:8], 16, 0)
     sync = Path(args.sync_dir)
     (sync / f"ready-{args.index}").touch()
@@ -125,7 +127,8 @@ def together(args) -> dict:
     t0 = time.perf_counter()
     procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.vllm_overhead", "--worker", "--index", str(i),
                                "--engines-per-gpu", str(n), "--sync-dir", str(sync), "--prompts", str(args.prompts),
-                               "--new-tokens", str(args.new_tokens), "--memory", str(args.memory)]
+                               "--new-tokens", str(args.new_tokens), "--memory", str(args.memory),
+                               "--engine-options", args.engine_options]
                               + (["--model", args.model] if args.model else []),
                               env={**os.environ, "VLLM_CACHE_ROOT": f"{os.environ.get('TMPDIR', '/tmp')}/vc-{n}-{i}"})
              for i in range(n)]
@@ -161,6 +164,8 @@ def main() -> None:
     p.add_argument("--memory", type=float, default=0.5, help="gpu_memory_utilization of all engines together")
     p.add_argument("--engines-per-gpu", type=int, nargs="*", default=[])
     p.add_argument("--skip-sweep", action="store_true")
+    p.add_argument("--engine-options", default="{}", help="JSON: VLLMOptions fields of the --engines-per-gpu engines "
+                   "(default: a KV cache of their prompts x 1024 tokens)")
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)

@@ -10,7 +10,7 @@ through what the ``cpu`` transport does outside the GPU, each step timed on its 
 
 ``pickle`` is in-band pickling (what vLLM's engine process got first); ``pickle5`` passes
 buffers out of band, as Ray's object store does; ``shm`` is what ``VLLMGenerateEngine`` sends
-vLLM's engine process now (``vllm_ext.to_payload``: buffers through ``/dev/shm`` files reused
+vLLM's engine process now (``vllm.extension.to_payload``: buffers through ``/dev/shm`` files reused
 from one sync to the next, mapped by the receiver; the RPC itself, metadata only, is not timed). What a GPU adds (device-to-host copies into pageable vs pinned memory) is measured
 on the GPU machine by ``benchmarks/weight_sync_bench.py``.
 
@@ -73,7 +73,7 @@ _POOL = None
 
 def _dumps(obj, protocol):
     if protocol == "shm":
-        from xrlhf.engines.vllm_ext import ShmPool, to_payload
+        from xrlhf.engines.vllm.extension import ShmPool, to_payload
 
         global _POOL
         _POOL = _POOL or ShmPool()  # one pool for the run, as the engine keeps one
@@ -86,7 +86,7 @@ def _dumps(obj, protocol):
 
 def _loads(blob):
     if isinstance(blob, tuple) and blob[0] == "shm":
-        from xrlhf.engines.vllm_ext import from_payload
+        from xrlhf.engines.vllm.extension import from_payload
 
         return from_payload(blob[1])
     if isinstance(blob, tuple):

@@ -24,12 +24,13 @@ PACKAGES = sorted(m.name for m in pkgutil.iter_modules(xrlhf.__path__))
 
 
 def loaded_after(modules: list[str]) -> set[str]:
-    """Top-level and xrlhf module names in ``sys.modules`` after importing ``modules`` afresh."""
+    """Top-level and xrlhf module names in ``sys.modules`` after importing ``modules`` afresh, with
+    every module of their packages, subpackages included (``engines.vllm.loop``...)."""
     code = ("import importlib, json, pkgutil, sys\n"
             f"for name in {modules!r}:\n"
             "    m = importlib.import_module(name)\n"
-            "    for sub in pkgutil.iter_modules(getattr(m, '__path__', [])):\n"
-            "        importlib.import_module(name + '.' + sub.name)\n"
+            "    for sub in pkgutil.walk_packages(getattr(m, '__path__', []), name + '.'):\n"
+            "        importlib.import_module(sub.name)\n"
             "print(json.dumps(sorted(sys.modules)))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     return set(json.loads(out.splitlines()[-1]))

@@ -1,6 +1,6 @@
 """The vLLM engine's own logic on CPU, with vLLM replaced by a small fake.
 
-The fake ``LLM`` runs the real worker extension (``xrlhf.engines.vllm_ext``) on a model laid
+The fake ``LLM`` runs the real worker extension (``xrlhf.engines.vllm.extension``) on a model laid
 out as vLLM lays out a Llama (q/k/v and gate/up fused), and every ``collective_rpc`` argument
 crosses a pickle boundary as it would to vLLM's engine process. What it checks: the mapping
 of our config and sampling parameters to vLLM's, the sleep/wake order around a sync, weights
@@ -36,10 +36,14 @@ REAL_VLLM = importlib.util.find_spec("vllm") is not None
 
 
 def test_engines_import_without_vllm_and_choosing_it_says_how_to_install():
-    code = ("import sys, xrlhf.engines, xrlhf.engines.base as b, xrlhf.weight_sync, xrlhf.engines.vllm_ext\n"
+    code = ("import sys, xrlhf.engines, xrlhf.engines.base as b, xrlhf.weight_sync, xrlhf.engines.vllm.extension\n"
+            "import xrlhf.engines.vllm.loop, xrlhf.engines.vllm.options\n"
+            "cls = b.engine_class('vllm', 'generate')\n"  # the registry finds the package by the backend's name
+            "print(cls.__module__, 'generate' in b.engine_names('generate'), 'vllm' in b.engine_names('generate'))\n"
             "assert 'vllm' not in sys.modules\n"
             "try:\n    b.build_engine('vllm', b.EngineSpec('x'), 'generate')\nexcept KeyError as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[0] == "xrlhf.engines.vllm.engine False True"
     if not REAL_VLLM:
         assert "pip install -e '.[gpu]'" in out and "vllm" in out
 
@@ -131,6 +135,23 @@ def token_kv(token: int) -> int:
     return token // 100 % 10
 
 
+class FakeSampler:
+    """vLLM's V2 ``Sampler`` as ``record.install`` sees it: ``add_request`` and ``sample`` (greedy
+    over the logits it is given, which are also its "processed" logits)."""
+
+    def __init__(self):
+        self.req_states = SimpleNamespace(index_to_req_id={})
+        self.use_flashinfer = True
+        self.params: dict[int, object] = {}
+
+    def add_request(self, req_idx, prompt_len, sampling_params):
+        self.params[req_idx] = sampling_params
+
+    def sample(self, logits, expanded_idx_mapping, idx_mapping_np, pos, input_ids, expanded_local_pos,
+               return_logprobs=False):
+        return logits.argmax(-1), logits
+
+
 @dataclass
 class FakeRequest:
     prompt: list[int]
@@ -166,6 +187,7 @@ class FakeLLMEngine:
             assert prompt["type"] == "token" and params.output_kind in ("DELTA", "FINAL_ONLY")
             assert request_id not in self.requests
             self.requests[request_id] = FakeRequest(prompt["prompt_token_ids"], params, self.llm.weights)
+            self.llm.claim(request_id, prompt["prompt_token_ids"], params)
             self.added.append((request_id, prompt["prompt_token_ids"], params.seed, prompt.get("cache_salt")))
             return request_id + "-internal"
 
@@ -173,6 +195,7 @@ class FakeLLMEngine:
         with self.llm.inside("abort_request"):
             for rid in request_ids:
                 self.requests.pop(rid, None)
+                self.llm.slots.pop(rid, None)
                 self.aborted.append(rid)
 
     def has_unfinished_requests(self):
@@ -199,6 +222,7 @@ class FakeLLMEngine:
         outputs = []
         for rid, r in list(self.requests.items()):
             token = fake_token(r.prompt, self.llm.weights, r.kv, r.produced)
+            self.llm.record(rid, len(r.prompt) + r.produced, -token / 1e6)
             r.produced += 1
             r.tokens.append(token)
             done = r.produced == r.params.max_tokens
@@ -209,9 +233,11 @@ class FakeLLMEngine:
             flat = SimpleNamespace(start_indices=list(range(n)), end_indices=list(range(1, n + 1)), token_ids=tokens,
                                    logprobs=[-t / 1e6 for t in tokens])
             outputs.append(SimpleNamespace(request_id=rid, finished=done, outputs=[SimpleNamespace(
-                token_ids=tokens, logprobs=flat, finish_reason="length" if done else None)]))
+                token_ids=tokens, logprobs=None if r.params.logprobs is None else flat,
+                finish_reason="length" if done else None)]))
             if done:
                 del self.requests[rid]
+                self.llm.slots.pop(rid, None)
         return outputs
 
 
@@ -225,7 +251,7 @@ class FakeLLM:
     def __init__(self, **kwargs):
         from transformers import AutoModelForCausalLM
 
-        from xrlhf.engines.vllm_ext import XrlhfWorkerExtension
+        from xrlhf.engines.vllm.extension import XrlhfWorkerExtension
 
         self.kwargs = kwargs
         self.calls: list = []
@@ -233,13 +259,33 @@ class FakeLLM:
         worker_cls = type("Worker", (XrlhfWorkerExtension,), {"_xrlhf_tp_rank": lambda self: 0})
         self.worker = worker_cls()
         self.worker.device = torch.device("cpu")
-        self.worker.model_runner = SimpleNamespace(get_model=lambda: model)
+        self.worker.model_runner = SimpleNamespace(get_model=lambda: model, sampler=FakeSampler(), max_num_reqs=32,
+                                                   speculator=None)
+        self.slots: dict[str, int] = {}  # request id -> the worker's slot, reused as vLLM reuses them
         self._one = threading.Lock()
         self.violations: list[str] = []
         self.paused = False
+        self.generated = 0
         self.weights = 0  # syncs finished
         self.llm_engine = FakeLLMEngine(self)
         FakeLLM.last = self
+
+    def claim(self, request_id: str, prompt: list[int], params) -> None:
+        """A request enters the worker: the sampler's ``add_request`` in the first free slot, under
+        the id vLLM's worker sees (the given one, ``-`` and 8 characters)."""
+        sampler = self.worker.model_runner.sampler
+        if getattr(sampler, "_xrlhf_record", None) is None:
+            return  # not recording: the fake keeps no slots
+        slot = min(set(range(self.worker.model_runner.max_num_reqs)) - set(self.slots.values()))
+        self.slots[request_id] = slot
+        sampler.req_states.index_to_req_id[slot] = f"{request_id}-{slot:08d}"
+        sampler.add_request(slot, len(prompt), params)
+
+    def record(self, request_id: str, position: int, logprob: float) -> None:
+        """The sampler recorded the token at ``position`` (``record.py``), when it records."""
+        rec = getattr(self.worker.model_runner.sampler, "_xrlhf_record", None)
+        if rec is not None:
+            rec.write(torch.tensor([logprob]), torch.tensor([self.slots[request_id]]), torch.tensor([position]))
 
     @contextmanager
     def inside(self, name: str):
@@ -295,12 +341,20 @@ class FakeLLM:
     def _generate(self, prompts, sp):
         self.calls.append(("generate", len(prompts)))
         out = []
-        for p in prompts:
+        for i, p in enumerate(prompts):
+            params = sp[i] if isinstance(sp, list) else sp
             ids = [(p["prompt_token_ids"][-1] + k) % 100 for k in range(1, 4)]
-            assert (sp[0] if isinstance(sp, list) else sp).flat_logprobs
+            assert params.flat_logprobs
             lps = SimpleNamespace(start_indices=[0, 1, 2], end_indices=[1, 2, 3], token_ids=ids,  # FlatLogprobs
                                   logprobs=[-0.5 * (k + 1) for k in range(3)])
-            out.append(SimpleNamespace(outputs=[SimpleNamespace(token_ids=ids, logprobs=lps)]))
+            rid = str(self.generated)  # LLM.generate's ids: a counter
+            self.generated += 1
+            self.claim(rid, p["prompt_token_ids"], params)
+            for k, lp in enumerate(lps.logprobs):
+                self.record(rid, len(p["prompt_token_ids"]) + k, lp)
+            self.slots.pop(rid, None)
+            out.append(SimpleNamespace(request_id=rid, outputs=[SimpleNamespace(
+                token_ids=ids, logprobs=None if params.logprobs is None else lps)]))
         return out
 
 
@@ -319,8 +373,13 @@ def vllm_module():
                                                                          "cache_salt": cache_salt}
     sampling = types.ModuleType("vllm.sampling_params")
     sampling.RequestOutputKind = SimpleNamespace(CUMULATIVE="CUMULATIVE", DELTA="DELTA", FINAL_ONLY="FINAL_ONLY")
+    sampler = types.ModuleType("vllm.v1.worker.gpu.sample.sampler")
+    sampler.Sampler = FakeSampler
     fakes = {"vllm": fake, "vllm.distributed": types.ModuleType("vllm.distributed"),
-             "vllm.distributed.parallel_state": parallel_state, "vllm.inputs": inputs, "vllm.sampling_params": sampling}
+             "vllm.distributed.parallel_state": parallel_state, "vllm.inputs": inputs, "vllm.sampling_params": sampling,
+             **{m: types.ModuleType(m) for m in ("vllm.v1", "vllm.v1.worker", "vllm.v1.worker.gpu",
+                                                 "vllm.v1.worker.gpu.sample")},
+             "vllm.v1.worker.gpu.sample.sampler": sampler}
     saved = {k: sys.modules.get(k) for k in fakes}
     sys.modules.update(fakes)
     import xrlhf.engines.vllm as module
@@ -348,7 +407,7 @@ def test_llm_arguments_from_the_config(vllm_module, tiny_model):
     assert kwargs["gpu_memory_utilization"] == 0.3 and kwargs["enforce_eager"] and kwargs["max_model_len"] == 512
     assert kwargs["enable_sleep_mode"] and kwargs["max_num_seqs"] == 64 and kwargs["tensor_parallel_size"] == 1
     assert kwargs["logprobs_mode"] == "processed_logprobs" and kwargs["generation_config"] == "vllm"
-    assert kwargs["worker_extension_cls"] == "xrlhf.engines.vllm_ext.XrlhfWorkerExtension"
+    assert kwargs["worker_extension_cls"] == "xrlhf.engines.vllm.extension.XrlhfWorkerExtension"
     assert "distributed_executor_backend" not in kwargs
     kwargs, _ = vllm_module.llm_kwargs(engine_spec(tiny_model, tensor_parallel_size=2, sleep_level=0))
     assert kwargs["distributed_executor_backend"] == "mp" and not kwargs["enable_sleep_mode"]
@@ -453,7 +512,7 @@ def test_large_buffers_cross_to_vllm_through_shared_memory(tmp_path):
     without shared memory everything goes in band."""
     import os
 
-    from xrlhf.engines.vllm_ext import ShmPool, from_payload, to_payload
+    from xrlhf.engines.vllm.extension import ShmPool, from_payload, to_payload
 
     pool = ShmPool(str(tmp_path))
     transport = build_transport("cpu", verify=True)  # sent as is (not ``local``): its numpy buffer out of band

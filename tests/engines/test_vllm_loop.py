@@ -1,4 +1,4 @@
-"""The vLLM engine's request loop (``xrlhf.engines.vllm_loop``) on CPU, against the fake vLLM of
+"""The vLLM engine's request loop (``xrlhf.engines.vllm.loop``) on CPU, against the fake vLLM of
 test_vllm_cpu.py: concurrent keyed calls, seeds, version stamps across a weight sync that lands
 mid-generation (continue / recompute / abort), the plain ``LLM.generate`` path beside the loop,
 errors and shutdown. The fake checks that no two threads are ever inside the ``LLM`` at once and
@@ -16,7 +16,7 @@ import pytest
 from tests.engines.test_vllm_cpu import (FakeLLM, engine_spec, fake_token, token_kv, token_weights,  # noqa: F401
                                          trained_weights, vllm_module)
 from xrlhf.engines.base import SamplingParams
-from xrlhf.engines.vllm_loop import derive_seed
+from xrlhf.engines.vllm.loop import derive_seed
 from xrlhf.weight_sync import WeightSyncError, build_transport, checksum, compare_checksums, push_weights
 
 TIMEOUT = 20.0

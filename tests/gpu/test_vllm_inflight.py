@@ -1,5 +1,5 @@
 """In-flight weight updates on a real vLLM (partial rollout): keyed generation through the
-engine's request loop (``xrlhf.engines.vllm_loop``), and a weight sync that lands from a second
+engine's request loop (``xrlhf.engines.vllm.loop``), and a weight sync that lands from a second
 thread while a long generation runs.
 
 What it checks, and prints:

@@ -1,7 +1,7 @@
 """The weight read-back compares like with like: a loader that changes a tensor's layout (vLLM
 transposes GPT-2's Conv1D weights) gives no false difference, and a real corruption is caught.
 
-The generator here is the real vLLM worker extension (``xrlhf.engines.vllm_ext``, which imports
+The generator here is the real vLLM worker extension (``xrlhf.engines.vllm.extension``, which imports
 no vLLM at module level) on a fake model whose loader transposes Conv1D weights as vLLM's GPT-2
 loader does; every call crosses a pickle boundary as it would to vLLM's engine process.
 """
@@ -46,7 +46,7 @@ def transposing_model() -> nn.Module:
 
 
 def worker():
-    from xrlhf.engines.vllm_ext import XrlhfWorkerExtension
+    from xrlhf.engines.vllm.extension import XrlhfWorkerExtension
 
     model = transposing_model()
     cls = type("Worker", (XrlhfWorkerExtension,), {"_xrlhf_tp_rank": lambda self: 0})

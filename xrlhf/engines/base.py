@@ -19,8 +19,8 @@ attributes (``self.options.lr``), so a default lives in exactly one place.
 the coordinator): ``starts_alone``, ``workers_per_engine``, ``frees_memory_when_asleep``,
 ``shares_trainer_process``, ``placement_errors``, ``rng_state``.
 
-**The backend table is the registry.** One file per backend (``hf.py``, ``deepspeed.py``,
-``vllm.py``) registers one class per role under ``"<backend>.<role>"``; ``ENGINES`` finds the
+**The backend table is the registry.** One module per backend (``hf.py``, ``deepspeed.py``,
+the package ``vllm/``) registers one class per role under ``"<backend>.<role>"``; ``ENGINES`` finds the
 file by the backend's name and imports it only when that backend is named or every name is
 listed, so each backend file imports its heavy library (vLLM, DeepSpeed) inside the functions
 that use it: validation reads every ``Options`` without vLLM or DeepSpeed installed. A class's
@@ -206,7 +206,8 @@ class Engine(ABC):
     pip_extra: ClassVar[str | None] = None
     starts_alone: ClassVar[bool] = False
     """The coordinator builds this engine before any other worker and waits for it (vLLM sizes
-    its KV cache from the GPU memory it sees free while it starts)."""
+    its KV cache from the GPU memory it sees free while it starts). ``starts_alone_with`` says it
+    for given options."""
 
     def __init__(self, spec: EngineSpec):
         if not isinstance(spec.options, self.Options):  # a copy: one spec may serve engines of two roles
@@ -214,6 +215,16 @@ class Engine(ABC):
             spec = dataclasses.replace(spec, options=self.Options.model_validate(given or {}))
         self.spec = spec
         self.options = spec.options
+
+    @classmethod
+    def starts_alone_with(cls, options: BaseModel | dict[str, Any]) -> bool:
+        """Whether an engine built with ``options`` starts alone (``starts_alone`` by default)."""
+        return cls.starts_alone
+
+    @classmethod
+    def preload(cls, options: BaseModel | dict[str, Any]) -> None:
+        """Import what building an engine with ``options`` will import (vLLM: ~10 s), so that a
+        host may run it in a thread while other engines build. Default: nothing."""
 
     @classmethod
     def missing_packages(cls) -> list[str]:
@@ -434,6 +445,10 @@ class SamplingParams:
     """Weights may land while this call runs (``rollout.in_flight_updates``). Only then must an
     engine follow each token's version as it is sampled (vLLM: per-step outputs, which cost host
     time on every step); otherwise a row that sees an update mid-call is restarted."""
+    logprobs: bool = True
+    """Return each sampled token's logprob. ``False``: the engine need not compute or move them
+    (vLLM's per-token logprob outputs cost ~30% of its throughput on a small model) and
+    ``GenerationOutput.logprobs`` is ``[]``."""
 
 
 @dataclass
@@ -443,6 +458,9 @@ class GenerationOutput:
 
     token_ids: list[list[int]]
     logprobs: list[list[float]]
+    """``B`` lists like ``token_ids``; ``[]`` (no rows at all, whatever ``B``) when the call asked for
+    none (``SamplingParams.logprobs=False``), for every engine: a consumer that reads them anyway
+    fails at once instead of reading numbers no sampler produced."""
     versions: list[list[int]] = field(default_factory=list)
     """``B`` lists like ``token_ids``; empty when the engine does not stamp versions."""
 

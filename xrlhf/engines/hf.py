@@ -17,6 +17,7 @@ between two tokens of a running call).
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
@@ -497,7 +498,8 @@ class HFGenerateEngine(GenerateEngine):
         """``B`` continuations in micro-batches of ``options.micro_batch_size`` prompts: keyed
         (``decode_keyed``, one seed per prompt) or not (``model.generate``); see the class."""
         if seeds is None:
-            return self._generate_unkeyed(prompts, params)
+            out = self._generate_unkeyed(prompts, params)
+            return out if params.logprobs else dataclasses.replace(out, logprobs=[])  # the contract of base.py
         if len(seeds) != len(prompts):
             raise ValueError(f"generate: {len(seeds)} seeds for {len(prompts)} prompts; give one seed per prompt")
         mbs = self.options.micro_batch_size
@@ -509,7 +511,7 @@ class HFGenerateEngine(GenerateEngine):
             out.token_ids += part.token_ids
             out.logprobs += part.logprobs
             out.versions += part.versions
-        return out
+        return out if params.logprobs else dataclasses.replace(out, logprobs=[])
 
     def _generate_unkeyed(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
         mbs = self.options.micro_batch_size

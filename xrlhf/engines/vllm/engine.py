@@ -1,7 +1,9 @@
 """vLLM backend of the generate engine (vllm 0.25.1), imported only when ``engine: vllm``.
 
 One ``vllm.LLM`` per engine, fed token ids (``skip_tokenizer_init``: the model's EOS is passed
-as a stop id) and asked for the logprob of each sampled token (``logprobs=0``).
+as a stop id) and asked for the logprob of each sampled token (``logprobs=0``) when the call
+wants them (``SamplingParams.logprobs``), unless ``logprobs_path: worker`` keeps them on the GPU
+in vLLM's worker and takes them once per call (``record.py``; docs/design/generation-speed.md).
 
 Logprobs. The contract of ``GenerateEngine`` is the logprob under softmax(logits / T) before
 top-p/top-k, the distribution the trainer recomputes. vLLM's default ``raw_logprobs`` are of
@@ -14,7 +16,7 @@ nothing, giving T = 1 logprobs as the HF engine does; with ``top_p < 1`` or ``to
 are of the renormalised nucleus (the true behaviour policy), higher than the trainer's by
 log(nucleus mass), which the mismatch metric shows and truncated IS corrects.
 
-Weights. Updates go through ``xrlhf.engines.vllm_ext.XrlhfWorkerExtension`` inside vLLM's
+Weights. Updates go through ``xrlhf.engines.vllm.extension.XrlhfWorkerExtension`` inside vLLM's
 worker, called with ``collective_rpc``: the transport's receive side runs there, so CUDA IPC
 handles are mapped, NCCL buffers received and checksums checked where the weights land.
 
@@ -25,7 +27,7 @@ writes them as a PEFT adapter directory in /dev/shm and loads it with the worker
 (``load_inplace``: one adapter id, replaced by each sync); every request then carries its
 ``LoRARequest``. A merged sync needs none of this: vLLM gets full weights. See docs/lora.md.
 
-Threads. A call with ``seeds`` (the asynchronous rollout's) goes through ``vllm_loop``'s
+Threads. A call with ``seeds`` (the asynchronous rollout's) goes through ``loop``'s
 request loop: one thread streams every concurrent keyed call through ``llm.llm_engine``, and a
 weight sync that arrives while they generate pauses vLLM with its requests kept, loads, and
 resumes (``pauses_mid_generation``; ``SamplingParams.on_update`` says what the running rows do).
@@ -43,100 +45,16 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
-from typing import Any, Iterator, Literal
+from typing import Any, Iterator
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
-from xrlhf.engines.base import (ENGINES, EngineSpec, GenerateEngine, GenerateOptions, GenerationOutput, NamedTensors,
-                                RolloutPlan, SamplingParams)
-from xrlhf.engines.vllm_ext import LORA_ID, LORA_NAME, ShmPool, to_payload
-from xrlhf.engines.vllm_loop import RequestLoop, sampled_logprobs
+from xrlhf.engines.base import (ENGINES, EngineSpec, GenerateEngine, GenerationOutput, NamedTensors, RolloutPlan,
+                                SamplingParams)
+from xrlhf.engines.vllm.extension import LORA_ID, LORA_NAME, ShmPool, to_payload
+from xrlhf.engines.vllm.loop import RequestLoop, sampled_logprobs
+from xrlhf.engines.vllm.options import ENV_DEFAULTS, LORA_RANKS, VLLMOptions, engine_env, llm_kwargs
 from xrlhf.weight_sync import Message, Transport, WeightSyncError, build_transport
-
-EXTENSION = "xrlhf.engines.vllm_ext.XrlhfWorkerExtension"
-
-ENV_DEFAULTS = {
-    "VLLM_NO_USAGE_STATS": "1",  # the usage thread posts to stats.vllm.ai with no timeout
-    "DO_NOT_TRACK": "1",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "VLLM_HOST_IP": "127.0.0.1",  # skips the 8.8.8.8 probe of get_ip(); one node only
-    # vLLM's engine process: spawned rather than forked from a process whose threads (tokenizers,
-    # OpenMP, CUDA) may hold locks the child inherits. vLLM forks by default and that does start
-    # (76 s on an H200, docs/vllm.md), but in a worker that already trains, CUDA is initialised
-    # and vLLM spawns anyway; spawning always makes the two cases one.
-    "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
-    "TOKENIZERS_PARALLELISM": "false",
-}
-"""Set (unless already set) before vLLM is imported: no network on the way up."""
-
-
-class VLLMOptions(GenerateOptions):
-    """``policy.generate`` with ``engine: vllm``: the shared sampling fields plus these (docs/vllm.md)."""
-
-    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per generator (tensor parallel)")
-    gpu_memory_utilization: float = Field(0.4, gt=0, le=1, description="share of the GPU's total memory vLLM may "
-                                          "use (weights, activations, CUDA graphs, KV cache)")
-    enforce_eager: bool = Field(False, description="no torch.compile and no CUDA graphs")
-    sleep_level: Literal[0, 1, 2] = Field(1, description="co-located: what is freed while training runs: 0 nothing, "
-                                          "1 KV cache (weights to CPU), 2 KV cache and weights")
-    max_model_len: int | None = Field(None, ge=1, description="longest prompt + response (default: the model's)")
-    max_num_seqs: int | None = Field(None, ge=1, description="sequences decoded at once (CUDA graph sizes)")
-    engine_options: dict[str, Any] = Field(default_factory=dict, description="more vllm.LLM arguments, passed as "
-                                           "they are, and 'env': variables set before vLLM is imported")
-    seeded_sampling: bool = Field(False, description="asynchronous rollout: give each request its sample seed, so a "
-                                  "sample repeats from its seed. vLLM then samples the seeded rows one by one (a "
-                                  "kernel per row and token, v1/sample/ops/topk_topp_sampler.py): slower. Off: the "
-                                  "batch's fused sampler; vLLM is not batch-invariant anyway, so regeneration on the "
-                                  "GPU is 'same distribution', not bit-identical, either way")
-
-
-TYPED_OPTIONS = ("tensor_parallel_size", "gpu_memory_utilization", "enforce_eager", "max_model_len",
-                 "max_num_seqs")
-"""``VLLMOptions`` fields passed to ``vllm.LLM`` under the same names."""
-
-
-def llm_kwargs(spec: EngineSpec) -> tuple[dict[str, Any], dict[str, str]]:
-    """The ``vllm.LLM`` keyword arguments for ``spec`` and the user's environment: ``(kwargs, env)``.
-
-    ``policy.generate.engine_options`` adds or overrides keyword arguments (``compilation_config``,
-    ``max_num_batched_tokens``, ``enable_prefix_caching`` ...) and may hold ``env``: variables
-    set before vLLM is imported (``VLLM_ENABLE_V1_MULTIPROCESSING: 0`` runs vLLM's engine in
-    this process). ``ENV_DEFAULTS`` apply where neither the user nor the process set a value.
-    """
-    opts = spec.options if isinstance(spec.options, VLLMOptions) else VLLMOptions.model_validate(spec.options)
-    extra = dict(opts.engine_options)
-    env = {k: str(v) for k, v in (extra.pop("env", None) or {}).items()}
-    kwargs: dict[str, Any] = {
-        "model": os.path.abspath(spec.model_path),
-        "skip_tokenizer_init": True,
-        "dtype": opts.dtype,
-        "seed": spec.seed + 1009 * spec.dist.rank,  # data-parallel generators sample differently
-        "enable_sleep_mode": opts.sleep_level > 0,
-        "generation_config": "vllm",  # no defaults from generation_config.json: ours are explicit
-        "logprobs_mode": "processed_logprobs",
-        "worker_extension_cls": EXTENSION,
-    }
-    for key in TYPED_OPTIONS:
-        if getattr(opts, key) is not None:
-            kwargs[key] = getattr(opts, key)
-    if spec.adapter is not None:  # syncs carry the policy's LoRA adapter: one slot of its rank
-        kwargs.update(enable_lora=True, max_loras=1, max_cpu_loras=1, max_lora_rank=lora_rank(spec.adapter.rank))
-    if kwargs.get("tensor_parallel_size", 1) > 1:
-        # Inside a Ray actor vLLM would pick its Ray executor and ask Ray for GPUs the actor holds.
-        kwargs["distributed_executor_backend"] = "mp"
-    kwargs.update(extra)
-    return kwargs, env
-
-
-LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-"""The ``max_lora_rank`` values vLLM 0.25.1 accepts (``vllm.config.lora.MaxLoRARanks``)."""
-
-
-def lora_rank(rank: int) -> int:
-    """The smallest ``max_lora_rank`` vLLM accepts that holds an adapter of ``rank``."""
-    return next(r for r in LORA_RANKS if r >= rank)
-
 
 @ENGINES.register("vllm.generate")
 class VLLMGenerateEngine(GenerateEngine):
@@ -145,13 +63,28 @@ class VLLMGenerateEngine(GenerateEngine):
     Options = VLLMOptions
     requires = ("vllm",)
     pip_extra = "gpu"
-    starts_alone = True  # vLLM sizes its KV cache from the GPU memory it sees free while it starts
-    pauses_mid_generation = True  # keyed calls: vllm_loop pauses, loads, resumes
+    starts_alone = True  # vLLM sizes its KV cache from the GPU memory it sees free while it starts (by default)
+    pauses_mid_generation = True  # keyed calls: the request loop pauses, loads, resumes
     batches_concurrent_calls = True  # keyed calls: one request loop serves them all
 
     @classmethod
     def workers_per_engine(cls, options: BaseModel) -> int:
         return options.tensor_parallel_size
+
+    @classmethod
+    def starts_alone_with(cls, options: BaseModel | dict[str, Any]) -> bool:
+        """Alone unless ``kv_cache_tokens`` sizes the KV cache: vLLM then measures no free memory
+        (``determine_available_memory`` returns the given size after its profile run,
+        v1/worker/gpu_worker.py:442-460), so others may allocate while it starts."""
+        return _options(options).kv_cache_tokens is None
+
+    @classmethod
+    def preload(cls, options: BaseModel | dict[str, Any]) -> None:
+        """Set the engine's environment and import vLLM (what ``__init__`` does first), e.g. in a
+        thread while the trainer's engines build; a later ``__init__`` finds it imported."""
+        set_environment(_options(options))
+        import vllm  # noqa: F401
+        from vllm import LLM  # noqa: F401 - the lazy attribute imports the engine's modules
 
     @classmethod
     def placement_errors(cls, options: BaseModel, where: str, gpus_per_rank: float, split: bool) -> list[str]:
@@ -165,7 +98,7 @@ class VLLMGenerateEngine(GenerateEngine):
 
     @classmethod
     def adapter_errors(cls, options: BaseModel, adapter: BaseModel) -> list[str]:
-        """vLLM serves the policy's LoRA adapter from tensors (``vllm_ext``): up to rank 512, and
+        """vLLM serves the policy's LoRA adapter from tensors (``extension``): up to rank 512, and
         only while it keeps the base weights (an adapter sync does not send them again)."""
         errors = []
         if adapter.rank > LORA_RANKS[-1]:
@@ -204,13 +137,11 @@ class VLLMGenerateEngine(GenerateEngine):
 
     def __init__(self, spec: EngineSpec):
         super().__init__(spec)
-        kwargs, env = llm_kwargs(self.spec)
+        kwargs, _ = llm_kwargs(self.spec)
         if kwargs.get("stream_interval", 1) != 1:  # held-back tokens would be stamped with a later version
             raise ValueError("policy.generate.engine_options.stream_interval: xrlhf needs every step's tokens "
                              f"(1), got {kwargs['stream_interval']}")
-        os.environ.update(env)
-        for k, v in ENV_DEFAULTS.items():
-            os.environ.setdefault(k, v)
+        set_environment(self.options)
         from vllm import LLM
 
         self.sleep_level = self.options.sleep_level
@@ -235,13 +166,15 @@ class VLLMGenerateEngine(GenerateEngine):
             self._rpc("xrlhf_set_adapter", {"r": a.rank, "lora_alpha": a.lora_alpha, "target_modules": a.target_modules,
                                             "bias": "none"}, self._adapter_dir)
         self._loop = RequestLoop(self.llm, version=lambda: self.version, prepare=self._prepare_requests,
-                                 lora=lambda: self._lora)
+                                 lora=lambda: self._lora, take=self._take_logprobs)
+        if self.options.logprobs_path == "worker":  # logprobs kept on the GPU in vLLM's worker (record.py)
+            self._rpc("xrlhf_record_logprobs")
         self._sync: bool | None = None  # during a sync (its thread only): whether it paused generation
 
     # -- generation ---------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  seeds: list[int] | None = None) -> GenerationOutput:
-        """``seeds`` given: through the request loop (``vllm_loop``), which serves concurrent calls
+        """``seeds`` given: through the request loop (``loop``), which serves concurrent calls
         together and lets a weight sync land mid-generation; each token is stamped with the
         version that sampled it. ``None``: ``LLM.generate``, once the loop is idle."""
         if seeds is None:
@@ -260,8 +193,9 @@ class VLLMGenerateEngine(GenerateEngine):
         fields = dict(self._sampling_fields(params), output_kind=kind)
         seeded = self.options.seeded_sampling
         call = self._loop.generate(prompts, seeds, lambda seed: VSamplingParams(**fields, seed=seed if seeded else None),
-                                   params.on_update if params.in_flight else "abort")
-        return GenerationOutput([r.token_ids for r in call.rows], [r.logprobs for r in call.rows],
+                                   params.on_update if params.in_flight else "abort", self._logprobs_from(params))
+        return GenerationOutput([r.token_ids for r in call.rows],
+                                [r.logprobs for r in call.rows] if params.logprobs else [],
                                 [r.versions for r in call.rows])
 
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> GenerationOutput:
@@ -276,9 +210,27 @@ class VLLMGenerateEngine(GenerateEngine):
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts], sp,
                                  use_tqdm=False, **({} if self._lora is None else {"lora_request": self._lora}))
         token_ids = [list(out.outputs[0].token_ids) for out in outs]
-        return GenerationOutput(token_ids, [sampled_logprobs(out.outputs[0].logprobs, ids)
-                                            for out, ids in zip(outs, token_ids)],
-                                [[self.version] * len(ids) for ids in token_ids])
+        source = self._logprobs_from(params)
+        if source == "worker":
+            logprobs = self._take_logprobs([out.request_id for out in outs], token_ids, [])
+        else:
+            logprobs = [sampled_logprobs(out.outputs[0].logprobs, ids) for out, ids in zip(outs, token_ids)] \
+                if source == "outputs" else []
+        return GenerationOutput(token_ids, logprobs, [[self.version] * len(ids) for ids in token_ids])
+
+    def _logprobs_from(self, params: SamplingParams) -> str | None:
+        """Where a call's logprobs come from: vLLM's ``"outputs"``, its ``"worker"``, or nowhere."""
+        return self.options.logprobs_path if params.logprobs else None
+
+    def _take_logprobs(self, ids: list[str], token_ids: list[list[int]], drop: list[str]) -> list[list[float]]:
+        """The worker-side logprobs of finished requests ``ids`` (``xrlhf_take_logprobs``), one list
+        per request as long as its tokens; ``drop``: requests whose logprobs are never taken."""
+        import numpy as np
+
+        lengths = [len(t) for t in token_ids]
+        flat = np.frombuffer(self._rpc("xrlhf_take_logprobs", list(ids), lengths, list(drop))[0], dtype=np.float32)
+        ends = np.cumsum(lengths).tolist()
+        return [flat[end - n:end].tolist() for n, end in zip(lengths, ends)]
 
     def _prepare_requests(self, idle: bool) -> None:
         """Run by the request loop, owning the LLM, before it adds a call's requests. The prefix
@@ -311,13 +263,14 @@ class VLLMGenerateEngine(GenerateEngine):
         stop = [] if params.ignore_eos else list(params.stop_token_ids or self.eos_ids)
         return dict(n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or 0,
                     max_tokens=params.max_new_tokens, stop_token_ids=stop, ignore_eos=params.ignore_eos,
-                    logprobs=0, flat_logprobs=True, detokenize=False)
+                    logprobs=0 if self._logprobs_from(params) == "outputs" else None, flat_logprobs=True,
+                    detokenize=False)
 
     # -- weights ------------------------------------------------------------------------------
     @contextmanager
     def _syncing(self) -> Iterator[None]:
         """Part of a sync: the first part takes the LLM (pausing running generation, see
-        ``vllm_loop``); a failure ends the sync, failing the calls it paused."""
+        ``loop``); a failure ends the sync, failing the calls it paused."""
         if self._sync is None:
             self._sync = self._loop.begin_sync()
         try:
@@ -341,7 +294,7 @@ class VLLMGenerateEngine(GenerateEngine):
                 if self._shm is None:
                     self._shm = ShmPool()
                 local = None if part is None else [transport.local(m) for m in part]  # same host: name shared buffers
-                n += int(self._rpc("xrlhf_receive", to_payload((transport, local), self._shm))[0])  # vllm_ext
+                n += int(self._rpc("xrlhf_receive", to_payload((transport, local), self._shm))[0])  # extension.py
             self._weights_valid = True
             self._reset_cache = True
             self._adapter_sent = self._adapter_sent or n > 0
@@ -436,6 +389,18 @@ class VLLMGenerateEngine(GenerateEngine):
         if llm is not None:
             llm.llm_engine.engine_core.shutdown()
             self.llm = None
+
+
+def _options(options: BaseModel | dict[str, Any]) -> VLLMOptions:
+    return options if isinstance(options, VLLMOptions) else VLLMOptions.model_validate(
+        options.model_dump() if isinstance(options, BaseModel) else options)
+
+
+def set_environment(options: VLLMOptions) -> None:
+    """The engine's variables (``engine_env``) and ``ENV_DEFAULTS`` where unset, before vLLM is imported."""
+    os.environ.update(engine_env(options))
+    for k, v in ENV_DEFAULTS.items():
+        os.environ.setdefault(k, v)
 
 
 def _eos_ids(model_path: str) -> list[int]:

@@ -109,6 +109,9 @@ class Call:
     Attributes:
         params: seed -> the ``vllm.SamplingParams`` of a row (DELTA outputs).
         on_update: ``SamplingParams.on_update`` of the call.
+        logprobs: where the rows' logprobs come from: ``"outputs"`` (vLLM's, step by step),
+            ``"worker"`` (taken from vLLM's worker once the call has finished, ``record.py``), or
+            ``None`` (not asked for).
         left: rows not finished yet.
     """
 
@@ -116,6 +119,7 @@ class Call:
     rows: list[Row]
     params: Callable[[int], Any]
     on_update: str
+    logprobs: str | None = "outputs"
     left: int = 0
     error: BaseException | None = None
     finished: threading.Event = field(default_factory=threading.Event)
@@ -135,14 +139,19 @@ class RequestLoop:
             whether vLLM is idle (wake memory, reset the prefix cache); what it raises fails
             that call only.
         lora: the ``LoRARequest`` new requests carry (the policy's synced adapter), or ``None``.
+        take: for calls whose logprobs stay in vLLM's worker: ``take(request ids, token ids of
+            each, ids to drop)`` returns each request's logprobs (called by the loop, owning the ``LLM``).
     """
 
     def __init__(self, llm, version: Callable[[], int], prepare: Callable[[bool], None],
-                 lora: Callable[[], Any] = lambda: None):
+                 lora: Callable[[], Any] = lambda: None,
+                 take: Callable[[list[str], list[list[int]], list[str]], list[list[float]]] | None = None):
         self.llm = llm
         self._version = version
         self._prepare = prepare
         self._lora = lora
+        self._take = take
+        self._stale: list[str] = []  # requests whose worker-side logprobs will never be taken
         self._cv = threading.Condition()
         self._owner: int | None = None  # thread id of whoever may touch the LLM
         self._waiting = 0  # threads waiting to own it: the loop admits no new calls meanwhile
@@ -165,13 +174,16 @@ class RequestLoop:
 
     # -- calls --------------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], seeds: list[int], params: Callable[[int], Any],
-                 on_update: str = "continue") -> Call:
+                 on_update: str = "continue", logprobs: str | None = "outputs") -> Call:
         """Run one keyed call through the loop and wait for it; returns the finished ``Call``
-        (its rows hold the tokens, logprobs and versions). Raises what failed the call."""
+        (its rows hold the tokens, logprobs and versions; ``logprobs``: see ``Call``). Raises
+        what failed the call."""
         if on_update not in ON_UPDATE:
             raise ValueError(f"on_update must be one of {ON_UPDATE}, got {on_update!r}")
+        if logprobs == "worker" and self._take is None:
+            raise ValueError("this request loop cannot take logprobs from vLLM's worker")
         rows = [Row([int(t) for t in p], int(s)) for p, s in zip(prompts, seeds, strict=True)]
-        call = Call(next(self._ids), rows, params, on_update, left=len(rows))
+        call = Call(next(self._ids), rows, params, on_update, logprobs, left=len(rows))
         if not rows:
             return call
         with self._cv:
@@ -336,7 +348,8 @@ class RequestLoop:
             row, completion = call.rows[i], out.outputs[0]
             ids = [int(t) for t in completion.token_ids]
             if ids:  # a delta without tokens carries every position's logprobs (output_processor.py:394)
-                row.logprobs += sampled_logprobs(completion.logprobs, ids)
+                if call.logprobs == "outputs":
+                    row.logprobs += sampled_logprobs(completion.logprobs, ids)
                 row.token_ids += ids
                 row.versions += [version] * len(ids)
                 self.tokens_collected += len(ids)
@@ -348,7 +361,20 @@ class RequestLoop:
             del self._running[out.request_id]
             call.left -= 1
             if call.left == 0:
-                call.finished.set()
+                self._complete(call)
+
+    def _complete(self, call: Call) -> None:
+        """The call's last row finished: its logprobs from vLLM's worker if they stayed there."""
+        if call.logprobs == "worker":
+            try:
+                stale, self._stale = self._stale, []
+                lps = self._take([call.request_id(i) for i in range(len(call.rows))],
+                                 [r.token_ids for r in call.rows], stale)
+                for row, lp in zip(call.rows, lps, strict=True):
+                    row.logprobs = lp
+            except Exception as e:  # noqa: BLE001 - the call's failure, not the loop's
+                call.error = e
+        call.finished.set()
 
     def _fail(self, call: Call, error: BaseException) -> None:
         ids = [rid for rid, (c, _) in self._running.items() if c is call]
@@ -356,6 +382,8 @@ class RequestLoop:
             del self._running[rid]
         if ids:
             self.llm.llm_engine.abort_request(ids)
+        if call.logprobs == "worker":
+            self._stale += [call.request_id(i) for i in range(len(call.rows))]
         call.error = error
         call.finished.set()
 
@@ -390,6 +418,8 @@ class RequestLoop:
             self.llm.llm_engine.abort_request([rid for rid, _, _ in restart])
             for rid, call, i in restart:
                 del self._running[rid]
+                if call.logprobs == "worker":
+                    self._stale.append(rid)
                 row = call.rows[i]
                 row.attempt += 1
                 row.token_ids, row.logprobs, row.versions = [], [], []

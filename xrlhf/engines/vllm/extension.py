@@ -202,6 +202,21 @@ class XrlhfWorkerExtension:
         """
         return self._xrlhf_state()["record"].read_back(self._xrlhf_model().named_parameters(), "vLLM")
 
+    # -- logprobs kept on the GPU (``policy.generate.logprobs_path: worker``, ``record.py``) -----------
+    def xrlhf_record_logprobs(self) -> bool:
+        """From now on this worker's sampler records each sampled token's logprob (``record.install``)."""
+        from xrlhf.engines.vllm.record import install
+
+        install(self.model_runner, self.device)
+        return True
+
+    def xrlhf_take_logprobs(self, keys: list[str], lengths: list[int], drop: list[str]) -> bytes:
+        """The recorded logprobs of finished requests ``keys`` (the ids the caller gave), the first
+        ``lengths[i]`` of each, concatenated as float32 bytes; ``drop``: requests never to be taken."""
+        record = self.model_runner.sampler._xrlhf_record
+        record.forget(list(drop))
+        return record.take(list(keys), list(lengths)).numpy().tobytes()
+
     # -- LoRA adapters (``policy.train.lora.sync: adapter``) --------------------------------------
     def xrlhf_set_adapter(self, config: dict[str, Any], directory: str) -> None:
         """Adapter mode: from now on a sync carries the policy's LoRA adapter (PEFT's tensor
