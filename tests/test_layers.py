@@ -57,3 +57,29 @@ def test_engines_import_nothing_above_them():
 def test_config_is_a_leaf():
     others = xrlhf_packages(loaded_after(["xrlhf.config"])) - {"config", "utils"}
     assert not others, f"xrlhf.config imports {sorted(others)}"
+
+
+@pytest.mark.parametrize("config", ["quickstart", "gpu/grpo_w", "gpu/ppo_vllm_colocate", "gpu/ppo_vllm_split"])
+def test_the_trainers_process_holds_no_generator_in_any_layout(config, tiny_model):
+    """The generators are a handle of their own, ``rollout``, co-located or not: the policy's
+    workers build its train engine only, and building that imports no vLLM (so the trainer's
+    Python never shares a GIL with vLLM's client loop)."""
+    from pathlib import Path
+
+    import yaml
+
+    from xrlhf.config.schema import XConfig
+    from xrlhf.topology import topology
+
+    data = yaml.safe_load((Path(__file__).parents[1] / "configs" / f"{config}.yaml").read_text())
+    data["policy"]["model"] = tiny_model
+    t = topology(XConfig.model_validate(data), tiny_model)
+    policy, rollout = t.spec("policy"), t.spec("rollout")
+    assert list(policy.engines) == ["train"] and list(rollout.engines) == ["generate"]
+    assert t.weight_sync.colocated == (data["policy"]["generate"].get("resources") is None)
+    train = policy.engines["train"][0]
+    code = ("import sys\nfrom xrlhf.engines.base import engine_class\nfrom xrlhf.engines.host import EngineHost\n"
+            f"engine_class({train!r}, 'train')\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'vllm' or m.startswith('xrlhf.engines.vllm')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"

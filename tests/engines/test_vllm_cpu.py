@@ -490,19 +490,16 @@ def test_an_incomplete_sync_fails_with_verify_on(vllm_module, tiny_model):
     engine.end_sync()  # verify off: not checked
 
 
-def test_worker_resolves_auto_where_the_generator_lives(vllm_module, tiny_model, monkeypatch):
+def test_a_worker_builds_the_transport_it_is_given(vllm_module, tiny_model):
+    """``auto`` is resolved once, by the shell (``weight_sync.choose_transport``: tests/config/
+    test_layouts.py); a worker builds the transport it is told, with the dtype by name."""
     from xrlhf.coordinator.worker import EngineWorker
-    from xrlhf.engines.hf import HFGenerateEngine
 
-    worker = EngineWorker("policy", 0)
-    worker.train = SimpleNamespace(spec=EngineSpec(tiny_model, device="cpu"))
+    worker = EngineWorker("rollout", 0)
     worker.gen = vllm_module.VLLMGenerateEngine(engine_spec(tiny_model))
-    assert worker.set_transport("auto", {"verify": True, "dtype": "bfloat16"}) == "cpu"
+    assert worker.set_transport({"verify": True, "dtype": "bfloat16"}, "cpu") == "cpu"
     assert worker.transport.dtype == torch.bfloat16 and worker.transport.verify
-    worker.train.spec.device = "cuda"
-    assert worker.set_transport("auto", {}) == "cuda_ipc"
-    worker.gen = HFGenerateEngine(EngineSpec(tiny_model))
-    assert worker.set_transport("auto", {}) == "in_process"
+    assert worker.set_transport({}, "cuda_ipc") == "cuda_ipc" and worker.transport.name == "cuda_ipc"
 
 
 def test_large_buffers_cross_to_vllm_through_shared_memory(tmp_path):

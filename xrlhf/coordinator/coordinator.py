@@ -57,8 +57,8 @@ def init_ray(options: RayConfig) -> bool:
 
 
 def _alone(engines: dict[str, tuple[str, EngineSpec]]) -> dict[str, tuple[str, EngineSpec]]:
-    """The engines of ``engines`` (role -> (name, spec)) that start alone (``Engine.starts_alone``)."""
-    return {role: e for role, e in engines.items() if engine_class(e[0], role).starts_alone}
+    """The engines of ``engines`` (role -> (name, spec)) that start alone (``Engine.starts_alone_with``)."""
+    return {role: e for role, e in engines.items() if engine_class(e[0], role).starts_alone_with(e[1].options)}
 
 
 class Coordinator:
@@ -144,6 +144,8 @@ class Coordinator:
                    for rank in range(s.resources.ranks)]
         handle = ModelHandle(s.name, workers, trainable="train" in s.engines, concurrent=concurrent)
         gpu = s.resources.gpus_per_rank > 0
+        for w in workers:  # imports that take long (vLLM) start now, beside everything else
+            w.preload.remote(s.engines)
         master, port = handle._get([workers[0].address.remote()], [0], timeout)[0]
         dists = [DistInfo(rank, len(workers), master, port, "nccl" if gpu else "gloo",
                           self.topology.fault_tolerance.collective_timeout_s) for rank in range(len(workers))]

@@ -14,13 +14,14 @@ driver process (tests, the supervised warm-up). One execution path, two places t
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 import torch
 
 from xrlhf.data.batch import Batch
 from xrlhf.engines.base import (DistInfo, EngineSpec, GenerateEngine, GenerationOutput, InferEngine, LossFn,
-                                SamplingParams, TrainEngine, build_engine)
+                                SamplingParams, TrainEngine, build_engine, engine_class)
 from xrlhf.weight_sync import Message, build_transport, checksum, push_weights
 
 
@@ -53,6 +54,19 @@ class EngineHost:
             engine = build_engine(name, spec, role)  # type: ignore[arg-type]
             setattr(self, {"train": "train", "infer": "infer_engine", "generate": "gen"}[role], engine)
         return {"pid": os.getpid(), "device": str(next(iter(engines.values()))[1].device)}
+
+    def preload(self, engines: dict[str, tuple[str, EngineSpec]]) -> None:
+        """Start importing what ``engines`` will need (``Engine.preload``: vLLM's ~10 s import) in a
+        thread, so that it overlaps whatever this worker waits for before ``setup`` builds them;
+        a failure here is left for ``setup`` to report."""
+        def run() -> None:
+            for role, (name, spec) in engines.items():
+                try:
+                    engine_class(name, role).preload(spec.options)  # type: ignore[arg-type]
+                except Exception:  # noqa: BLE001 - the build raises it with its context
+                    pass
+
+        threading.Thread(target=run, name="xrlhf-preload", daemon=True).start()
 
     def set_transport(self, options: dict[str, Any], name: str) -> str:
         """Build this worker's side of the weight-sync transport ``name`` (chosen by the
