@@ -240,6 +240,7 @@ def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resu
     from xrlhf.algorithms.rewards import build_reward
     from xrlhf.algorithms.rollout.build import episode_calls
     from xrlhf.coordinator import Coordinator
+    from xrlhf.report import write_transcripts
     from xrlhf.topology import topology
 
     stop.doing = "the current warm-up step, then stop (nothing to save before the first RL step)"
@@ -263,6 +264,7 @@ def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resu
         _stop_before_rl(stop, out)
         stop.doing = "the current step, then checkpoint and exit"
         trainer = trainer_cls(cfg, options, coord, env, tokenizer, build_reward(cfg, env, coord), tracker)
+        trainer.transcripts = lambda step, trajs: write_transcripts(out, step, trajs, tokenizer)
         healing.step = lambda: trainer.step_idx + 1
         if state is not None:
             restore_handles(ckpt, coord.handles)

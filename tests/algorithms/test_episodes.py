@@ -3,6 +3,9 @@ waves and continuous batching, and the loss's independence from observation toke
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import torch
 
@@ -18,6 +21,7 @@ from xrlhf.envs.episode import Episode, EpisodeEnv, EpisodeOptions, Turn
 from xrlhf.utils.errors import UserError
 
 PARAMS = SamplingParams(temperature=1.0, max_new_tokens=12)
+HANG = threading.Event()
 
 
 class Script:
@@ -71,6 +75,8 @@ class _Echo(Episode):
         self.t += 1
         if action == "boom":
             raise RuntimeError("kaput")
+        if action == "hang":
+            HANG.wait(60)  # an env that never answers in time (released by its test)
         if action == "ok":
             return Turn(reward=1.0, done=True, correct=True, info={"tool_calls": 0.0})
         return Turn({"role": "tool", "content": f"again {self.t}"}, reward=-0.1, info={"tool_calls": 1.0})
@@ -159,6 +165,24 @@ def test_episode_batch_layout_and_turn_rewards(tok, chat):
 def test_an_env_that_raises_is_named(tok, chat):
     with pytest.raises(UserError, match="Echo: Episode.step raised RuntimeError: kaput"):
         run(tok, chat, {"q0": ["boom"]})
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+def test_an_env_that_never_answers_ends_its_episode_not_the_run(tok, chat, continuous):
+    """``step_timeout_s``: the stuck step is abandoned, its episode ends truncated and is counted;
+    the other episodes go on, and the run never waits for the stuck call."""
+    HANG.clear()
+    t0 = time.monotonic()
+    try:
+        trajs, _ = run(tok, chat, {"q0": ["1+1", "hang"], "q1": ["ok"]}, {"step_timeout_s": 0.5}, continuous=continuous)
+    finally:
+        HANG.set()  # the abandoned call ends (other tests list the calls still running)
+    assert time.monotonic() - t0 < 20
+    stuck, fine = trajs
+    assert stuck.truncated and stuck.counters["step_timeouts"] == 1 and stuck.turns == 2
+    assert stuck.reward == pytest.approx(-0.1)  # the turn it answered
+    assert fine.reward == 1.0 and not fine.truncated and "step_timeouts" not in fine.counters
+    assert episode_metrics(trajs)["episode/step_timeouts_mean"] == 0.5
 
 
 def test_waves_and_continuous_route_and_seed_alike(tok, chat):

@@ -40,6 +40,11 @@ from xrlhf.utils.timeline import Timeline
 
 ALGORITHMS: Registry[type] = Registry("algorithm")
 
+EPISODE_KEYS = (("episode/turns_mean", "turns"), ("episode/tool_calls_mean", "tool_calls"),
+                ("episode/tool_errors_mean", "tool_errors"), ("episode/tool_timeouts_mean", "tool_timeouts"),
+                ("episode/step_timeouts_mean", "step_timeouts"), ("episode/truncated_frac", "truncated"))
+"""What the progress line shows of an episode env's rollout, when its metrics have it."""
+
 
 
 def register_algorithm(name: str):
@@ -92,6 +97,9 @@ class Trainer(ABC):
         """Spans of the step's work by lane (``utils.timeline``); each step's row carries them."""
         self.memory_timeline = memory_timeline_on(cfg)
         self._memory: dict[str, float] = {}
+        self.transcripts: Callable[[int, list], None] | None = None
+        """Given the step and an evaluation's episodes, keeps a few as transcripts (the runner's
+        ``report.write_transcripts``); ``None``: none kept."""
         self.episodes = (episode_runner(cfg, env, tokenizer, self.gen_handle)
                          if is_episode_env(env) and self.gen_handle is not None else None)
         """Runs the samples of an episode env (``algorithms.rollout.episodes``); ``None`` for one-turn envs."""
@@ -172,7 +180,9 @@ class Trainer(ABC):
         t = self.cfg.trainer
         params = sampling_params(self.cfg, t.eval_temperature)
         if self.episodes is not None:
-            return evaluate_episodes(self.episodes, params, t.eval_size, self.cfg.seed)
+            step, keep = self.step_idx, self.transcripts
+            return evaluate_episodes(self.episodes, params, t.eval_size, self.cfg.seed,
+                                     keep=None if keep is None else (lambda trajs: keep(step, trajs)))
         reward = self.reward if self.env.reward_source == "model" else None
         return evaluate(self.gen_handle, self.env, self.tok, params, t.eval_size, reward=reward, seed=self.cfg.seed)
 
@@ -188,7 +198,7 @@ class Trainer(ABC):
 
     def progress_line(self, step: int, m: dict[str, float]) -> str:
         """``step i/n | <short> <value> ... | eval <value> | <tok/s> | <seconds>``, from ``progress_keys``."""
-        keys = (*self.progress_keys, ("eval/reward_mean", "eval"))
+        keys = (*self.progress_keys, *EPISODE_KEYS, ("eval/reward_mean", "eval"))
         parts = [f"step {step}/{self.cfg.trainer.steps}"] + [f"{short} {m[k]:.3f}" for k, short in keys if k in m]
         if "perf/gen_tokens_per_s" in m:
             parts.append(f"{m['perf/gen_tokens_per_s']:.0f} tok/s")

@@ -65,17 +65,18 @@ _ids = itertools.count()
 _lock = threading.Lock()
 
 
-def running_calls(min_seconds: float = 0.0) -> list[RunningCall]:
-    """The bounded calls still running (abandoned ones too) for at least ``min_seconds``,
-    longest first."""
+def running_calls(min_seconds: float = 0.0, waited: bool = False) -> list[RunningCall]:
+    """The bounded calls still running for at least ``min_seconds``, longest first: abandoned
+    ones too, or with ``waited`` only those a caller still waits for."""
     with _lock:
-        calls = [c for c in _running.values() if c.seconds >= min_seconds]
+        calls = [c for c in _running.values() if c.seconds >= min_seconds and not (waited and c.abandoned)]
     return sorted(calls, key=lambda c: c.started)
 
 
-def describe_running(min_seconds: float = 0.0, limit: int = 3) -> str:
-    """One line on the longest-running bounded calls (``""`` when none): for stall messages."""
-    calls = running_calls(min_seconds)
+def describe_running(min_seconds: float = 0.0, limit: int = 3, waited: bool = False) -> str:
+    """One line on the longest-running bounded calls (``""`` when none; ``waited``: only those a
+    caller still waits for): for stall messages."""
+    calls = running_calls(min_seconds, waited)
     if not calls:
         return ""
     parts = [f"{c.what} for {c.seconds:.0f} s" + (" (abandoned)" if c.abandoned else "") for c in calls[:limit]]

@@ -17,19 +17,24 @@ Transformers engine) the episodes waiting for a turn go in *waves*: one call wit
 which is what a CPU batch needs. Either way turn ``t`` of sample ``i`` is drawn from its own seed
 (``turn_seed``), so an episode is a function of its seed, its prompt and the weights.
 
-Env steps run in a thread pool (a tool may take seconds); an env or a tool that raises stops the
-run with the episode named (a tool's own errors are observations: ``xrlhf.tools.call_tool``).
+Env steps run in a thread pool (a tool may take seconds), each bounded by the env's
+``step_timeout_s`` (``xrlhf.utils.bounded``: a stuck step is abandoned and its episode ends
+truncated, counted as ``step_timeouts``); an env that raises stops the run with the episode named
+(a tool's own errors and time-outs are observations: ``xrlhf.tools.call_tool``). Ctrl-C stops
+waiting for user code at once.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from loguru import logger
 
 from xrlhf.algorithms.rollout.types import Group, Reward, Sampling, Tally
 from xrlhf.data.batch import Batch, build_sequences
@@ -38,6 +43,7 @@ from xrlhf.data.text import encode_prompt
 from xrlhf.engines.base import GenerationOutput, SamplingParams
 from xrlhf.envs.base import Prompt, clean_response
 from xrlhf.envs.episode import Episode, EpisodeEnv, Turn
+from xrlhf.utils.bounded import UserCodeAborted, UserCodeTimeout, call_bounded
 from xrlhf.utils.errors import UserError
 from xrlhf.utils.seeds import sample_seed, turn_seed
 from xrlhf.utils.timeline import Timeline
@@ -80,6 +86,8 @@ class Trajectory:
 
     done: bool = False
     """The env said done, or a limit truncated it."""
+    prompt: Prompt | None = None
+    """The prompt it answers (named by the log when its env stops answering)."""
 
     def context(self) -> list[int]:
         """What the model sees for its next turn: the prompt and everything so far."""
@@ -104,6 +112,8 @@ class EpisodeRunner:
         self.env, self.tok, self.generator = env, tokenizer, generator
         self.chat = ChatFormat(tokenizer)
         self.continuous, self.ranks, self.threads = continuous, ranks, threads
+        self.cancel = threading.Event()
+        """Set on Ctrl-C: waits for the env's code end at once (``utils.bounded``)."""
 
     def stop_params(self, params: SamplingParams) -> SamplingParams:
         """``params`` with the template's end-of-turn ids as stop tokens (a turn ends there)."""
@@ -111,13 +121,17 @@ class EpisodeRunner:
         return dataclasses.replace(params, stop_token_ids=stops)
 
     def run(self, prompts: list[Prompt], seeds: list[int], params: SamplingParams) -> list[Trajectory]:
-        """One episode per prompt (``seeds[i]``: sample ``i``'s seed) -> their trajectories."""
+        """One episode per prompt (``seeds[i]``: sample ``i``'s seed) -> their trajectories.
+
+        The env's code runs bounded (``EpisodeOptions.step_timeout_s``); Ctrl-C stops waiting for
+        it at once and leaves the pool without joining threads that user code holds."""
         params = self.stop_params(params)
-        episodes = [self.env.start(p) for p in prompts]
-        trajs = [Trajectory(encode_prompt(self.tok, p), counters=dict.fromkeys(self.env.counters, 0.0))
+        episodes = [self._start(p) for p in prompts]
+        trajs = [Trajectory(encode_prompt(self.tok, p), counters=dict.fromkeys(self.env.counters, 0.0), prompt=p)
                  for p in prompts]
-        with ThreadPoolExecutor(max_workers=len(prompts) if self.continuous else self.threads,
-                                thread_name_prefix="episode") as pool:
+        pool = ThreadPoolExecutor(max_workers=len(prompts) if self.continuous else self.threads,
+                                  thread_name_prefix="episode")
+        try:
             if self.continuous:
                 futures = [pool.submit(self._run_one, i, e, t, seeds[i], params)
                            for i, (e, t) in enumerate(zip(episodes, trajs))]
@@ -125,7 +139,21 @@ class EpisodeRunner:
                     f.result()
             else:
                 self._run_waves(pool, episodes, trajs, seeds, params)
+        except BaseException:
+            self.cancel.set()  # the pool's threads wait inside call_bounded: they return now
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
         return trajs
+
+    def _start(self, prompt: Prompt) -> Episode:
+        what = f"env {type(self.env).__name__}: start (prompt {prompt.text[:60]!r})"
+        try:
+            return call_bounded(lambda: self.env.start(prompt), self.env.config.step_timeout_s, what, self.cancel)
+        except (UserCodeTimeout, UserCodeAborted):
+            raise
+        except Exception as e:  # noqa: BLE001 - an env's bug is the user's to fix: name it
+            raise UserError(f"{what} raised {type(e).__name__}: {e}; fix the env") from e
 
     def _run_one(self, i: int, episode: Episode, traj: Trajectory, seed: int, params: SamplingParams) -> None:
         limit = self.env.config.max_episode_tokens
@@ -161,6 +189,8 @@ class EpisodeRunner:
         text = clean_response(self.tok.decode(ids[:-1], skip_special_tokens=True))
         traj.actions.append(text)
         answer = self._step(episode, traj, text)
+        if answer is None:  # the env did not answer in time: the episode ends here
+            return self._abandon(traj)
         traj.turn_ends.append(len(traj.tokens) - 1)
         traj.turn_rewards.append(float(answer.reward))
         for k, v in answer.info.items():
@@ -177,9 +207,17 @@ class EpisodeRunner:
         traj.logprobs += [0.0] * len(obs)
         traj.versions += [0] * len(obs)
 
-    def _step(self, episode: Episode, traj: Trajectory, text: str) -> Turn:
+    def _step(self, episode: Episode, traj: Trajectory, text: str) -> Turn | None:
+        """The env's answer to a turn, bounded by ``step_timeout_s`` (``None``: it took longer)."""
+        prompt = traj.prompt.text[:60] if traj.prompt is not None else ""
+        what = f"env {type(self.env).__name__}: Episode.step (prompt {prompt!r}, turn {traj.turns})"
         try:
-            answer = episode.step(text)
+            answer = call_bounded(lambda: episode.step(text), self.env.config.step_timeout_s, what, self.cancel)
+        except UserCodeTimeout as e:
+            logger.warning(f"{e}; the episode ends truncated (env.options.step_timeout_s)")
+            return None
+        except UserCodeAborted:
+            raise
         except Exception as e:  # noqa: BLE001 - an env's bug is the user's to fix: name it
             raise UserError(f"env {type(self.env).__name__}: Episode.step raised {type(e).__name__}: {e} "
                             f"(turn {traj.turns}); fix the env (a tool's errors should be observations)") from e
@@ -189,6 +227,12 @@ class EpisodeRunner:
         if not answer.done and answer.observation is None:
             raise UserError(f"env {type(self.env).__name__}: a turn that is not done needs an observation")
         return answer
+
+    def _abandon(self, traj: Trajectory) -> None:
+        """End an episode whose env stopped answering: truncated, its rewards so far, counted."""
+        traj.truncated, traj.done = True, True
+        traj.counters["step_timeouts"] = traj.counters.get("step_timeouts", 0.0) + 1.0
+        traj.reward = sum(traj.turn_rewards)
 
     def _truncate(self, episode: Episode, traj: Trajectory) -> None:
         score = episode.truncated()

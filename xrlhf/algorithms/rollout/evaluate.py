@@ -51,12 +51,14 @@ def _evaluate_with(reward: Callable, prompts: list[Prompt], ids: list[list[int]]
 
 
 def evaluate_episodes(runner: EpisodeRunner, params: SamplingParams, limit: int | None = None,
-                      seed: int = 0) -> dict[str, float]:
+                      seed: int = 0, keep: Callable[[list], None] | None = None) -> dict[str, float]:
     """``eval/reward_mean``, ``eval/accuracy`` and the episode metrics (``eval/turns_mean``, ...) of
-    the env's held-out prompts, one episode each."""
+    the env's held-out prompts, one episode each; ``keep`` is given the trajectories (transcripts)."""
     prompts = runner.env.eval_prompts()[:limit]
     t0 = time.time()
     trajs = runner.run(prompts, [sample_seed(seed, -1, i) for i in range(len(prompts))], params)
+    if keep is not None:
+        keep(trajs)
     m = {"eval/reward_mean": sum(t.reward for t in trajs) / len(trajs), **episode_metrics(trajs, "eval/")}
     if all(t.correct is not None for t in trajs):
         m["eval/accuracy"] = sum(bool(t.correct) for t in trajs) / len(trajs)

@@ -43,7 +43,8 @@ from loguru import logger
 
 from xrlhf.config.schema import RolloutConfig
 from xrlhf.utils import faults
-from xrlhf.utils.errors import WorkerDiedError
+from xrlhf.utils.bounded import describe_running
+from xrlhf.utils.errors import UserError, WorkerDiedError
 
 Collect = Callable[[int, int, Callable[[], None]], tuple[Any, int]]
 """``collect(batch, data_pos, on_generated) -> (rollout, next data_pos)``: generate and score
@@ -226,6 +227,10 @@ class Producer:
                 raise RuntimeError(f"rollout producer stopped while waiting for {what}")
             stalled = time.monotonic() - max(self._progress, since)
             if stalled > self.o.stall_timeout_s:
+                culprit = describe_running(min_seconds=min(stalled, self.o.stall_timeout_s) / 2, waited=True)
+                if culprit:  # user code holds the rollout up: restarting workers would not help
+                    raise UserError(f"rollout: nothing generated for {stalled:.0f} s while waiting for {what}; "
+                                    f"{culprit}")
                 raise WorkerDiedError(f"rollout: nothing generated for {stalled:.0f} s while waiting for {what} "
                                       f"(rollout.stall_timeout_s = {self.o.stall_timeout_s:g})")
             self._cv.wait(timeout=min(1.0, self.o.stall_timeout_s))
