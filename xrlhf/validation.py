@@ -34,7 +34,7 @@ from pydantic import BaseModel, ValidationError
 
 from xrlhf.config.loader import apply_overrides, format_errors, read_yaml
 from xrlhf.config.schema import Section, XConfig
-from xrlhf.utils.errors import UserError
+from xrlhf.utils.errors import UserError, first_line
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> XConfig:
@@ -371,7 +371,7 @@ def user_code_errors(cfg: XConfig, env) -> list[str]:
         try:
             env.sft_conversations(0, 1) if is_episode_env(env) else env.sft_examples(0, 1)
         except NotImplementedError as e:
-            return [f"warmup.steps: {cfg.warmup.steps} warm-up steps, but {_first_line(e)}"]
+            return [f"warmup.steps: {cfg.warmup.steps} warm-up steps, but {first_line(e)}"]
         except Exception as e:  # noqa: BLE001
             return [f"warmup.steps: env {cfg.env.name!r}: {what} (the warm-up's demonstrations) raised {_raised(e)}; "
                     f"fix the env, or set warmup.steps: 0"]
@@ -410,7 +410,7 @@ def _user_call(where: str, fn):
 
 
 def _raised(e: BaseException) -> str:
-    return f"{type(e).__name__}: {_first_line(e)}"
+    return f"{type(e).__name__}: {first_line(e)}"
 
 
 def _kinds(value: Any) -> str:
@@ -464,7 +464,7 @@ def model_errors(path: str, model_dir: str, head: str) -> list[str]:
     try:
         AutoConfig.from_pretrained(model_dir, local_files_only=True)
     except Exception as e:  # noqa: BLE001 - Transformers raises many kinds; the first line says which
-        return [f"{path}: {file}: {_first_line(e)}"]
+        return [f"{path}: {file}: {first_line(e)}"]
     return []
 
 
@@ -474,7 +474,7 @@ def _tokenizer(model_dir: str):
     try:
         return load_tokenizer(model_dir)
     except Exception as e:  # noqa: BLE001
-        raise UserError(f"policy.model: cannot load the tokenizer saved in {model_dir} ({_first_line(e)})") from None
+        raise UserError(f"policy.model: cannot load the tokenizer saved in {model_dir} ({first_line(e)})") from None
 
 
 def _dataset_errors(cfg: XConfig, parsed: dict[str, BaseModel | None]) -> list[str]:
@@ -542,8 +542,3 @@ def _warn_short_turns(cfg: XConfig, env, tokenizer, sample: int = 64) -> None:
                        f"(about {longest} tokens with its end token, in the env's first {sample} demonstrations): such "
                        f"turns are cut off and the sample truncated (see episode/truncated_frac); raise it to at least "
                        f"{longest}")
-
-
-def _first_line(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return lines[0] if lines else type(e).__name__

@@ -26,7 +26,7 @@ from typing import Annotated, Any, Sequence, TypeVar
 
 from pydantic import AfterValidator
 
-from xrlhf.utils.errors import UserError
+from xrlhf.utils.errors import UserError, first_line
 
 T = TypeVar("T")
 
@@ -129,7 +129,7 @@ def _read_table(path: str, builder: str, schema: RowSchema) -> list[dict[str, An
     try:
         ds = datasets.load_dataset(builder, data_files=path, split="train")
     except Exception as e:  # noqa: BLE001 - pyarrow / pandas errors of many kinds
-        raise UserError(f"{path}: cannot be read as {builder} ({_first_line(e)})") from None
+        raise UserError(f"{path}: cannot be read as {builder} ({first_line(e)})") from None
     return ds.to_list()
 
 
@@ -231,11 +231,6 @@ def _coerce(value: Any, kind: type, name: str, where) -> Any:
 def _example(schema: RowSchema) -> str:
     sample = {"prompt": "2+3=", "chosen": "5", "rejected": "6", "completion": "5", "label": True, "answer": "5"}
     return json.dumps({k: sample[k] for k in schema.required})
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
 
 
 def held_out(text: str, fraction: float) -> bool:
