@@ -1,0 +1,170 @@
+"""Workload W: xrlhf against TRL's GRPOTrainer, measured in one call on one GPU (issue 25).
+
+Runs TRL 1.16's GRPOTrainer on W (``.bench/trl_grpo.py``, a copy of ``../shared/bench``) at one
+dtype, then xrlhf's variants of ``configs/gpu/grpo_w.yaml`` back to back, each for ``--steps``
+steps (10), and gives every xrlhf figure as a ratio to the TRL run of the same call. Steps
+``--timed-from`` (3) .. the last are timed (medians), on both sides.
+
+Variants (``--variants``; ``name`` or ``name=key.path=value,key.path=value``):
+
+* ``default``: the config as shipped (our defaults: mixed precision, derived token budgets, ...);
+* ``bf16``: pure bf16 weights and AdamW states (``policy.train.mixed_precision=false``);
+* ``async``: ``rollout.max_staleness=1`` with vLLM awake (``sleep_level=0``) on the same GPU;
+* ``sync-awake``: the synchronous loop with vLLM awake (what ``async`` is compared with);
+* any other name with its overrides after ``=``.
+
+Writes ``<out>/w_vs_trl.json``: one object per xrlhf run with ``gpu``, ``trl_dtype``,
+``trl_step_s``, ``xrlhf_variant``, ``xrlhf_step_s``, ``ratio`` (xrlhf / TRL), ``phases``,
+``gpu_busy``, ``peak_gib``, the TRL run's own figures and the command. On the GPU machine::
+
+    python -m benchmarks.w_vs_trl --trl-dtype float32 --variants default --out $OUT
+    python -m benchmarks.w_vs_trl --trl-dtype bfloat16 --variants bf16,async --out $OUT
+    python -m benchmarks.w_vs_trl --trl-dtype none --variants sync-awake,async --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+CONFIG = "configs/gpu/grpo_w.yaml"
+VARIANTS = {
+    "default": [],
+    "bf16": ["policy.train.mixed_precision=false"],
+    "async": ["rollout.max_staleness=1", "policy.generate.sleep_level=0"],
+    "sync-awake": ["policy.generate.sleep_level=0"],
+}
+"""What each named variant changes in the config."""
+
+
+def parse_variants(text: str) -> list[tuple[str, list[str]]]:
+    """``a,b`` (named variants) or ``a;name=k=v|k=v`` (``;`` between variants once one has overrides)."""
+    out = []
+    for item in [v.strip() for v in text.split(",") if v.strip()] if "=" not in text else text.split(";"):
+        name, _, rest = item.partition("=")
+        name = name.strip()
+        if rest:
+            out.append((name, [o.strip() for o in rest.split("|") if o.strip()]))
+        elif name in VARIANTS:
+            out.append((name, list(VARIANTS[name])))
+        else:
+            raise SystemExit(f"--variants: unknown variant {name!r}; valid: {', '.join(VARIANTS)} (or name=k=v|k=v)")
+    return out
+
+
+def median_from(values: list[float]) -> float | None:
+    return round(statistics.median(values), 3) if values else None
+
+
+def run_trl(dtype: str, model: str, out: Path, steps: int, timed_from: int, timeout: float) -> dict[str, Any]:
+    """TRL's GRPOTrainer on W in a process of its own; the median step time of the timed steps."""
+    bench = Path(".bench/trl_grpo.py")
+    if not bench.is_file():
+        return {"error": "no .bench/trl_grpo.py (copy ../shared/bench into .bench and carry it)"}
+    run_dir = out / f"trl-{dtype}"
+    cmd = [sys.executable, str(bench), "--model", model, "--out", str(run_dir), "--dtype", dtype,
+           "--steps", str(steps)]
+    t0 = time.time()
+    with open(out / f"trl-{dtype}.log", "w") as log:
+        try:
+            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    rows = [json.loads(x) for x in (run_dir / "steps.jsonl").read_text().splitlines()] \
+        if (run_dir / "steps.jsonl").is_file() else []
+    timed = [r["step_s"] for r in rows if r["step"] >= timed_from]
+    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
+    return {"trl_dtype": dtype, "trl_step_s": median_from(timed), "trl_steps": len(rows), "trl_rc": rc,
+            "trl_wall_s": round(time.time() - t0, 1), "trl_init_s": summary.get("init_s"),
+            "trl_peak_gib": max((r.get("torch_max_reserved_gb", 0.0) for r in rows), default=None),
+            "trl_versions": {k: summary.get(k) for k in ("trl", "torch", "vllm")}}
+
+
+def run_xrlhf(name: str, overrides: list[str], model: str, args: argparse.Namespace,
+              machine: list[dict[str, Any]]) -> dict[str, Any]:
+    """One xrlhf variant of W in this process, with the GPU sampled (``async_grpo.BusyGRPO``)."""
+    import tempfile
+    import traceback
+
+    import benchmarks.async_grpo as ag
+    from benchmarks.common import DeviceMemorySampler
+    from xrlhf.report import read_metrics
+    from xrlhf.runner import run
+    from xrlhf.validation import load_config
+
+    all_overrides = [f"policy.model={model}", f"trainer.steps={args.steps}", "trainer.eval_every=0",
+                     f"trainer.eval_size={args.eval_size}", "trainer.save_final=false",
+                     "algorithm.name=benchmarks.async_grpo:BusyGRPO", "algorithm.advantage_estimator=grpo",
+                     "policy.weight_sync.verify=false", *overrides]
+    cfg = load_config(Path(CONFIG), all_overrides)
+    used = machine[:1]
+    ag.BusyGRPO.samplers = samplers = [DeviceMemorySampler(gpu=g["index"]) for g in used]
+    run_dir = Path(tempfile.mkdtemp(prefix=f"w_vs_trl-{name}-"))
+    t0, error = time.time(), None
+    try:
+        run(cfg, run_dir)
+    except Exception as e:  # noqa: BLE001 - recorded; the next variant still runs
+        error = f"{type(e).__name__}: {e}"
+        traceback.print_exc()
+    finally:
+        for s in samplers:
+            s.close()
+        ag.BusyGRPO.samplers = []
+    rows = read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
+    s = ag.summarize(rows, args.timed_from, len(used))
+    log = (run_dir / "train.log").read_text() if (run_dir / "train.log").is_file() else ""
+    ready = [ln for ln in log.splitlines() if "Ray handles ready in" in ln]
+    return {"xrlhf_variant": name, "overrides": overrides, "xrlhf_step_s": s["step_s_median"],
+            "phases": s["phases_median"], "gpu_busy": s["gpu_busy"], "peak_gib": s["peak_gib"],
+            "staleness": s["staleness_observed"], "reward_mean_last": s["reward_mean_last"],
+            "mismatch_mean": s["mismatch_mean"], "per_step": s["per_step"], "ready_line": ready[-1] if ready else None,
+            "xrlhf_wall_s": round(time.time() - t0, 1), "error": error, "run_dir": str(run_dir)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--trl-dtype", default="float32", choices=["float32", "bfloat16", "none"])
+    p.add_argument("--variants", default="default")
+    p.add_argument("--model", default="artifacts/model-0.5b")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--timed-from", type=int, default=3)
+    p.add_argument("--eval-size", type=int, default=16)
+    p.add_argument("--trl-timeout", type=float, default=330)
+    p.add_argument("--out", default="benchmarks/results")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    from benchmarks.async_grpo import gpus
+    from benchmarks.common import ensure_model, versions
+
+    machine = gpus()
+    model = ensure_model(args.model)
+    trl = run_trl(args.trl_dtype, model, out, args.steps, args.timed_from, args.trl_timeout) \
+        if args.trl_dtype != "none" else {"trl_dtype": None, "trl_step_s": None}
+    print(f"[w_vs_trl] TRL {args.trl_dtype}: {trl.get('trl_step_s')} s/step", flush=True)
+    entries = []
+    for name, overrides in parse_variants(args.variants):
+        x = run_xrlhf(name, overrides, model, args, machine)
+        ratio = round(x["xrlhf_step_s"] / trl["trl_step_s"], 3) if x["xrlhf_step_s"] and trl.get("trl_step_s") else None
+        entry = {"gpu": machine[0]["name"] if machine else "none", **trl, **x, "ratio": ratio,
+                 "command": " ".join([Path(sys.executable).name, "-m", "benchmarks.w_vs_trl", *sys.argv[1:]]),
+                 "date": time.strftime("%Y-%m-%d %H:%M:%S"), "versions": versions()}
+        entries.append(entry)
+        print(f"[w_vs_trl] {name}: {x['xrlhf_step_s']} s/step, ratio {ratio}, phases {x['phases']}, "
+              f"busy {x['gpu_busy']}", flush=True)
+        path = out / "w_vs_trl.json"
+        old = json.loads(path.read_text()) if path.is_file() else []
+        path.write_text(json.dumps(old + [entry], indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
