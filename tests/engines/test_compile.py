@@ -10,7 +10,7 @@ import torch
 from tests.engines.test_packing import grads_of_step, rl_batch
 from xrlhf.algorithms.losses import PolicyLoss
 from xrlhf.engines.base import EngineSpec
-from xrlhf.engines.compiling import layer_stack
+from xrlhf.engines.hf.compiling import layer_stack
 from xrlhf.engines.hf import HFTrainEngine, HFTrainOptions
 
 

@@ -78,7 +78,7 @@ def test_mixed_precision_packs(tiny_model):
     """fp32 weights under bf16 autocast compute in bf16: the packing probe compares packed and
     padded at bf16's tolerance, so the engine packs (on an H100 it fell back to padded rows,
     judged at fp32's tolerance)."""
-    from xrlhf.engines.attention import _tolerance, compute_dtype
+    from xrlhf.engines.hf.probe import _tolerance, compute_dtype
 
     e = engine(tiny_model, 1e-6, dtype="bfloat16", mixed_precision=True)
     assert e.mixed_precision and next(e.hf.module.parameters()).dtype == torch.float32

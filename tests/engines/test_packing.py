@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from tests.conftest import build_gpt2
 from xrlhf.algorithms.losses import DPOLoss, PolicyLoss, SFTLoss, ValueLoss
 from xrlhf.data.batch import Batch, build_sequences
-from xrlhf.engines import attention
+from xrlhf.engines.hf import attention
 from xrlhf.engines.base import EngineSpec
 from xrlhf.engines.hf import HFInferEngine, HFTrainEngine
-from xrlhf.engines.packing import pack_rows, pad_rows
+from xrlhf.engines.hf.packing import pack_rows, pad_rows
 
 IDS = torch.tensor([[0, 5, 6, 7, 8, 0], [9, 10, 11, 12, 0, 0]])
 ATTN = torch.tensor([[0, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0]])  # P = 3, R = 3

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from xrlhf.algorithms.losses import PolicyLoss
-from xrlhf.engines import attention
+from xrlhf.engines.hf import attention
 from xrlhf.engines.base import EngineSpec
 from xrlhf.engines.hf import HFInferEngine, HFTrainEngine
 
