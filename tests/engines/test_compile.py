@@ -1,6 +1,7 @@
 """``compile: true``: the decoder layers compiled (regional torch.compile) give the eager numbers,
 packed (varlen attention with no graph break), padded, with LoRA (PEFT's wrapper around the
-layers) and under bf16 autocast, in training and inference; what it cannot serve is refused."""
+layers) and with mixed precision (bf16 weights, fp32 masters), in training and inference; what it
+cannot serve is refused."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def engine(model_dir, **options):
 CASES = {"packed": {"max_tokens_per_micro_batch": 30}, "padded": {"packing": "off"},
          "lora": {"max_tokens_per_micro_batch": 30, "lora": {"rank": 4, "alpha": 8, "target_modules": "all-linear"}},
          "mixed_precision": {"max_tokens_per_micro_batch": 30, "dtype": "bfloat16", "mixed_precision": True}}
-TOLERANCE = {"mixed_precision": 1e-3}  # bf16 autocast: the fused kernels round at other places
+TOLERANCE = {"mixed_precision": 1e-3}  # bf16 weights: the fused kernels round at other places
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -103,8 +103,10 @@ def grads_of_step(engine, batch, loss):
     grads = {}
 
     def capture():
-        grads.update({n: p.grad.clone() for n, p in engine.model.named_parameters() if p.grad is not None})
+        grads.update({n: g.clone() for n, g in engine.named_grads().items() if g is not None})
         engine.optimizer.zero_grad(set_to_none=True)
+        if engine.masters is not None:
+            engine.masters.zero_grad()
         return {}
 
     engine.optimizer_step = capture

@@ -43,9 +43,11 @@ def test_train_step_matches_padded_in_bf16(small_model):
             "dtype": "bfloat16", "micro_batch_size": 8, "lr": 1e-5, **options}))
         grads = {}
 
-        def capture():
-            grads.update({n: p.grad.float().clone() for n, p in engine.model.named_parameters()})
+        def capture():  # bf16 on a GPU trains with fp32 masters by default: their fp32 gradients
+            grads.update({n: g.float().clone() for n, g in engine.named_grads().items()})
             engine.optimizer.zero_grad(set_to_none=True)
+            if engine.masters is not None:
+                engine.masters.zero_grad()
             return {}
 
         engine.optimizer_step = capture

@@ -125,19 +125,15 @@ class HFModel:
             0: the model's full logits.
     """
 
-    def __init__(self, spec: EngineSpec, keep_dropout: bool = False, autocast: torch.dtype | None = None,
-                 fp32_weights: bool = True):
+    def __init__(self, spec: EngineSpec, keep_dropout: bool = False, dtype: torch.dtype | None = None):
         """``keep_dropout``: a train engine's ``dropout`` option; frozen engines run in eval mode,
-        where dropout is off anyway. ``autocast``: mixed precision: the forward runs under
-        autocast to this dtype (``HFTrainOptions.mixed_precision``) and, with ``fp32_weights``,
-        the weights load in fp32 (a LoRA engine keeps its frozen base in ``dtype``: PEFT makes the
-        trained adapters fp32). Until ``prepare`` runs the forward is the padded one with full
-        logits (an engine that never calls it keeps that)."""
+        where dropout is off anyway. ``dtype``: the weights load in it (default: the options'
+        ``dtype``; a mixed-precision train engine loads fp32 to start its masters from exact
+        values, then makes the weights bf16). Until ``prepare`` runs the forward is the padded one
+        with full logits (an engine that never calls it keeps that)."""
         self.spec = spec
-        self.autocast = autocast
         torch.manual_seed(spec.seed)
-        fp32 = autocast is not None and fp32_weights
-        self.model = self.module = load_hf_model(spec, torch.float32 if fp32 else None)
+        self.model = self.module = load_hf_model(spec, dtype)
         self.device = torch.device(spec.device)
         if not keep_dropout:
             disable_dropout(self.model)
@@ -163,20 +159,12 @@ class HFModel:
         line = f"{self.spec.model_path} ({self.spec.head}): {self.attention_path} micro-batches ({detail})"
         line += f"; {head}" if self.spec.head == "causal_lm" else ""
         line += f"; {compile_layers(self.module)}" if o.compile else ""
-        line += "; fp32 master weights, bf16 autocast (mixed_precision)" if self.autocast is not None else ""
         logger.info(line)
         return line
 
     def forward(self, batch: Batch, need_entropy: bool = False) -> ForwardOutput:
         """Forward over ``batch`` (layout of ``xrlhf.data.batch``); response part only, ``[B, R]``
-        (``scores``: ``[B]``), zero where no response token is; under autocast with mixed
-        precision (the backward then runs outside it, as autocast wants)."""
-        if self.autocast is None:
-            return self._forward(batch, need_entropy)
-        with torch.autocast(self.device.type, dtype=self.autocast):
-            return self._forward(batch, need_entropy)
-
-    def _forward(self, batch: Batch, need_entropy: bool) -> ForwardOutput:
+        (``scores``: ``[B]``), zero where no response token is."""
         ids, attn, r = batch["input_ids"], batch["attention_mask"], response_width(batch)
         layout = (pad_rows if self.attention_path == "padded" else pack_rows)(ids, attn, r).to(self.device)
         if self.spec.head == "causal_lm":

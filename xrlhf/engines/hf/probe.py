@@ -27,7 +27,6 @@ class Probed(Protocol):
 
     module: torch.nn.Module
     device: torch.device
-    autocast: torch.dtype | None
     attention_path: str
     logprob_chunk: int
 
@@ -93,9 +92,9 @@ def probe_batches(hf: Probed):
 
 
 def compute_dtype(hf: Probed) -> torch.dtype:
-    """The dtype the forward computes in: autocast's under mixed precision (fp32 weights, bf16
-    matmuls and attention), else the weights'."""
-    return getattr(hf, "autocast", None) or next(hf.module.parameters()).dtype
+    """The dtype the forward computes in: the weights' (bf16 under mixed precision too: its fp32
+    masters live in the optimizer)."""
+    return next(hf.module.parameters()).dtype
 
 
 def _tolerance(hf: Probed) -> float:
