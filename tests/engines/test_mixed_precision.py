@@ -183,3 +183,35 @@ def test_mixed_precision_packs(tiny_model):
     assert compute_dtype(e.hf) == torch.bfloat16 and _tolerance(e.hf) == 5e-2
     assert e.hf.attention_path == "varlen"
     assert e.train_step(batch(tiny_model), SFTLoss())["packed"] == 1.0
+
+
+def _rank(rank: int, port: int, model: str, out_dir: str) -> None:
+    """One of two spawned gloo ranks: a mixed-precision step on its half of the batch."""
+    import torch.distributed as dist
+
+    from xrlhf.engines.base import DistInfo
+
+    torch.set_num_threads(1)
+    e = HFTrainEngine(EngineSpec(model, seed=0, dist=DistInfo(rank, 2, "127.0.0.1", port, "gloo"), options={
+        "lr": 1e-6, "micro_batch_size": 4, "dtype": "bfloat16", "mixed_precision": True}))
+    metrics = e.train_step(batch(model, 16).split(2)[rank], SFTLoss())
+    torch.save({"metrics": metrics, "masters": e.masters.flat.detach().clone()}, f"{out_dir}/rank{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_two_ranks_sum_their_fp32_gradients(tiny_model, tmp_path):
+    """Data parallel: the ranks all-reduce the flat fp32 gradient; the step equals one rank's on
+    the whole batch within fp32 rounding (the same micro-batches, summed in another order)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.spawn(_rank, args=(port, tiny_model, str(tmp_path)), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    one = engine(tiny_model, 1e-6, dtype="bfloat16", mixed_precision=True, micro_batch_size=4)
+    metrics = one.train_step(batch(tiny_model, 16), SFTLoss())
+    assert torch.equal(ranks[0]["masters"], ranks[1]["masters"])
+    assert (ranks[0]["masters"] - one.masters.flat.detach()).abs().max() < 1e-9
+    assert ranks[0]["metrics"]["grad_norm"] == pytest.approx(metrics["grad_norm"], rel=1e-5)
