@@ -11,6 +11,7 @@ import torch
 from tests.engines.test_packing import grads_of_step, rl_batch
 from xrlhf.algorithms.losses import PolicyLoss
 from xrlhf.engines.base import EngineSpec
+from xrlhf.engines.hf import attention
 from xrlhf.engines.hf.compiling import layer_stack
 from xrlhf.engines.hf import HFTrainEngine, HFTrainOptions
 
@@ -38,8 +39,11 @@ def test_compiled_layers_give_the_eager_step(tiny_model, case):
     counters.clear()
     compiled = engine(tiny_model, compile=True, **layout)
     assert "2 x LlamaDecoderLayer compiled" in compiled.hf.prepare()
+    attention.TAKEN.clear()
     got, grads = grads_of_step(compiled, batch, loss())
     assert counters["stats"]["unique_graphs"] >= 1 and not counters["graph_break"], dict(counters["graph_break"])
+    # the compiled layers record the kernel they ran as the eager ones do (dynamo replays the write)
+    assert bool(attention.TAKEN) == (case != "padded"), attention.TAKEN
     assert grads.keys() == want_grads.keys()
     for k in want:
         assert got[k] == pytest.approx(want[k], rel=max(1e-5, tol), abs=tol), k

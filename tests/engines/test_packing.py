@@ -181,9 +181,34 @@ def test_yaml_off_is_packing_off():
 
 def test_the_engine_says_which_path_it_took(tiny_model):
     line = HFInferEngine(EngineSpec(tiny_model)).hf.prepare()
-    assert "varlen micro-batches (SDPA over the sequences side by side)" in line and "chunks of 1024 tokens" in line
+    assert "varlen micro-batches (attention xrlhf_varlen)" in line and "chunks of 1024 tokens" in line
     off = HFInferEngine(EngineSpec(tiny_model, options={"packing": "off", "logprob_chunk_tokens": 0}))
     assert off.hf.attention_path == "padded" and off.hf.logprob_chunk == 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_kernel_a_forward_ran_is_recorded_from_its_tensors(tiny_model, monkeypatch, dtype):
+    """``attention.TAKEN`` says what the forwards ran (the probe's forwards left out), once per
+    kernel and dtype; here, on the CPU, the SDPA over the sequences side by side."""
+    monkeypatch.setattr(attention, "TAKEN", {})
+    monkeypatch.setattr(attention, "_REPORTED", set())
+    engine = HFInferEngine(EngineSpec(tiny_model, options={"dtype": dtype, "max_tokens_per_micro_batch": 40}))
+    assert attention.TAKEN == {}  # the probe ran packed and padded forwards, and recorded neither
+    engine.infer(rl_batch())
+    name = {"float32": "fp32", "bfloat16": "bf16"}[dtype]
+    assert list(attention.TAKEN) == [f"SDPA over the sequences side by side ({name} on cpu: not a GPU)"]
+    assert attention.unreported() == [] and attention._REPORTED == set(attention.TAKEN)  # logged by the forward
+    off = HFInferEngine(EngineSpec(tiny_model, options={"dtype": dtype, "packing": "off"}))
+    off.infer(rl_batch())
+    assert f"transformers sdpa on padded rows ({name} on cpu)" not in attention.TAKEN  # packing off: plain sdpa
+
+
+def test_why_the_flash_kernel_is_not_taken():
+    cpu = torch.zeros(1, 2, 3, 8, dtype=torch.bfloat16)
+    assert attention._no_flash(cpu, 0.0) == ": not a GPU"
+    if torch.cuda.is_available():
+        assert attention._no_flash(cpu.float().cuda(), 0.0) == ": flash takes bf16 or fp16 q/k/v"
+        assert attention._no_flash(cpu.cuda(), 0.1) == ": attention dropout"
 
 
 @pytest.mark.parametrize("style", ["2.10", "later"])

@@ -28,12 +28,14 @@ def test_varlen_flash_is_chosen_and_matches_padded(small_model):
     spec = dict(device="cuda", options={"dtype": "bfloat16", "micro_batch_size": 8})
     packed = HFInferEngine(EngineSpec(small_model, **spec))
     assert packed.hf.attention_path == "varlen" and not attention._FLASH_FAILED
-    assert "torch varlen flash attention" in packed.hf.prepare()
+    attention.TAKEN.clear()
     padded = HFInferEngine(EngineSpec(small_model, device="cuda", options={
         "dtype": "bfloat16", "micro_batch_size": 8, "packing": "off", "logprob_chunk_tokens": 0}))
     batch = _batch()
     mask = batch["response_mask"]
-    a, b = packed.infer(batch)["logprobs"] * mask, padded.infer(batch)["logprobs"] * mask
+    a = packed.infer(batch)["logprobs"] * mask
+    assert list(attention.TAKEN) == ["torch varlen flash attention (bf16 on cuda)"]  # what the forward ran
+    b = padded.infer(batch)["logprobs"] * mask
     assert (a - b).abs().max() < 0.1  # bf16 through 4 layers: rounding, not crossed sequences
 
 
@@ -58,6 +60,18 @@ def test_train_step_matches_padded_in_bf16(small_model):
     num = sum((g_new[n] - g_old[n]).norm() ** 2 for n in g_old) ** 0.5
     den = sum(g.norm() ** 2 for g in g_old.values()) ** 0.5
     assert num / den < 0.05
+
+
+def test_the_default_mixed_precision_trains_with_flash_attention(small_model):
+    """bf16 weights with fp32 masters (the GPU default): q/k reach the attention in bf16, and the
+    forward and backward run torch's varlen flash kernel (recorded from the tensors)."""
+    engine = HFTrainEngine(EngineSpec(small_model, device="cuda", seed=0, options={
+        "dtype": "bfloat16", "micro_batch_size": 8, "lr": 1e-5}))
+    assert engine.mixed_precision and engine.masters is not None
+    attention.TAKEN.clear()
+    metrics = engine.train_step(_batch(), PolicyLoss(kl_coef=0.05, entropy_coef=0.01))
+    assert metrics["packed"] == 1.0 and metrics["skipped"] == 0.0
+    assert list(attention.TAKEN) == ["torch varlen flash attention (bf16 on cuda)"]
 
 
 def _syncs_of_a_step(engine, budget: int) -> tuple[int, float]:

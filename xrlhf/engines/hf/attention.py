@@ -26,7 +26,8 @@ Which of them a model takes is decided when its engine is built (``engines.hf.pr
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +37,47 @@ NAME = "xrlhf_varlen"
 
 _FLASH_FAILED: list[str] = []
 """Why torch's varlen kernel failed in this process, if it did; then every call takes the SDPA path."""
+
+
+TAKEN: dict[str, str] = {}
+"""What the attention calls of this process ran, as ``"<kernel> (<dtype> on <device>[: why])"``:
+written by ``varlen_attention`` from the tensors it is given, so it tells what actually ran
+(a fp32 ``q`` under autocast took the SDPA path while the config promised flash attention).
+``HFModel`` logs each new entry once (``unreported``). A plain dict: a compiled layer replays the
+write on every call, without a graph break."""
+_REPORTED: set[str] = set()
+_PROBING: list[bool] = []
+
+_DTYPE = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64"}
+FLASH = "torch varlen flash attention"
+SIDE_BY_SIDE = "SDPA over the sequences side by side"
+
+
+def _ran(kernel: str, query: torch.Tensor, why: str = "") -> None:
+    TAKEN[f"{kernel} ({_DTYPE.get(query.dtype, 'other dtype')} on {query.device.type}{why})"] = kernel
+
+
+@contextmanager
+def unrecorded() -> Iterator[None]:
+    """Calls within the block leave ``TAKEN`` as it was (the probe's forwards: ``TAKEN`` tells
+    what the engine's own forwards ran)."""
+    before = dict(TAKEN)
+    _PROBING.append(True)
+    try:
+        yield
+    finally:
+        _PROBING.pop()
+        TAKEN.clear()
+        TAKEN.update(before)
+
+
+def unreported() -> list[str]:
+    """The ``TAKEN`` entries not returned before (each is returned once per process)."""
+    if len(_REPORTED) == len(TAKEN) or _PROBING:
+        return []
+    new = [k for k in TAKEN if k not in _REPORTED]
+    _REPORTED.update(new)
+    return new
 
 
 def _flash_failed(error: Exception) -> None:
@@ -73,6 +115,7 @@ def varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     if cu is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+        _ran("transformers sdpa on padded rows", query)
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       sliding_window=sliding_window, softcap=softcap, **kwargs)
     if max_len is None or query.shape[0] != 1:
@@ -80,17 +123,34 @@ def varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     if sliding_window or softcap or kwargs.get("s_aux") is not None:
         raise NotImplementedError(f"{NAME}: sliding windows, soft caps and sinks are not supported")
     groups = query.shape[1] // key.shape[1]
-    if query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and not dropout and not _FLASH_FAILED:
+    why = _no_flash(query, dropout)
+    if not why:
         flash = _torch_varlen(query.shape[-1], scaling)
+        why = "" if flash is not None else ": this torch has no varlen flash kernel for the scale"
         if flash is not None:
             try:
                 q, k, v = (x[0].transpose(0, 1).contiguous() for x in (query, key, value))  # [T, H, D]
-                return flash(q, k, v, cu, max_len, scaling, groups).unsqueeze(0), None
+                out = flash(q, k, v, cu, max_len, scaling, groups).unsqueeze(0)
+                _ran(FLASH, query)
+                return out, None
             except RuntimeError as e:  # an architecture or build the kernel does not support: say so once
                 _flash_failed(e)
+                why = ": the flash kernel failed"
+    _ran(SIDE_BY_SIDE, query, why)
     if groups > 1:
         key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
     return _padded_sdpa(query, key, value, cu, int(max_len), dropout, scaling), None
+
+
+def _no_flash(query: torch.Tensor, dropout: float) -> str:
+    """Why the flash kernel cannot take ``query`` (``""``: it can)."""
+    if not query.is_cuda:
+        return ": not a GPU"
+    if query.dtype not in (torch.bfloat16, torch.float16):
+        return ": flash takes bf16 or fp16 q/k/v"
+    if dropout:
+        return ": attention dropout"
+    return ": the flash kernel failed before" if _FLASH_FAILED else ""
 
 
 def _padded_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu: torch.Tensor, max_len: int,

@@ -16,10 +16,12 @@ from typing import Any, Iterator, Literal
 
 import torch
 import torch.nn.functional as F
+from loguru import logger
 from pydantic import BaseModel, Field, field_validator
 
 from xrlhf.data.batch import Batch, response_width
 from xrlhf.engines.base import EngineSpec, ForwardOutput
+from xrlhf.engines.hf.attention import unreported
 from xrlhf.engines.hf.compiling import compile_layers
 from xrlhf.engines.hf.packing import Packed, Padded, pack_rows, pad_rows
 from xrlhf.engines.hf.probe import choose_path, probe_chunked
@@ -56,8 +58,6 @@ def load_hf_model(spec: EngineSpec, dtype: torch.dtype | None = None) -> torch.n
 
 
 def _report_loading(model: torch.nn.Module, spec: EngineSpec, info: dict[str, Any]) -> None:
-    from loguru import logger
-
     missing, unexpected = sorted(info.get("missing_keys") or ()), sorted(info.get("unexpected_keys") or ())
     head = [k for k in missing if spec.head != "causal_lm" and k.split(".")[0] in ("score", "classifier")]
     if head:
@@ -144,8 +144,6 @@ class HFModel:
     def prepare(self) -> str:
         """Choose the logprob head and the layout by probing the placed model (every rank of a
         ZeRO-3 group together); logged once and returned."""
-        from loguru import logger
-
         o = self.options
         head = "logprobs: full logits"
         if self.spec.head == "causal_lm" and o.logprob_chunk_tokens:
@@ -164,7 +162,14 @@ class HFModel:
 
     def forward(self, batch: Batch, need_entropy: bool = False) -> ForwardOutput:
         """Forward over ``batch`` (layout of ``xrlhf.data.batch``); response part only, ``[B, R]``
-        (``scores``: ``[B]``), zero where no response token is."""
+        (``scores``: ``[B]``), zero where no response token is. An attention kernel this process
+        had not run before is logged (``attention.TAKEN``)."""
+        out = self._forward(batch, need_entropy)
+        for line in unreported():
+            logger.info(f"{self.spec.model_path} ({self.spec.head}): attention ran {line}")
+        return out
+
+    def _forward(self, batch: Batch, need_entropy: bool) -> ForwardOutput:
         ids, attn, r = batch["input_ids"], batch["attention_mask"], response_width(batch)
         layout = (pad_rows if self.attention_path == "padded" else pack_rows)(ids, attn, r).to(self.device)
         if self.spec.head == "causal_lm":

@@ -19,7 +19,7 @@ import torch
 
 from xrlhf.data.batch import Batch
 from xrlhf.engines.base import ForwardOutput
-from xrlhf.engines.hf.attention import NAME, _FLASH_FAILED, _torch_varlen, install_varlen
+from xrlhf.engines.hf.attention import NAME, install_varlen, unrecorded
 
 
 class Probed(Protocol):
@@ -63,18 +63,13 @@ def choose_path(hf: Probed, mode: str) -> tuple[str, str]:
 
 
 def _describe(hf: Probed, path: str) -> str:
+    """What the start-up line says of the attention: what was installed. Which kernel runs is
+    decided per call from the tensors, and logged at the first forward that takes it
+    (``attention.TAKEN``)."""
     if path == "masked":
         return "transformers' block-diagonal mask from position ids"
     impl = hf.module.config._attn_implementation
-    if impl != NAME:
-        return f"transformers' {impl} varlen"
-    config, dtype = hf.module.config, compute_dtype(hf)
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    fast = (hf.device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
-            and _torch_varlen(head_dim, None) is not None)
-    if fast and _FLASH_FAILED:
-        return f"SDPA over the sequences side by side: torch varlen flash attention failed ({_FLASH_FAILED[0]})"
-    return "torch varlen flash attention" if fast else "SDPA over the sequences side by side"
+    return f"transformers' {impl} varlen" if impl != NAME else f"attention {NAME}"
 
 
 def probe_batches(hf: Probed):
@@ -155,7 +150,7 @@ def _outputs(hf: Probed, batch) -> torch.Tensor:
     training = hf.module.training
     hf.module.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), unrecorded():
             out = hf.forward(batch)
     finally:
         hf.module.train(training)
