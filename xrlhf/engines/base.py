@@ -61,7 +61,8 @@ Role = Literal["train", "infer", "generate"]
 
 
 _TOKEN_BUDGET = ("micro-batches filled to this many tokens (prompt + response, padding excluded), at most "
-                 "micro_batch_size rows each; null: micro_batch_size rows each")
+                 "micro_batch_size rows each; null: on a GPU a budget derived from its free memory (rows not "
+                 "capped), elsewhere micro_batch_size rows each")
 
 
 class TrainOptions(TrainConfig):
@@ -72,10 +73,12 @@ class TrainOptions(TrainConfig):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
     max_tokens_per_micro_batch: int | None = Field(None, ge=1, description=_TOKEN_BUDGET)
     infer_micro_batch_size: int | None = Field(None, ge=1, description="rows per forward without gradients (the "
-                                               "policy's old logprobs, the critic's values); null: micro_batch_size")
+                                               "policy's old logprobs, the critic's values); null: micro_batch_size "
+                                               "(not capped under a budget derived for the GPU)")
     infer_max_tokens_per_micro_batch: int | None = Field(
         None, ge=1, description="the token budget of those forwards, which keep no activations for a backward and "
-        "can take more tokens; null: max_tokens_per_micro_batch")
+        "can take more tokens; null: max_tokens_per_micro_batch, or where that is null too on a GPU, a budget "
+        "derived from its free memory")
 
 
 class InferOptions(InferConfig):
@@ -160,12 +163,10 @@ class InferEngine(Engine):
         train engine's forwards without gradients, sized by its ``infer_*`` options where set.
         ``rows`` is a slice or an index tensor into ``batch``, ``None`` for an empty micro-batch
         run only to keep the ranks in step (``equal_micro_batches``)."""
-        o = self.options
-        size = (infer and getattr(o, "infer_micro_batch_size", None)) or o.micro_batch_size
-        budget = getattr(o, "max_tokens_per_micro_batch", None)
-        budget = (infer and getattr(o, "infer_max_tokens_per_micro_batch", None)) or budget
+        size, budget = self.micro_batch_limits(infer)
         if budget is None:
             return [(slice(s, s + len(p)), p) for s, p in zip(range(0, len(batch), size), batch.chunks(size))]
+        size = size or max(1, len(batch))
         plan = plan_micro_batches(batch["attention_mask"].sum(-1).tolist(), size, budget, group)
         parts: list[tuple[torch.Tensor | slice | None, Batch]] = [
             (idx, batch.index(idx)) for idx in map(torch.tensor, plan)]
@@ -175,6 +176,28 @@ class InferEngine(Engine):
             empty["response_mask"] = torch.zeros_like(empty["response_mask"])
             parts += [(None, empty)] * missing
         return parts
+
+    def micro_batch_limits(self, infer: bool = False) -> tuple[int | None, int | None]:
+        """``(rows, tokens)``: the most rows and tokens of one micro-batch (``None``: no cap).
+
+        The options' ``micro_batch_size`` and ``max_tokens_per_micro_batch`` (``infer``: the
+        ``infer_*`` ones where set). Where no budget is set, ``derived_budget``'s, if the backend
+        derives one for its device; rows are then capped only by an ``infer_micro_batch_size``."""
+        o = self.options
+        explicit_infer_rows = getattr(o, "infer_micro_batch_size", None) if infer else None
+        budget = getattr(o, "max_tokens_per_micro_batch", None)
+        budget = (infer and getattr(o, "infer_max_tokens_per_micro_batch", None)) or budget
+        if budget is None:
+            derived = self.derived_budget(infer)
+            if derived is not None:
+                return explicit_infer_rows, derived
+        return explicit_infer_rows or o.micro_batch_size, budget
+
+    def derived_budget(self, infer: bool) -> int | None:
+        """A token budget sized for the device, used where the options set none (``infer``: for
+        forwards without gradients); ``None``: micro-batches of ``micro_batch_size`` rows. A backend
+        that knows its memory overrides it (the ``hf`` engines on a GPU: ``engines.budget``)."""
+        return None
 
     @torch.no_grad()
     def infer(self, batch: Batch) -> Batch:

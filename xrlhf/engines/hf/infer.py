@@ -33,5 +33,8 @@ class HFInferEngine(InferEngine):
     def packed(self) -> bool:
         return self.hf.attention_path != "padded"
 
+    def derived_budget(self, infer: bool) -> int | None:
+        return self.hf.derived_budget(training=False)
+
     def forward(self, batch: Batch, need_entropy: bool = False) -> ForwardOutput:
         return self.hf.forward(batch, need_entropy)

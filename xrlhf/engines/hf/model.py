@@ -20,6 +20,7 @@ from loguru import logger
 from pydantic import BaseModel, Field, field_validator
 
 from xrlhf.data.batch import Batch, response_width
+from xrlhf.engines import budget
 from xrlhf.engines.base import EngineSpec, ForwardOutput
 from xrlhf.engines.hf.attention import unreported
 from xrlhf.engines.hf.compiling import compile_layers
@@ -140,6 +141,8 @@ class HFModel:
         self.options = spec.options if isinstance(spec.options, HFModelOptions) else HFModelOptions(packing="off")
         self.attention_path = "padded"
         self.logprob_chunk = 0
+        self.budgets: dict[bool, int] = {}
+        """Token budgets derived for the GPU (``derived_budget``), by ``training``."""
 
     def prepare(self) -> str:
         """Choose the logprob head and the layout by probing the placed model (every rank of a
@@ -159,6 +162,28 @@ class HFModel:
         line += f"; {compile_layers(self.module)}" if o.compile else ""
         logger.info(line)
         return line
+
+    def derived_budget(self, training: bool, pending_bytes: int = 0, checkpointing: bool = False) -> int | None:
+        """Tokens per micro-batch sized for this GPU's free memory (``engines.budget``), derived at
+        the first call of each kind (``training``: forwards with a backward) and logged with its
+        numbers; ``None`` off a GPU. ``pending_bytes``: what the engine will still allocate
+        (optimizer states before the first step)."""
+        if training in self.budgets:
+            return self.budgets[training]
+        if self.device.type != "cuda":
+            return None
+        shape = budget.Shape.of(self.module.config)
+        dtype_bytes = next(self.module.parameters()).element_size()
+        chunked = self.spec.head == "causal_lm" and self.logprob_chunk > 0
+        full = self.spec.head == "causal_lm" and not chunked
+        per_token = (budget.train_bytes_per_token(shape, dtype_bytes, checkpointing, full) if training
+                     else budget.infer_bytes_per_token(shape, dtype_bytes, full))
+        fixed = budget.head_bytes(shape, self.logprob_chunk, training) if chunked else 0
+        b = budget.derive(budget.free_bytes(self.device), pending_bytes, fixed, per_token, self.spec.memory_share,
+                          infer=not training)
+        logger.info(b.describe(f"{self.spec.model_path} ({self.spec.head}) {'train' if training else 'infer'}"))
+        self.budgets[training] = b.tokens
+        return self.budgets[training]
 
     def forward(self, batch: Batch, need_entropy: bool = False) -> ForwardOutput:
         """Forward over ``batch`` (layout of ``xrlhf.data.batch``); response part only, ``[B, R]``

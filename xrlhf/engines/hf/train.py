@@ -120,6 +120,20 @@ class HFTrainEngine(LoraTraining, TrainEngine):
     def forward(self, batch: Batch, need_entropy: bool = False) -> ForwardOutput:
         return self.hf.forward(batch, need_entropy)
 
+    def derived_budget(self, infer: bool) -> int | None:
+        """``HFModel.derived_budget``; a train budget counts the AdamW states (and, without mixed
+        precision, the gradients) that the first optimizer step will still allocate."""
+        if infer:
+            return self.hf.derived_budget(training=False)
+        return self.hf.derived_budget(training=True, pending_bytes=self._pending_bytes(),
+                                      checkpointing=self.options.gradient_checkpointing)
+
+    def _pending_bytes(self) -> int:
+        stepped = [self.masters.flat] if self.masters is not None else self.params
+        states = 0 if self.optimizer.state else sum(2 * p.numel() * p.element_size() for p in stepped)
+        grads = sum(p.numel() * p.element_size() for p in self.params if p.grad is None) if self.masters is None else 0
+        return states + grads
+
     def infer(self, batch: Batch) -> Batch:
         self.model.eval()
         try:
