@@ -191,6 +191,7 @@ def test_the_kernel_a_forward_ran_is_recorded_from_its_tensors(tiny_model, monke
     """``attention.TAKEN`` says what the forwards ran (the probe's forwards left out), once per
     kernel and dtype; here, on the CPU, the SDPA over the sequences side by side."""
     monkeypatch.setattr(attention, "TAKEN", {})
+    monkeypatch.setattr(attention, "_LAST", [None])
     monkeypatch.setattr(attention, "_REPORTED", set())
     engine = HFInferEngine(EngineSpec(tiny_model, options={"dtype": dtype, "max_tokens_per_micro_batch": 40}))
     assert attention.TAKEN == {}  # the probe ran packed and padded forwards, and recorded neither

@@ -40,11 +40,15 @@ _FLASH_FAILED: list[str] = []
 
 
 TAKEN: dict[str, str] = {}
-"""What the attention calls of this process ran, as ``"<kernel> (<dtype> on <device>[: why])"``:
-written by ``varlen_attention`` from the tensors it is given, so it tells what actually ran
-(a fp32 ``q`` under autocast took the SDPA path while the config promised flash attention).
-``HFModel`` logs each new entry once (``unreported``). A plain dict: a compiled layer replays the
-write on every call, without a graph break."""
+"""What the attention calls of this process ran, as ``"<kernel> (<dtype> on <device>[: why])"``
+(to the kernel): decided by ``varlen_attention`` from the tensors it is given, so it tells what
+actually ran (a fp32 ``q`` under autocast took the SDPA path while the config promised flash
+attention). ``HFModel`` collects it after each forward and logs each new entry once
+(``unreported``)."""
+_LAST: list[str | None] = [None]
+"""What the last attention call ran: a one-slot list, which a compiled layer writes on every call
+without a graph break or a guard on its contents (a dict write recompiles once it is no longer
+empty)."""
 _REPORTED: set[str] = set()
 _PROBING: list[bool] = []
 
@@ -54,7 +58,7 @@ SIDE_BY_SIDE = "SDPA over the sequences side by side"
 
 
 def _ran(kernel: str, query: torch.Tensor, why: str = "") -> None:
-    TAKEN[f"{kernel} ({_DTYPE.get(query.dtype, 'other dtype')} on {query.device.type}{why})"] = kernel
+    _LAST[0] = f"{kernel} ({_DTYPE.get(query.dtype, 'other dtype')} on {query.device.type}{why})"
 
 
 @contextmanager
@@ -67,12 +71,17 @@ def unrecorded() -> Iterator[None]:
         yield
     finally:
         _PROBING.pop()
+        _LAST[0] = None
         TAKEN.clear()
         TAKEN.update(before)
 
 
 def unreported() -> list[str]:
-    """The ``TAKEN`` entries not returned before (each is returned once per process)."""
+    """Record what the last forward ran in ``TAKEN``; the entries not returned before (each is
+    returned once per process)."""
+    if _LAST[0] is not None:
+        TAKEN.setdefault(_LAST[0], _LAST[0].split(" (")[0])
+        _LAST[0] = None
     if len(_REPORTED) == len(TAKEN) or _PROBING:
         return []
     new = [k for k in TAKEN if k not in _REPORTED]
