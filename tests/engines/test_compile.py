@@ -5,6 +5,8 @@ cannot serve is refused."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -74,3 +76,16 @@ def test_compile_refuses_what_it_cannot_serve():
     with pytest.raises(ValueError, match="use zero_stage 0 or compile: false"):
         DeepSpeedInferOptions.model_validate({"compile": True, "zero_stage": 3})
     assert DeepSpeedTrainOptions.model_validate({"compile": True, "zero_stage": 2}).compile
+
+
+def test_the_compile_cache_goes_under_the_runs_cache_directory(tiny_model, tmp_path, monkeypatch):
+    """``EngineSpec.cache_dir``: inductor's caches under ``<cache_dir>/torchinductor``, not /tmp."""
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    torch._dynamo.reset()  # a fresh worker's state: the tests before compiled the same layers in this process
+    compiled = HFTrainEngine(EngineSpec(tiny_model, seed=0, cache_dir=str(tmp_path / "cache"), options={
+        "micro_batch_size": 5, "lr": 1e-3, "compile": True, "max_tokens_per_micro_batch": 30}))
+    cache = tmp_path / "cache" / "torchinductor"
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(cache)
+    assert f"cache {cache}" in compiled.hf.prepare()
+    compiled.train_step(rl_batch(12, seed=1), PolicyLoss(kl_coef=0.05))
+    assert any(p.is_file() for p in cache.rglob("*"))  # the compiled graphs were written there

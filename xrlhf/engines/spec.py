@@ -68,6 +68,9 @@ class EngineSpec:
         total_steps: optimizer steps the run will take (LR schedules of train engines).
         adapter: a generate engine's: the LoRA adapter (``engines.lora.LoraOptions`` with
             ``sync: adapter``) its weight syncs carry instead of full weights; ``None``: full weights.
+        cache_dir: a directory of the run for caches that outlive a worker (``compile: true``:
+            inductor's under ``torchinductor/``); ``None``: the libraries' own defaults
+            (inductor: ``/tmp/torchinductor_<user>``).
         memory_share: the part of the GPU's free memory a token budget derived for this engine
             (``engines.budget``) may plan for: 1 alone; ``1 / k`` where ``k`` handles share the
             GPU and train at the same time (PPO's policy and critic, co-located).
@@ -82,6 +85,7 @@ class EngineSpec:
     temperature: float = 1.0
     total_steps: int = 0
     adapter: BaseModel | None = None
+    cache_dir: str | None = None
     memory_share: float = 1.0
 
 

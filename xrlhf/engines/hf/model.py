@@ -23,7 +23,7 @@ from xrlhf.data.batch import Batch, response_width
 from xrlhf.engines import budget
 from xrlhf.engines.base import EngineSpec, ForwardOutput
 from xrlhf.engines.hf.attention import unreported
-from xrlhf.engines.hf.compiling import compile_layers
+from xrlhf.engines.hf.compiling import compile_layers, use_cache_dir
 from xrlhf.engines.hf.packing import Packed, Padded, pack_rows, pad_rows
 from xrlhf.engines.hf.probe import choose_path, probe_chunked
 from xrlhf.utils.tensors import chunked_token_logprobs, entropy_from_logits
@@ -159,7 +159,9 @@ class HFModel:
         self.attention_path, detail = choose_path(self, o.packing)
         line = f"{self.spec.model_path} ({self.spec.head}): {self.attention_path} micro-batches ({detail})"
         line += f"; {head}" if self.spec.head == "causal_lm" else ""
-        line += f"; {compile_layers(self.module)}" if o.compile else ""
+        if o.compile:
+            cache = use_cache_dir(self.spec.cache_dir)
+            line += f"; {compile_layers(self.module)}" + (f", cache {cache}" if cache else "")
         logger.info(line)
         return line
 
