@@ -401,6 +401,18 @@ def measure_variant(label: str, policy: HFTrainEngine, reference: HFInferEngine,
     return row
 
 
+def guarded(label: str, device: str, measure) -> dict[str, Any]:
+    """``measure(label)``, or, where it runs out of GPU memory (a derived budget too large for what
+    the estimate left out), a row that says so: one variant failing does not lose the others."""
+    try:
+        return measure(label)
+    except torch.cuda.OutOfMemoryError as e:
+        _reset(device)
+        print(f"{label}: out of memory ({str(e)[:200]})", flush=True)
+        return {"variant": label, "error": f"OutOfMemoryError: {str(e)[:300]}", "train_s": None, "infer_s": None,
+                "infer_s_without_old_logprobs": None, "peak_gib": None, "tokens_per_s": None, "gpu_busy": None}
+
+
 def timed(call, steps: int, device: str) -> float:
     """Seconds per ``call()`` after one warm-up call."""
     call()
@@ -426,28 +438,36 @@ def matrix(model: str, device: str, batch: Batch, steps: int, budgets: dict[str,
         for name, fields in (("derived", None), ("W", budgets)):
             set_budgets(policy, fields and fields["policy"], 8)
             set_budgets(reference, fields and fields["reference"], 32)
-            row = measure_variant(f"{precision}, {name} budgets", policy, reference, batch, steps, device,
-                                  busy=name == "derived")
+            row = guarded(f"{precision}, {name} budgets", device, lambda label: measure_variant(
+                label, policy, reference, batch, steps, device, busy=name == "derived"))
             rows.append({**row, "precision": precision, "budgets": name, "compile": False})
         del policy
         _reset(device)
     if compile:
-        best = min(rows, key=lambda r: r["train_s"] + r["infer_s_without_old_logprobs"])
-        fields = budgets if best["budgets"] == "W" else None
-        policy = precision_policy(model, device, best["precision"], compile=True)
-        compiled_ref = HFInferEngine(EngineSpec(model, device=device, options={"dtype": "bfloat16", "compile": True}))
-        set_budgets(policy, fields and fields["policy"], 8)
-        set_budgets(compiled_ref, fields and fields["reference"], 32)
-        t0 = time.perf_counter()
-        policy.train_step(batch, w_loss())
-        policy.infer(batch.select("input_ids", "attention_mask", "response_mask"))
-        compiled_ref.infer(batch.select("input_ids", "attention_mask", "response_mask"))
-        _sync(device)
-        first = time.perf_counter() - t0
-        row = measure_variant(f"{best['variant']}, compiled", policy, compiled_ref, batch, steps, device, busy=True)
-        rows.append({**row, "precision": best["precision"], "budgets": best["budgets"], "compile": True,
-                     "first_call_s": first})
+        best = min((r for r in rows if "error" not in r),
+                   key=lambda r: r["train_s"] + r["infer_s_without_old_logprobs"])
+        row = guarded(f"{best['variant']}, compiled", device, lambda label: compiled_variant(
+            label, model, device, best["precision"], budgets if best["budgets"] == "W" else None, batch, steps))
+        rows.append({**row, "precision": best["precision"], "budgets": best["budgets"], "compile": True})
     return rows
+
+
+def compiled_variant(label: str, model: str, device: str, precision: str, fields: dict[str, dict[str, int]] | None,
+                     batch: Batch, steps: int) -> dict[str, Any]:
+    """``measure_variant`` with compiled layers (policy and reference); the first train step and
+    logprob phase, which compile, timed apart (``first_call_s``)."""
+    policy = precision_policy(model, device, precision, compile=True)
+    reference = HFInferEngine(EngineSpec(model, device=device, options={"dtype": "bfloat16", "compile": True}))
+    set_budgets(policy, fields and fields["policy"], 8)
+    set_budgets(reference, fields and fields["reference"], 32)
+    inputs = batch.select("input_ids", "attention_mask", "response_mask")
+    t0 = time.perf_counter()
+    policy.train_step(batch, w_loss())
+    policy.infer(inputs)
+    reference.infer(inputs)
+    _sync(device)
+    first = time.perf_counter() - t0
+    return {**measure_variant(label, policy, reference, batch, steps, device, busy=True), "first_call_s": first}
 
 
 def run_matrix(args: argparse.Namespace, device: str) -> dict[str, Any]:
@@ -466,7 +486,7 @@ def run_matrix(args: argparse.Namespace, device: str) -> dict[str, Any]:
             "tokens": int(batch["attention_mask"].sum()), "precisions": PRECISIONS, "rows": rows,
             "targets": {"train_s": 1.0, "infer_s": 0.5, "gpu_busy": 0.8}}
     print(table([[r["variant"], r["train_s"], r["infer_s"], r["infer_s_without_old_logprobs"], r["peak_gib"],
-                  r["tokens_per_s"], r["gpu_busy"], r["micro_batches"]] for r in rows],
+                  r["tokens_per_s"], r["gpu_busy"], r.get("micro_batches")] for r in rows],
                 ["variant", "train s", "logprobs s", "without old s", "peak GiB", "tokens/s", "busy", "micro-batches"]))
     write_json(args.out, "train_efficiency_matrix.json", data)
     return data
