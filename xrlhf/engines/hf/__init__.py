@@ -16,9 +16,11 @@ the package imports its three engine modules, which register ``hf.train``, ``hf.
 
 Kept outside, because more than this backend uses them: LoRA (``engines/lora.py``: both train
 backends wrap their model with PEFT, and the run's set-up reads its options before any backend
-loads), the HF model directory on disk (``engines/model_files.py``, which LoRA writes too), and
-what every train backend shares (``engines/training.py``). None of them imports this package,
-so the imports run one way: ``hf`` -> ``lora`` -> ``model_files``.
+loads), the HF model directory on disk (``engines/model_files.py``, which LoRA writes too), what
+every train backend shares (``engines/training.py``), and plain torch that any backend may use:
+fp32 master weights (``engines/mixed_precision.py``) and token budgets sized for a GPU
+(``engines/budget.py``). None of them imports this package, so the imports run one way:
+``hf`` -> ``lora`` -> ``model_files``.
 """
 
 from xrlhf.engines.hf.generate import HFGenerateEngine, HFGenerateOptions, load_named_weights
