@@ -23,6 +23,20 @@ plus the ratios). On the GPU machine::
     python -m benchmarks.train_efficiency --out benchmarks/results
 
 ``--smoke`` runs the same on a tiny model on the CPU in seconds (peak memory is ``null`` there).
+
+``--matrix`` (issue 25) measures instead, on W's shape and the same batch, the train step and the
+logprob phase for each precision: fp32 weights under bf16 autocast (the path before issue 25,
+rebuilt here: ``as_before_issue_25``), mixed precision (bf16 weights, fp32 masters: the GPU
+default) and pure bf16; each with the token budgets derived for the GPU (``engines.budget``) and
+with W's hand-set ones (32 rows / 6,144 tokens; old logprobs and reference 64 / 16,384); the
+logprob phase with the policy's old-logprob forward and without it (the reference alone: GRPO's
+on-policy step skips it); with ``--compile`` the fastest variant again with compiled layers.
+One row per variant in ``train_efficiency_matrix.json`` (``variant``, ``train_s``, ``infer_s``,
+``infer_s_without_old_logprobs``, ``peak_gib``, ``tokens_per_s``, ``gpu_busy`` and
+``gpu_busy_infer`` from torch's profiler, the micro-batch count and budgets, the attention kernel
+that ran). On one H100, in one call of about 5 minutes::
+
+    python -m benchmarks.train_efficiency --matrix --compile --out $OUT
 """
 
 from __future__ import annotations
@@ -83,12 +97,14 @@ def make_batch(w: Workload, vocab: int, seed: int = 0) -> Batch:
 
 def use_path(engines: list[Any], new: bool, rows: int, budget: int | None, chunked: bool | None = None) -> None:
     """Switch engines built with the defaults between the old and the new path in place
-    (``chunked``: the logprob head, default: the new path's with it, the old one's without)."""
+    (``chunked``: the logprob head, default: the new path's with it, the old one's without).
+    Without a budget, micro-batches are ``rows`` rows (no budget derived for the GPU)."""
     for e in engines:
         e.hf.attention_path = e.hf_path if new else "padded"
         e.hf.logprob_chunk = e.hf_chunk if (new if chunked is None else chunked) else 0
         e.options.micro_batch_size = rows
         e.options.max_tokens_per_micro_batch = budget if new else None
+        e.derived_budget = lambda infer: None  # issue 16's paths: rows or the budget given here
 
 
 def _sync(device: str) -> None:
@@ -181,7 +197,7 @@ def build(model: str, device: str, dtype: str, mixed: bool = False, compile: boo
 
 
 def mixed_precision(model: str, device: str, dtype: str, w: Workload, steps: int, vocab: int) -> dict[str, Any]:
-    """W's train step (new path) with fp32 master weights under bf16 autocast, the GPU default
+    """W's train step (new path) with mixed precision, the GPU default: bf16 weights, fp32 masters
     (``run_workload`` measures pure bf16 weights and optimizer states): time and peak memory."""
     _reset(device)
     policy, _ = build(model, device, dtype, mixed=True)
@@ -287,6 +303,195 @@ def profile(policy: HFTrainEngine, w: Workload, device: str, vocab: int, out_dir
     return result
 
 
+# -- issue 25: precision x token budgets (x compile), the logprob phase without the old forward ------
+PRECISIONS = {"autocast": "fp32 weights under bf16 autocast (before issue 25)",
+              "mixed": "bf16 weights, fp32 masters (mixed_precision: true, the GPU default)",
+              "bf16": "pure bf16 (mixed_precision: false)"}
+W_BUDGETS = {"policy": {"micro_batch_size": 32, "max_tokens_per_micro_batch": 6144, "infer_micro_batch_size": 64,
+                        "infer_max_tokens_per_micro_batch": 16384},
+             "reference": {"micro_batch_size": 64, "max_tokens_per_micro_batch": 16384}}
+"""W's hand-set micro-batches before issue 25 (configs/gpu/grpo_w.yaml)."""
+SMOKE_BUDGETS = {"policy": {"micro_batch_size": 4, "max_tokens_per_micro_batch": 48, "infer_micro_batch_size": 8,
+                            "infer_max_tokens_per_micro_batch": 96},
+                 "reference": {"micro_batch_size": 8, "max_tokens_per_micro_batch": 96}}
+_BUDGET_FIELDS = ("max_tokens_per_micro_batch", "infer_micro_batch_size", "infer_max_tokens_per_micro_batch")
+
+
+def as_before_issue_25(policy: HFTrainEngine) -> None:
+    """Mixed precision as it was built before issue 25, on an fp32 engine: every forward under
+    bf16 autocast (each weight cast per micro-batch, the residual stream fp32, q/k reaching the
+    attention in fp32) and torch's default AdamW (not fused) over the fp32 weights."""
+    forward = policy.hf.forward
+
+    def autocast_forward(batch: Batch, need_entropy: bool = False):
+        with torch.autocast(policy.hf.device.type, dtype=torch.bfloat16):
+            return forward(batch, need_entropy)
+
+    policy.hf.forward = autocast_forward
+    o = policy.options
+    policy.optimizer = torch.optim.AdamW(policy.params, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
+                                         weight_decay=o.weight_decay)
+    policy.scheduler = torch.optim.lr_scheduler.LambdaLR(policy.optimizer, lambda step: 1.0)
+
+
+def precision_policy(model: str, device: str, precision: str, compile: bool = False) -> HFTrainEngine:
+    """W's policy engine in one of ``PRECISIONS``."""
+    policy = HFTrainEngine(EngineSpec(model, device=device, seed=0, total_steps=100, options={
+        "dtype": "float32" if precision == "autocast" else "bfloat16", "lr": 1e-6,
+        "mixed_precision": precision == "mixed", "compile": compile}))
+    if precision == "autocast":
+        as_before_issue_25(policy)
+    return policy
+
+
+def set_budgets(engine: Any, fields: dict[str, int] | None, rows: int) -> None:
+    """Micro-batches of ``fields`` (W's hand-set ones), or none set (``None``): then a GPU derives
+    the budgets (``engines.budget``) and a CPU cuts ``rows`` rows."""
+    o = engine.options
+    o.micro_batch_size = rows
+    for k in _BUDGET_FIELDS:
+        if k in type(o).model_fields:
+            setattr(o, k, None)
+    for k, v in (fields or {}).items():
+        setattr(o, k, v)
+
+
+def gpu_busy(call, device: str) -> float | None:
+    """The fraction of ``call()``'s wall time the GPU ran kernels (torch's profiler, CUDA activity
+    only: kernel times summed); ``None`` off a GPU."""
+    if device != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        call()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    kernel_us = sum(e.self_device_time_total for e in prof.key_averages()
+                    if e.device_type == torch.autograd.DeviceType.CUDA)
+    return kernel_us / 1e6 / wall
+
+
+def measure_variant(label: str, policy: HFTrainEngine, reference: HFInferEngine, batch: Batch, steps: int,
+                    device: str, busy: bool) -> dict[str, Any]:
+    """One row of the matrix: the logprob phase with the old-logprob forward (policy + reference)
+    and without it (the reference alone: ``reuses_train_forward``), the train step with W's loss
+    as W now runs it (``on_policy``: the old logprobs are the train forward's own), peaks, GPU busy."""
+    from xrlhf.engines.hf import attention
+
+    attention.TAKEN.clear()
+    inputs = batch.select("input_ids", "attention_mask", "response_mask")
+    loss = PolicyLoss(clip_eps=0.2, kl_coef=0.04, kl_estimator="k3", tis_cap=2.0, on_policy=True)
+    infer_s, infer_peak = time_logprobs(policy, reference, batch, steps, device)
+    ref_s = timed(lambda: reference.infer(inputs), steps, device)
+    train_s, train_peak, metrics = time_train(policy, batch, loss, steps, device)
+    tokens = int(batch["attention_mask"].sum())
+    row = {"variant": label, "train_s": train_s, "infer_s": infer_s, "infer_s_without_old_logprobs": ref_s,
+           "peak_gib": train_peak, "infer_peak_gib": infer_peak, "tokens_per_s": tokens / train_s,
+           "gpu_busy": gpu_busy(lambda: policy.train_step(batch, loss), device) if busy else None,
+           "gpu_busy_infer": gpu_busy(lambda: (policy.infer(inputs), reference.infer(inputs)), device) if busy else None,
+           "micro_batches": metrics["micro_batches"], "train_budget": policy.micro_batch_limits(False)[1],
+           "infer_budget": policy.micro_batch_limits(True)[1], "reference_budget": reference.micro_batch_limits(True)[1],
+           "loss": metrics["loss"], "attention": sorted(attention.TAKEN)}
+    print(f"{label}: train {train_s:.3f} s ({metrics['micro_batches']:.0f} micro-batches), logprobs {infer_s:.3f} s "
+          f"({ref_s:.3f} s without the old forward), peak {train_peak} GiB, busy {row['gpu_busy']}, "
+          f"{row['attention']}", flush=True)
+    return row
+
+
+def guarded(label: str, device: str, measure) -> dict[str, Any]:
+    """``measure(label)``, or, where it runs out of GPU memory (a derived budget too large for what
+    the estimate left out), a row that says so: one variant failing does not lose the others."""
+    try:
+        return measure(label)
+    except torch.cuda.OutOfMemoryError as e:
+        _reset(device)
+        print(f"{label}: out of memory ({str(e)[:200]})", flush=True)
+        return {"variant": label, "error": f"OutOfMemoryError: {str(e)[:300]}", "train_s": None, "infer_s": None,
+                "infer_s_without_old_logprobs": None, "peak_gib": None, "tokens_per_s": None, "gpu_busy": None}
+
+
+def timed(call, steps: int, device: str) -> float:
+    """Seconds per ``call()`` after one warm-up call."""
+    call()
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        call()
+    _sync(device)
+    return (time.perf_counter() - t0) / steps
+
+
+def matrix(model: str, device: str, batch: Batch, steps: int, budgets: dict[str, dict[str, int]],
+           compile: bool) -> list[dict[str, Any]]:
+    """W's train step and logprob phase for each of ``PRECISIONS`` with derived budgets and with
+    W's hand-set ones (engines built once per precision, derived first: a budget is derived at
+    first use); then, with ``compile``, the fastest of them again with compiled layers (its first
+    step, which compiles, timed apart)."""
+    rows: list[dict[str, Any]] = []
+    reference = HFInferEngine(EngineSpec(model, device=device, options={"dtype": "bfloat16"}))
+    for precision in PRECISIONS:
+        _reset(device)
+        policy = precision_policy(model, device, precision)
+        for name, fields in (("derived", None), ("W", budgets)):
+            set_budgets(policy, fields and fields["policy"], 8)
+            set_budgets(reference, fields and fields["reference"], 32)
+            row = guarded(f"{precision}, {name} budgets", device, lambda label: measure_variant(
+                label, policy, reference, batch, steps, device, busy=name == "derived"))
+            rows.append({**row, "precision": precision, "budgets": name, "compile": False})
+        del policy
+        _reset(device)
+    if compile:
+        best = min((r for r in rows if "error" not in r),
+                   key=lambda r: r["train_s"] + r["infer_s_without_old_logprobs"])
+        row = guarded(f"{best['variant']}, compiled", device, lambda label: compiled_variant(
+            label, model, device, best["precision"], budgets if best["budgets"] == "W" else None, batch, steps))
+        rows.append({**row, "precision": best["precision"], "budgets": best["budgets"], "compile": True})
+    return rows
+
+
+def compiled_variant(label: str, model: str, device: str, precision: str, fields: dict[str, dict[str, int]] | None,
+                     batch: Batch, steps: int) -> dict[str, Any]:
+    """``measure_variant`` with compiled layers (policy and reference); the first train step and
+    logprob phase, which compile, timed apart (``first_call_s``)."""
+    policy = precision_policy(model, device, precision, compile=True)
+    reference = HFInferEngine(EngineSpec(model, device=device, options={"dtype": "bfloat16", "compile": True}))
+    set_budgets(policy, fields and fields["policy"], 8)
+    set_budgets(reference, fields and fields["reference"], 32)
+    inputs = batch.select("input_ids", "attention_mask", "response_mask")
+    t0 = time.perf_counter()
+    policy.train_step(batch, w_loss())
+    policy.infer(inputs)
+    reference.infer(inputs)
+    _sync(device)
+    first = time.perf_counter() - t0
+    return {**measure_variant(label, policy, reference, batch, steps, device, busy=True), "first_call_s": first}
+
+
+def run_matrix(args: argparse.Namespace, device: str) -> dict[str, Any]:
+    """``--matrix``: ``matrix`` on W's shape (``--smoke``: a tiny model on the CPU), written to
+    ``train_efficiency_matrix.json``."""
+    if args.smoke:
+        model = ensure_model(Path(tempfile.mkdtemp(prefix="xrlhf-eff-")) / "tiny", preset="tiny", dtype="float32")
+        w, budgets, steps = SMOKE_W, SMOKE_BUDGETS, args.steps or 1
+    else:
+        model, w, budgets, steps = ensure_model(), W, W_BUDGETS, args.steps or 2
+    from transformers import AutoConfig
+
+    batch = make_batch(w, AutoConfig.from_pretrained(model).vocab_size)
+    rows = matrix(model, device, batch, steps, budgets, args.compile)
+    data = {"gpu": gpu_name(), "device": device, "model": model, "steps": steps, "sequences": w.sequences,
+            "tokens": int(batch["attention_mask"].sum()), "precisions": PRECISIONS, "rows": rows,
+            "targets": {"train_s": 1.0, "infer_s": 0.5, "gpu_busy": 0.8}}
+    print(table([[r["variant"], r["train_s"], r["infer_s"], r["infer_s_without_old_logprobs"], r["peak_gib"],
+                  r["tokens_per_s"], r["gpu_busy"], r.get("micro_batches")] for r in rows],
+                ["variant", "train s", "logprobs s", "without old s", "peak GiB", "tokens/s", "busy", "micro-batches"]))
+    write_json(args.out, "train_efficiency_matrix.json", data)
+    return data
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="benchmarks/results", help="directory of train_efficiency.json")
@@ -296,8 +501,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--variants", action="store_true", help="also W on variations of the new path (budgets, heads)")
     ap.add_argument("--profile", action="store_true", help="also one train step of each path under torch's profiler")
     ap.add_argument("--compile", action="store_true", help="also W with compile: true (compiled decoder layers)")
+    ap.add_argument("--matrix", action="store_true", help="issue 25 only: precisions x budgets (x compile with "
+                    "--compile), the logprob phase without the old forward; train_efficiency_matrix.json")
     args = ap.parse_args(argv)
     device = "cpu" if args.smoke or not torch.cuda.is_available() else "cuda"
+    if args.matrix:
+        return run_matrix(args, device)
     if args.smoke:
         model = ensure_model(Path(tempfile.mkdtemp(prefix="xrlhf-eff-")) / "tiny", preset="tiny", dtype="float32")
         workloads, dtype, steps = [SMOKE_W, SMOKE_LONG], "float32", args.steps or 1

@@ -1,5 +1,6 @@
 """benchmarks/train_efficiency.py runs on CPU with a tiny model (``--smoke``) and writes the JSON
-the lead reads on the GPU: both paths timed on both workloads, their logprobs equal."""
+the lead reads on the GPU: both paths timed on both workloads, their logprobs equal; and the
+issue-25 matrix (``--matrix``): every precision with both budgets, and the compiled best."""
 
 from __future__ import annotations
 
@@ -28,3 +29,23 @@ def test_smoke_writes_both_paths(tmp_path):
     compiled = data["workload"]["compiled"]
     assert compiled["first_call_s"] > 0 and compiled["budget"]["train_s"] > 0
     assert compiled["budget"]["loss"] == compiled["budget"]["loss"]  # finite (each step trains: not comparable)
+
+
+def test_smoke_matrix_has_every_variant(tmp_path):
+    data = train_efficiency.main(["--smoke", "--matrix", "--compile", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "train_efficiency_matrix.json").read_text())
+    rows = saved["rows"]
+    assert [(r["precision"], r["budgets"], r["compile"]) for r in rows[:6]] == [
+        (p, b, False) for p in ("autocast", "mixed", "bf16") for b in ("derived", "W")]
+    assert rows[6]["compile"] and rows[6]["first_call_s"] > 0 and len(rows) == 7
+    for r in rows:
+        for key in ("variant", "train_s", "infer_s", "infer_s_without_old_logprobs", "peak_gib", "tokens_per_s",
+                    "gpu_busy", "micro_batches", "attention"):
+            assert key in r, key
+        assert r["train_s"] > 0 and r["infer_s"] > 0 and r["infer_s_without_old_logprobs"] > 0  # times: not compared
+        assert r["loss"] == r["loss"]  # finite
+    # the CPU derives no budget: rows of micro_batch_size; W's budgets cut more micro-batches
+    assert rows[1]["micro_batches"] > rows[0]["micro_batches"] and rows[1]["train_budget"] == 48
+    # under autocast q reaches the attention in fp32 (a GPU: no flash kernel); with bf16 weights in bf16
+    assert any("(fp32" in a for a in rows[0]["attention"]) and not any("(fp32" in a for a in rows[2]["attention"])
+    assert data["tokens"] > 0

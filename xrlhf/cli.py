@@ -29,9 +29,9 @@ def _parser() -> argparse.ArgumentParser:
     val = sub.add_parser("validate", help="check a config and print every problem")
     val.add_argument("config")
     val.add_argument("overrides", nargs="*")
-    from xrlhf.models import tiny
+    from xrlhf.models import make
 
-    tiny.add_arguments(sub.add_parser("make-tiny-model", help="build a small model and tokenizer locally"))
+    make.add_arguments(sub.add_parser("make-tiny-model", help="build a small model and tokenizer locally"))
     from xrlhf.envs import synthetic
 
     synthetic.add_arguments(sub.add_parser("make-dataset", help="write a preference / KTO / Q&A dataset "
@@ -70,9 +70,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "make-tiny-model":
-        from xrlhf.models import tiny
+        from xrlhf.models import make
 
-        return tiny.run(args)
+        return make.run(args)
     if args.command == "report":
         from xrlhf.report import write_report
 

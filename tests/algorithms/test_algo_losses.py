@@ -127,3 +127,54 @@ def test_kto_reference_point_is_from_the_mismatched_rows():
     # differences 1, -1, 0.5, 1.5 -> mean 0.5
     close(kto_reference_point(policy_kl, ref_kl), 0.5)
     assert math.isclose(float(kto_reference_point(ref_kl, policy_kl)), 0.0)  # mean -0.5 clamps to 0
+
+
+def _policy_batch(seed: int = 0) -> tuple[Batch, torch.Tensor]:
+    """Four rows with rollout logprobs near the policy's, staleness 0 / 1, and the policy's logprobs."""
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]], dtype=torch.float32)
+    logprobs = -torch.rand(4, 4, generator=g) * 3
+    b = Batch({"response_mask": mask, "advantages": torch.randn(4, 4, generator=g),
+               "rollout_logprobs": logprobs + 0.3 * torch.randn(4, 4, generator=g),
+               "ref_logprobs": logprobs + 0.2 * torch.randn(4, 4, generator=g),
+               "staleness": torch.tensor([[0.0] * 4, [1.0] * 4, [0.0] * 4, [1.0] * 4])})
+    return b, logprobs
+
+
+@pytest.mark.parametrize("correction", ["tis", "mis"])
+def test_the_on_policy_loss_is_the_loss_with_old_logprobs_from_the_same_forward(correction):
+    """``on_policy``: old = the forward's logprobs, detached: the same loss, gradient and TIS /
+    off-policy weights as when they are given, and the mismatch the skipped forward's caller
+    reported (mean, max, and by staleness as a sum and a count per token)."""
+    from xrlhf.algorithms.losses import PolicyLoss
+    from xrlhf.algorithms.off_policy import OffPolicy
+
+    b, logprobs = _policy_batch()
+    extra = {"tis_cap": 2.0} if correction == "tis" else {"off_policy": OffPolicy("mis", "token", 2.0, (0.5, 2.0))}
+    given, own = (torch.nn.Parameter(logprobs.clone()) for _ in range(2))
+    b_old = Batch({**{k: b[k] for k in b.keys()}, "old_logprobs": logprobs.clone()})
+    loss = PolicyLoss(kl_coef=0.04, kl_estimator="k3", **extra)
+    want, want_m = loss(ForwardOutput(logprobs=given), b_old)
+    got, got_m = PolicyLoss(kl_coef=0.04, kl_estimator="k3", on_policy=True, staleness_bins=(0, 1), **extra)(
+        ForwardOutput(logprobs=own), b)
+    want.backward()
+    got.backward()
+    assert torch.equal(got, want) and torch.equal(own.grad, given.grad)
+    for k, v in want_m.items():
+        assert torch.equal(got_m[k], v), k
+    assert float(got_m["policy/ratio_mean"]) == 1.0 and float(got_m["policy/clip_frac"]) == 0.0
+    mask = b["response_mask"]
+    diff = (logprobs - b["rollout_logprobs"]).abs() * mask
+    close(got_m["mismatch/logprob_abs_diff_mean"], diff.sum() / mask.sum())
+    close(got_m["mismatch/logprob_abs_diff_max"], diff.max())
+    for d, rows in ((0, [0, 2]), (1, [1, 3])):
+        close(got_m[f"mismatch/abs_diff_sum_s{d}"] / got_m[f"mismatch/tokens_s{d}"],
+              diff[rows].sum() / mask[rows].sum())
+
+
+def test_unit_weighted_means_take_the_largest_of_a_max():
+    from xrlhf.engines.training import unit_weighted_means
+
+    out = unit_weighted_means([(2.0, {"a": torch.tensor(1.0), "x_max": torch.tensor(3.0)}),
+                               (6.0, {"a": 3.0, "x_max": 1.0})])
+    assert out == {"a": 2.5, "x_max": 3.0}

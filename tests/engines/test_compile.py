@@ -1,8 +1,11 @@
 """``compile: true``: the decoder layers compiled (regional torch.compile) give the eager numbers,
 packed (varlen attention with no graph break), padded, with LoRA (PEFT's wrapper around the
-layers) and under bf16 autocast, in training and inference; what it cannot serve is refused."""
+layers) and with mixed precision (bf16 weights, fp32 masters), in training and inference; what it
+cannot serve is refused."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -10,7 +13,8 @@ import torch
 from tests.engines.test_packing import grads_of_step, rl_batch
 from xrlhf.algorithms.losses import PolicyLoss
 from xrlhf.engines.base import EngineSpec
-from xrlhf.engines.compiling import layer_stack
+from xrlhf.engines.hf import attention
+from xrlhf.engines.hf.compiling import layer_stack
 from xrlhf.engines.hf import HFTrainEngine, HFTrainOptions
 
 
@@ -22,7 +26,7 @@ def engine(model_dir, **options):
 CASES = {"packed": {"max_tokens_per_micro_batch": 30}, "padded": {"packing": "off"},
          "lora": {"max_tokens_per_micro_batch": 30, "lora": {"rank": 4, "alpha": 8, "target_modules": "all-linear"}},
          "mixed_precision": {"max_tokens_per_micro_batch": 30, "dtype": "bfloat16", "mixed_precision": True}}
-TOLERANCE = {"mixed_precision": 1e-3}  # bf16 autocast: the fused kernels round at other places
+TOLERANCE = {"mixed_precision": 1e-3}  # bf16 weights: the fused kernels round at other places
 
 
 @pytest.mark.slow  # torch.compile of every layout: tens of seconds
@@ -38,8 +42,11 @@ def test_compiled_layers_give_the_eager_step(tiny_model, case):
     counters.clear()
     compiled = engine(tiny_model, compile=True, **layout)
     assert "2 x LlamaDecoderLayer compiled" in compiled.hf.prepare()
+    attention.TAKEN.clear()
     got, grads = grads_of_step(compiled, batch, loss())
     assert counters["stats"]["unique_graphs"] >= 1 and not counters["graph_break"], dict(counters["graph_break"])
+    # the compiled layers record the kernel they ran as the eager ones do (dynamo replays the write)
+    assert bool(attention.TAKEN) == (case != "padded"), attention.TAKEN
     assert grads.keys() == want_grads.keys()
     tokens = int(batch["response_mask"].sum())
     for k in want:
@@ -74,3 +81,16 @@ def test_compile_refuses_what_it_cannot_serve():
     with pytest.raises(ValueError, match="use zero_stage 0 or compile: false"):
         DeepSpeedInferOptions.model_validate({"compile": True, "zero_stage": 3})
     assert DeepSpeedTrainOptions.model_validate({"compile": True, "zero_stage": 2}).compile
+
+
+def test_the_compile_cache_goes_under_the_runs_cache_directory(tiny_model, tmp_path, monkeypatch):
+    """``EngineSpec.cache_dir``: inductor's caches under ``<cache_dir>/torchinductor``, not /tmp."""
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    torch._dynamo.reset()  # a fresh worker's state: the tests before compiled the same layers in this process
+    compiled = HFTrainEngine(EngineSpec(tiny_model, seed=0, cache_dir=str(tmp_path / "cache"), options={
+        "micro_batch_size": 5, "lr": 1e-3, "compile": True, "max_tokens_per_micro_batch": 30}))
+    cache = tmp_path / "cache" / "torchinductor"
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(cache)
+    assert f"cache {cache}" in compiled.hf.prepare()
+    compiled.train_step(rl_batch(12, seed=1), PolicyLoss(kl_coef=0.05))
+    assert any(p.is_file() for p in cache.rglob("*"))  # the compiled graphs were written there

@@ -18,7 +18,7 @@ from xrlhf.data.batch import build_sequences
 from xrlhf.data.text import encode_prompt, load_tokenizer
 from xrlhf.engines.base import EngineSpec, SamplingParams
 from xrlhf.engines.hf import HFGenerateEngine, HFInferEngine, load_named_weights
-from xrlhf.engines.hf_decode import derive_seed
+from xrlhf.utils.seeds import derive_seed
 from xrlhf.weight_sync import WeightSyncError, build_transport, push_weights
 
 PROMPTS = ["12+7=", "3?9=", "sort 3 1 2:", "parity 1011:", "hello"]

@@ -21,7 +21,8 @@ from xrlhf.data.batch import build_sequences
 from xrlhf.data.text import encode_prompt, load_tokenizer
 from xrlhf.engines.base import EngineSpec, SamplingParams
 from xrlhf.engines.hf import HFGenerateEngine, HFInferEngine
-from xrlhf.engines.hf_decode import derive_seed, filter_top_k, filter_top_p, sample_next
+from xrlhf.engines.hf.decode import filter_top_k, filter_top_p, sample_next
+from xrlhf.utils.seeds import derive_seed
 
 PROMPTS = ["12+7=", "3?9=", "sort 3 1 2:", "parity 1011:", "a", "hello world", "7*8=", "x"]
 SEEDS = [101 * i + 5 for i in range(len(PROMPTS))]

@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from tests.conftest import build_gpt2
 from xrlhf.algorithms.losses import DPOLoss, PolicyLoss, SFTLoss, ValueLoss
 from xrlhf.data.batch import Batch, build_sequences
-from xrlhf.engines import attention
+from xrlhf.engines.hf import attention
 from xrlhf.engines.base import EngineSpec
 from xrlhf.engines.hf import HFInferEngine, HFTrainEngine
-from xrlhf.engines.packing import pack_rows, pad_rows
+from xrlhf.engines.hf.packing import pack_rows, pad_rows
 
 IDS = torch.tensor([[0, 5, 6, 7, 8, 0], [9, 10, 11, 12, 0, 0]])
 ATTN = torch.tensor([[0, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0]])  # P = 3, R = 3
@@ -103,8 +103,10 @@ def grads_of_step(engine, batch, loss):
     grads = {}
 
     def capture():
-        grads.update({n: p.grad.clone() for n, p in engine.model.named_parameters() if p.grad is not None})
+        grads.update({n: g.clone() for n, g in engine.named_grads().items() if g is not None})
         engine.optimizer.zero_grad(set_to_none=True)
+        if engine.masters is not None:
+            engine.masters.zero_grad()
         return {}
 
     engine.optimizer_step = capture
@@ -183,9 +185,35 @@ def test_yaml_off_is_packing_off():
 
 def test_the_engine_says_which_path_it_took(tiny_model):
     line = HFInferEngine(EngineSpec(tiny_model)).hf.prepare()
-    assert "varlen micro-batches (SDPA over the sequences side by side)" in line and "chunks of 1024 tokens" in line
+    assert "varlen micro-batches (attention xrlhf_varlen)" in line and "chunks of 1024 tokens" in line
     off = HFInferEngine(EngineSpec(tiny_model, options={"packing": "off", "logprob_chunk_tokens": 0}))
     assert off.hf.attention_path == "padded" and off.hf.logprob_chunk == 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_kernel_a_forward_ran_is_recorded_from_its_tensors(tiny_model, monkeypatch, dtype):
+    """``attention.TAKEN`` says what the forwards ran (the probe's forwards left out), once per
+    kernel and dtype; here, on the CPU, the SDPA over the sequences side by side."""
+    monkeypatch.setattr(attention, "TAKEN", {})
+    monkeypatch.setattr(attention, "_LAST", [None])
+    monkeypatch.setattr(attention, "_REPORTED", set())
+    engine = HFInferEngine(EngineSpec(tiny_model, options={"dtype": dtype, "max_tokens_per_micro_batch": 40}))
+    assert attention.TAKEN == {}  # the probe ran packed and padded forwards, and recorded neither
+    engine.infer(rl_batch())
+    name = {"float32": "fp32", "bfloat16": "bf16"}[dtype]
+    assert list(attention.TAKEN) == [f"SDPA over the sequences side by side ({name} on cpu: not a GPU)"]
+    assert attention.unreported() == [] and attention._REPORTED == set(attention.TAKEN)  # logged by the forward
+    off = HFInferEngine(EngineSpec(tiny_model, options={"dtype": dtype, "packing": "off"}))
+    off.infer(rl_batch())
+    assert f"transformers sdpa on padded rows ({name} on cpu)" not in attention.TAKEN  # packing off: plain sdpa
+
+
+def test_why_the_flash_kernel_is_not_taken():
+    cpu = torch.zeros(1, 2, 3, 8, dtype=torch.bfloat16)
+    assert attention._no_flash(cpu, 0.0) == ": not a GPU"
+    if torch.cuda.is_available():
+        assert attention._no_flash(cpu.float().cuda(), 0.0) == ": flash takes bf16 or fp16 q/k/v"
+        assert attention._no_flash(cpu.cuda(), 0.1) == ": attention dropout"
 
 
 @pytest.mark.parametrize("style", ["2.10", "later"])

@@ -16,7 +16,7 @@ import pytest
 from tests.engines.test_vllm_cpu import (FakeLLM, engine_spec, fake_token, token_kv, token_weights,  # noqa: F401
                                          trained_weights, vllm_module)
 from xrlhf.engines.base import SamplingParams
-from xrlhf.engines.vllm.loop import derive_seed
+from xrlhf.utils.seeds import derive_seed
 from xrlhf.weight_sync import WeightSyncError, build_transport, checksum, compare_checksums, push_weights
 
 TIMEOUT = 20.0

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from xrlhf.models import tiny
+from xrlhf.models import make, tiny
 from xrlhf.models.tiny import build_model, build_tokenizer, count_params
 
 TEXT = "12+7=19\nodd sort: 3 1 2"
@@ -79,9 +79,9 @@ def test_cli_run_uses_preset_and_overrides(tmp_path):
     import argparse
 
     parser = argparse.ArgumentParser()
-    tiny.add_arguments(parser)
+    make.add_arguments(parser)
     args = parser.parse_args([str(tmp_path / "cli"), "--layers", "1", "--hidden", "32"])
-    assert tiny.run(args) == 0
+    assert make.run(args) == 0
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "cli")
     assert (model.config.num_hidden_layers, model.config.hidden_size) == (1, 32)
 
@@ -92,9 +92,9 @@ def test_cli_run_reports_bad_sizes_as_user_error(tmp_path):
     from xrlhf.utils.errors import UserError
 
     parser = argparse.ArgumentParser()
-    tiny.add_arguments(parser)
+    make.add_arguments(parser)
     with pytest.raises(UserError, match="make-tiny-model: build_model: heads=4 is not divisible by kv_heads=3"):
-        tiny.run(parser.parse_args([str(tmp_path / "bad"), "--kv-heads", "3"]))
+        make.run(parser.parse_args([str(tmp_path / "bad"), "--kv-heads", "3"]))
 
 
 # Built at commit f2ec57c (before the tiny chat template) with torch 2.13.0+cpu:

@@ -48,6 +48,14 @@ class PolicyLoss:
     Entropy: the engine computes it only when ``needs_entropy``: for the bonus
     (``entropy_coef != 0``) or for the ``policy/entropy`` metric (``log_entropy``). It costs a
     softmax over the vocabulary per token, so it is off unless asked for.
+
+    ``on_policy``: the update is one on-policy step (one epoch, one mini-batch: the "old" policy
+    is the one being trained), so ``old_logprobs`` are not read but are the forward's own,
+    detached: the ratio is exactly 1 and the gradient the one a separate old-logprob forward
+    gives (``PolicyGradientTrainer.reuses_train_forward``). The TIS / off-policy weight then
+    compares them with ``rollout_logprobs``, and the loss reports what that forward's caller
+    reported (``on_policy_metrics``): the mismatch to the rollout, and by staleness for the
+    ``staleness_bins`` (read from the batch's ``staleness`` ``[B, R]``).
     """
 
     clip_eps: float = 0.2
@@ -60,6 +68,8 @@ class PolicyLoss:
     row_weighted: bool = False
     off_policy: OffPolicy | None = None
     log_entropy: bool = False
+    on_policy: bool = False
+    staleness_bins: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.tis_cap is not None and self.off_policy is not None:
@@ -72,17 +82,21 @@ class PolicyLoss:
 
     def __call__(self, out: ForwardOutput, mb: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask = mb["response_mask"]
+        old = out.logprobs.detach() if self.on_policy else mb["old_logprobs"]
         is_w, off = None, {}
         if self.tis_cap is not None:
-            is_w = torch.exp(mb["old_logprobs"] - mb["rollout_logprobs"]).clamp(max=self.tis_cap)
+            is_w = torch.exp(old - mb["rollout_logprobs"]).clamp(max=self.tis_cap)
         elif self.off_policy is not None:
             o = self.off_policy
-            w, keep, off = is_weights(mb["old_logprobs"], mb["rollout_logprobs"], mask, o.correction, o.level,
-                                      o.cap, o.bounds)
+            w, keep, off = is_weights(old, mb["rollout_logprobs"], mask, o.correction, o.level, o.cap, o.bounds)
             is_w = w * keep
-        loss, stats = F.policy_loss(out.logprobs, mb["old_logprobs"], mb["advantages"], mask,
-                                    self.clip_eps, self.clip_eps_high, is_w)
+        loss, stats = F.policy_loss(out.logprobs, old, mb["advantages"], mask, self.clip_eps, self.clip_eps_high,
+                                    is_w)
         metrics = {f"policy/{k}": v for k, v in stats.items()}
+        if self.on_policy and "rollout_logprobs" in mb:
+            metrics.update(on_policy_metrics(old, mb["rollout_logprobs"], mask,
+                                             mb["staleness"] if "staleness" in mb else None,
+                                             self.staleness_bins))
         metrics.update({f"off_policy/{k}": v for k, v in off.items()})
         metrics["policy/pg_loss"] = loss.detach() / mask.sum().clamp(min=1)
         if out.entropy is not None:
@@ -95,6 +109,34 @@ class PolicyLoss:
             loss = loss + self.kl_coef * kl
             metrics["policy/kl_loss"] = kl.detach() / mask.sum().clamp(min=1)
         return loss, metrics
+
+
+def on_policy_metrics(logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor,
+                      staleness: torch.Tensor | None = None, bins: tuple[int, ...] = ()) -> dict[str, torch.Tensor]:
+    """What the old-logprob forward's caller reported, from a micro-batch's own logprobs, as metrics
+    the train template averages by tokens (``engines.training.unit_weighted_means``).
+
+    Args:
+        logprobs, rollout_logprobs, mask: ``[B, R]``.
+        staleness: ``[B, R]`` how many policy versions each token's sampler was behind (needed
+            with ``bins``).
+        bins: the staleness values of the whole batch.
+
+    Returns:
+        ``mismatch/logprob_abs_diff_mean`` (token mean of ``|logprobs - rollout_logprobs|``) and
+        ``_max``; per ``d`` of ``bins``, ``mismatch/abs_diff_sum_s{d}`` (the sum of the differences
+        over the tokens of staleness ``d``) and ``mismatch/tokens_s{d}`` (their count), both divided
+        by the micro-batch's tokens, so their token-weighted means over micro-batches and ranks
+        divide into the batch's mean at staleness ``d`` (``PolicyGradientTrainer`` does).
+    """
+    diff = (logprobs - rollout_logprobs).abs() * mask
+    tokens = mask.sum().clamp(min=1)
+    out = {"mismatch/logprob_abs_diff_mean": diff.sum() / tokens, "mismatch/logprob_abs_diff_max": diff.max()}
+    for d in bins:
+        at = (staleness == d) & (mask != 0)
+        out[f"mismatch/abs_diff_sum_s{d}"] = (diff * at).sum() / tokens
+        out[f"mismatch/tokens_s{d}"] = at.sum() / tokens
+    return out
 
 
 @dataclass

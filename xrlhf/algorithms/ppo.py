@@ -19,7 +19,7 @@ from pydantic import Field, field_validator
 from xrlhf.algorithms import functional as F
 from xrlhf.algorithms.base import RLTrainer, Rollout, check_mini_batch, register_algorithm
 from xrlhf.algorithms.losses import PolicyLoss, ValueLoss
-from xrlhf.algorithms.off_policy import OffPolicy, staleness_metrics
+from xrlhf.algorithms.off_policy import OffPolicy, staleness_metrics, staleness_stats
 from xrlhf.config.schema import Strict, XConfig
 from xrlhf.data.batch import Batch
 
@@ -133,39 +133,53 @@ class PolicyGradientTrainer(RLTrainer):
         n = cfg.trainer.steps * o.ppo_epochs * (batch // o.mini_batch_size)
         return {"policy": n, "critic": n}
 
-    def policy_loss(self) -> PolicyLoss:
+    def policy_loss(self, on_policy: bool = False, staleness_bins: tuple[int, ...] = ()) -> PolicyLoss:
+        """The policy's loss; ``on_policy``: the old logprobs are the train forward's own
+        (``reuses_train_forward``), with the mismatch reported by ``staleness_bins``."""
         o = self.options
         return PolicyLoss(o.clip_eps, o.clip_eps_high, o.entropy_coef,
                           0.0 if o.kl_in_reward else self.kl_ctl.value, o.kl_estimator, o.tis_cap,
                           off_policy=o.off_policy.spec() if o.off_policy is not None else None,
-                          log_entropy=o.log_entropy)
+                          log_entropy=o.log_entropy, on_policy=on_policy, staleness_bins=staleness_bins)
+
+    def reuses_train_forward(self, batch: Batch) -> bool:
+        """Whether the update of ``batch`` is one on-policy step: one epoch over one mini-batch,
+        no dropout, and no KL needed before the advantages (``kl_in_reward`` off or ``kl_coef``
+        0). The "old" policy is then the one the train step starts from, so no forward computes
+        its logprobs: the loss takes the train forward's own (``PolicyLoss.on_policy``; the same
+        loss and gradient) and reports the mismatch metrics that forward's caller would have. TRL
+        and verl skip it there too. The reference's and a critic's forwards still run."""
+        o = self.options
+        return (o.ppo_epochs == 1 and o.mini_batch_size >= len(batch) and not self.cfg.policy.train.dropout
+                and (not o.kl_in_reward or o.kl_coef == 0))
 
     def score_logprobs(self, batch: Batch, timings: dict[str, float], with_values: bool) -> dict[str, float]:
-        """Old logprobs, reference logprobs (and critic values) for ``batch``, in parallel."""
+        """Old logprobs (unless ``reuses_train_forward``), reference logprobs (and critic values)
+        for ``batch``, in parallel."""
         with self.timeline.span("trainer", "infer"):
             return self._score_logprobs(batch, timings, with_values)
 
     def _score_logprobs(self, batch: Batch, timings: dict[str, float], with_values: bool) -> dict[str, float]:
         t0 = time.time()
-        old = self.policy.infer(batch.select("input_ids", "attention_mask", "response_mask"), wait=False)
+        old = None
+        if not self.reuses_train_forward(batch):
+            old = self.policy.infer(batch.select("input_ids", "attention_mask", "response_mask"), wait=False)
         ref = self.reference.infer(batch, wait=False) if self.reference is not None and self.options.kl_coef > 0 else None
         val = self.critic.infer(batch, wait=False) if with_values else None
-        batch["old_logprobs"] = old.get()["logprobs"]
         mask = batch["response_mask"]
         metrics = {}
-        if "rollout_logprobs" in batch:
-            diff = (batch["old_logprobs"] - batch["rollout_logprobs"]).abs() * mask
-            metrics["mismatch/logprob_abs_diff_mean"] = float(diff.sum() / mask.sum().clamp(min=1))
-            metrics["mismatch/logprob_abs_diff_max"] = float(diff.max())
-            if "token_versions" in batch:  # asynchronous rollout: staleness and mismatch by staleness
-                metrics.update(staleness_metrics(batch["old_logprobs"], batch["rollout_logprobs"],
-                                                 batch["token_versions"], mask, self.step_idx))
+        if old is not None:
+            batch["old_logprobs"] = old.get()["logprobs"]
+            metrics.update(self._mismatch(batch))
+        elif "token_versions" in batch:  # the mismatch by staleness comes from the train step
+            metrics.update(staleness_stats(batch["token_versions"], mask, self.step_idx))
         if ref is not None:
             batch["ref_logprobs"] = ref.get()["logprobs"]
+        if ref is not None and old is not None:
             kl = F.kl_estimate(batch["old_logprobs"], batch["ref_logprobs"], self.options.kl_estimator)
             batch["kl"] = kl * mask
             metrics["kl/mean"] = float((batch["kl"].sum(-1)).mean())
-        else:
+        else:  # no reference, or the KL is the loss's (kl/mean from its kl_loss, _on_policy_metrics)
             batch["kl"] = torch.zeros_like(mask)
         if val is not None:
             batch["old_values"] = val.get()["values"] * mask
@@ -174,13 +188,31 @@ class PolicyGradientTrainer(RLTrainer):
         metrics["kl/coef"] = self.kl_ctl.value
         return metrics
 
+    def _mismatch(self, batch: Batch) -> dict[str, float]:
+        """The old logprobs against the rollout's (and by staleness, asynchronous rollouts)."""
+        if "rollout_logprobs" not in batch:
+            return {}
+        mask = batch["response_mask"]
+        diff = (batch["old_logprobs"] - batch["rollout_logprobs"]).abs() * mask
+        out = {"mismatch/logprob_abs_diff_mean": float(diff.sum() / mask.sum().clamp(min=1)),
+               "mismatch/logprob_abs_diff_max": float(diff.max())}
+        if "token_versions" in batch:
+            out.update(staleness_metrics(batch["old_logprobs"], batch["rollout_logprobs"], batch["token_versions"],
+                                         mask, self.step_idx))
+        return out
+
     def train_epochs(self, batch: Batch, with_critic: bool) -> dict[str, float]:
         """``ppo_epochs`` passes of mini-batch steps; policy and critic step side by side."""
         with self.timeline.span("trainer", "train"):
             return self._train_epochs(batch, with_critic)
 
     def _train_epochs(self, batch: Batch, with_critic: bool) -> dict[str, float]:
-        policy_loss = self.policy_loss()
+        on_policy = "old_logprobs" not in batch  # score_logprobs skipped the forward: reuses_train_forward
+        bins: tuple[int, ...] = ()
+        if on_policy and "token_versions" in batch:
+            batch["staleness"] = (self.step_idx - batch["token_versions"].long()).float()
+            bins = tuple(sorted(set(batch["staleness"][batch["response_mask"] != 0].long().tolist())))
+        policy_loss = self.policy_loss(on_policy, bins)
         value_loss = ValueLoss(self.options.value_clip_eps) if with_critic else None
         sums: dict[str, float] = {}
         n = 0
@@ -195,7 +227,22 @@ class PolicyGradientTrainer(RLTrainer):
                 for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + v
                 n += 1
-        return {k: v / n for k, v in sums.items()}
+        out = {k: v / n for k, v in sums.items()}
+        return _on_policy_metrics(out, batch, bins) if on_policy else out
+
+
+def _on_policy_metrics(metrics: dict[str, float], batch: Batch, bins: tuple[int, ...]) -> dict[str, float]:
+    """The metrics of an on-policy step's loss (``losses.on_policy_metrics``) in the form the
+    old-logprob forward's caller reported them: the mismatch at each staleness (a sum and a count,
+    both per token, divided) and ``kl/mean`` (the summed per-token KL, row mean) from the loss's
+    per-token ``policy/kl_loss``."""
+    for d in bins:
+        total, count = metrics.pop(f"mismatch/abs_diff_sum_s{d}", 0.0), metrics.pop(f"mismatch/tokens_s{d}", 0.0)
+        if count > 0:
+            metrics[f"mismatch/abs_diff_s{d}"] = total / count
+    if "policy/kl_loss" in metrics:
+        metrics["kl/mean"] = metrics["policy/kl_loss"] * float(batch["response_mask"].sum()) / len(batch)
+    return metrics
 
 
 @register_algorithm("ppo")

@@ -19,14 +19,16 @@ attributes (``self.options.lr``), so a default lives in exactly one place.
 the coordinator): ``starts_alone``, ``workers_per_engine``, ``frees_memory_when_asleep``,
 ``shares_trainer_process``, ``placement_errors``, ``rng_state``.
 
-**The backend table is the registry.** One module per backend (``hf.py``, ``deepspeed.py``,
-the package ``vllm/``) registers one class per role under ``"<backend>.<role>"``; ``ENGINES`` finds the
-file by the backend's name and imports it only when that backend is named or every name is
-listed, so each backend file imports its heavy library (vLLM, DeepSpeed) inside the functions
-that use it: validation reads every ``Options`` without vLLM or DeepSpeed installed. A class's
+**The backend table is the registry.** One module or package per backend (``hf/``,
+``deepspeed.py``, ``vllm/``) registers one class per role under ``"<backend>.<role>"``;
+``ENGINES`` finds it by the backend's name and imports it only when that backend is named or
+every name is listed, so each backend imports its heavy library (vLLM, DeepSpeed) inside the
+functions that use it: validation reads every ``Options`` without vLLM or DeepSpeed installed. A class's
 ``requires`` (Python packages) and ``pip_extra`` say how to install what it needs. YAML names a
 backend (``engine: hf``) or any subclass by import path (``engine: mypkg.engines:MyTrainer``).
-See docs/extending.md.
+See docs/extending.md. The data types engines take and return (``EngineSpec``,
+``ForwardOutput``, ``LossFn``, ``SamplingParams``, ...) live in ``engines.spec``; this module
+imports them, so they are reachable from here too.
 """
 
 from __future__ import annotations
@@ -35,8 +37,7 @@ import dataclasses
 import importlib.util
 import os
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -44,6 +45,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from xrlhf.config.schema import GenerateConfig, InferConfig, TrainConfig
 from xrlhf.data.batch import Batch
 from xrlhf.data.micro_batches import in_row_order, plan_micro_batches
+from xrlhf.engines.spec import (DistInfo, EngineSpec, ForwardOutput, GenerationOutput, Head, LossFn,  # noqa: F401
+                                NamedTensors, RolloutPlan, SamplingParams)
 from xrlhf.engines.training import global_units, loss_units, max_over_ranks, unit_weighted_means
 from xrlhf.utils.registry import Registry
 
@@ -51,13 +54,15 @@ if TYPE_CHECKING:
     from xrlhf.weight_sync import Message, Transport
 
 ENGINES: Registry[type] = Registry("engine", package="xrlhf.engines")
-"""Engine classes by ``"<backend>.<role>"``, found by file: ``hf.train`` lives in ``xrlhf/engines/hf.py``."""
+"""Engine classes by ``"<backend>.<role>"``, found by module: ``hf.train`` is registered by the package
+``xrlhf/engines/hf/``, ``deepspeed.train`` by ``xrlhf/engines/deepspeed.py``."""
 
 Role = Literal["train", "infer", "generate"]
 
 
 _TOKEN_BUDGET = ("micro-batches filled to this many tokens (prompt + response, padding excluded), at most "
-                 "micro_batch_size rows each; null: micro_batch_size rows each")
+                 "micro_batch_size rows each; null: on a GPU a budget derived from its free memory (rows not "
+                 "capped), elsewhere micro_batch_size rows each")
 
 
 class TrainOptions(TrainConfig):
@@ -68,10 +73,12 @@ class TrainOptions(TrainConfig):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
     max_tokens_per_micro_batch: int | None = Field(None, ge=1, description=_TOKEN_BUDGET)
     infer_micro_batch_size: int | None = Field(None, ge=1, description="rows per forward without gradients (the "
-                                               "policy's old logprobs, the critic's values); null: micro_batch_size")
+                                               "policy's old logprobs, the critic's values); null: micro_batch_size "
+                                               "(not capped under a budget derived for the GPU)")
     infer_max_tokens_per_micro_batch: int | None = Field(
         None, ge=1, description="the token budget of those forwards, which keep no activations for a backward and "
-        "can take more tokens; null: max_tokens_per_micro_batch")
+        "can take more tokens; null: max_tokens_per_micro_batch, or where that is null too on a GPU, a budget "
+        "derived from its free memory")
 
 
 class InferOptions(InferConfig):
@@ -85,109 +92,6 @@ class GenerateOptions(GenerateConfig):
     """Options of a generate engine (``policy.generate``); see ``TrainOptions``."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-Head = Literal["causal_lm", "value", "score"]
-"""What the model computes: next-token logits, a value per token, or one score per sequence."""
-
-NamedTensors = Iterable[tuple[str, torch.Tensor]]
-
-
-@dataclass
-class DistInfo:
-    """Where this engine sits in its data-parallel group."""
-
-    rank: int = 0
-    world_size: int = 1
-    master_addr: str = "127.0.0.1"
-    master_port: int = 0
-    backend: str = "gloo"
-    timeout_s: float | None = None
-    """How long a collective waits for its peers before it fails (``None``: torch's default)."""
-
-    def init_process_group(self) -> None:
-        """Join the default torch.distributed group of this handle's ranks (idempotent)."""
-        import datetime
-
-        import torch.distributed as dist
-
-        if self.world_size <= 1 or dist.is_initialized():
-            return
-        os.environ.setdefault("MASTER_ADDR", self.master_addr)
-        os.environ.setdefault("MASTER_PORT", str(self.master_port))
-        timeout = None if self.timeout_s is None else datetime.timedelta(seconds=self.timeout_s)
-        dist.init_process_group(self.backend, rank=self.rank, world_size=self.world_size,
-                                init_method=f"tcp://{self.master_addr}:{self.master_port}", timeout=timeout)
-
-
-@dataclass
-class EngineSpec:
-    """Everything an engine needs to build itself; made by the coordinator from YAML.
-
-    Args:
-        model_path: a local HF-format directory.
-        head: what the model computes (see ``Head``).
-        device: ``"cpu"`` or ``"cuda"`` (the worker's visible GPU).
-        options: the engine's ``Options`` (the YAML section validated by the engine class), or
-            a dict the engine validates into them when it is built (direct use, tests).
-        dist: the data-parallel group.
-        seed: the base seed; engines offset it by rank where sampling must differ.
-        temperature: the sampling temperature logprobs are computed at (train / infer engines).
-        total_steps: optimizer steps the run will take (LR schedules of train engines).
-        adapter: a generate engine's: the LoRA adapter (``engines.lora.LoraOptions`` with
-            ``sync: adapter``) its weight syncs carry instead of full weights; ``None``: full weights.
-    """
-
-    model_path: str
-    head: Head = "causal_lm"
-    device: str = "cpu"
-    options: BaseModel | dict[str, Any] = field(default_factory=dict)
-    dist: DistInfo = field(default_factory=DistInfo)
-    seed: int = 0
-    temperature: float = 1.0
-    total_steps: int = 0
-    adapter: BaseModel | None = None
-
-
-@dataclass
-class ForwardOutput:
-    """What a train/infer forward returns for the response part of a batch.
-
-    Attributes:
-        logprobs: ``[B, R]`` logprob of each response token (causal LM head), else ``None``.
-        entropy: ``[B, R]`` entropy of the next-token distribution, when asked for.
-        values: ``[B, R]`` value of the state before each response token (value head).
-        scores: ``[B]`` one score per sequence (score head).
-    """
-
-    logprobs: torch.Tensor | None = None
-    entropy: torch.Tensor | None = None
-    values: torch.Tensor | None = None
-    scores: torch.Tensor | None = None
-
-
-class LossFn(Protocol):
-    """A loss given to ``TrainEngine.train_step``; built by an algorithm from pure functions.
-
-    ``__call__`` returns the *sum* of the loss over the micro-batch's units and metrics
-    (each a mean over the micro-batch). The engine divides by the number of units in the
-    whole global mini-batch (all ranks), so gradients do not depend on how the batch was
-    split across ranks and micro-batches.
-
-    Attributes:
-        unit: ``"token"`` (units are ``response_mask`` ones) or ``"sequence"`` (rows).
-        needs_entropy: whether the forward must compute the entropy.
-        row_weighted: a sequence-unit loss that leaves out the rows whose ``row_weight`` ``[B]``
-            is 0 (padding copies a data-parallel split adds; ``data.dispatch``), so a batch its
-            ranks do not divide can be padded. The engines count ``row_weight``'s sum as the rows.
-        rows_per_group (optional, default 1): consecutive rows a micro-batch must keep together
-            (2 for losses on interleaved chosen / rejected pairs).
-    """
-
-    unit: Literal["token", "sequence"]
-    needs_entropy: bool
-    row_weighted: bool
-
-    def __call__(self, out: ForwardOutput, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
 
 
 class Engine(ABC):
@@ -270,12 +174,10 @@ class InferEngine(Engine):
         train engine's forwards without gradients, sized by its ``infer_*`` options where set.
         ``rows`` is a slice or an index tensor into ``batch``, ``None`` for an empty micro-batch
         run only to keep the ranks in step (``equal_micro_batches``)."""
-        o = self.options
-        size = (infer and getattr(o, "infer_micro_batch_size", None)) or o.micro_batch_size
-        budget = getattr(o, "max_tokens_per_micro_batch", None)
-        budget = (infer and getattr(o, "infer_max_tokens_per_micro_batch", None)) or budget
+        size, budget = self.micro_batch_limits(infer)
         if budget is None:
             return [(slice(s, s + len(p)), p) for s, p in zip(range(0, len(batch), size), batch.chunks(size))]
+        size = size or max(1, len(batch))
         plan = plan_micro_batches(batch["attention_mask"].sum(-1).tolist(), size, budget, group)
         parts: list[tuple[torch.Tensor | slice | None, Batch]] = [
             (idx, batch.index(idx)) for idx in map(torch.tensor, plan)]
@@ -285,6 +187,28 @@ class InferEngine(Engine):
             empty["response_mask"] = torch.zeros_like(empty["response_mask"])
             parts += [(None, empty)] * missing
         return parts
+
+    def micro_batch_limits(self, infer: bool = False) -> tuple[int | None, int | None]:
+        """``(rows, tokens)``: the most rows and tokens of one micro-batch (``None``: no cap).
+
+        The options' ``micro_batch_size`` and ``max_tokens_per_micro_batch`` (``infer``: the
+        ``infer_*`` ones where set). Where no budget is set, ``derived_budget``'s, if the backend
+        derives one for its device; rows are then capped only by an ``infer_micro_batch_size``."""
+        o = self.options
+        explicit_infer_rows = getattr(o, "infer_micro_batch_size", None) if infer else None
+        budget = getattr(o, "max_tokens_per_micro_batch", None)
+        budget = (infer and getattr(o, "infer_max_tokens_per_micro_batch", None)) or budget
+        if budget is None:
+            derived = self.derived_budget(infer)
+            if derived is not None:
+                return explicit_infer_rows, derived
+        return explicit_infer_rows or o.micro_batch_size, budget
+
+    def derived_budget(self, infer: bool) -> int | None:
+        """A token budget sized for the device, used where the options set none (``infer``: for
+        forwards without gradients); ``None``: micro-batches of ``micro_batch_size`` rows. A backend
+        that knows its memory overrides it (the ``hf`` engines on a GPU: ``engines.budget``)."""
+        return None
 
     @torch.no_grad()
     def infer(self, batch: Batch) -> Batch:
@@ -418,68 +342,6 @@ class TrainEngine(InferEngine):
     def load_state(self, path: str) -> None:
         """Restore what ``save_state`` wrote to ``path`` (every rank calls it)."""
         self.load_state_dict(torch.load(os.path.join(path, "state.pt"), weights_only=False))
-
-
-@dataclass
-class SamplingParams:
-    """How a generate engine samples; the same fields for every backend.
-
-    ``temperature == 0`` means greedy. ``logprobs`` returned are of the temperature-scaled
-    distribution before top-p/top-k truncation: the distribution the trainer recomputes.
-    """
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 16
-    stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False
-    seed: int | None = None
-    on_update: Literal["continue", "recompute", "abort"] = "continue"
-    """What a call does with its unfinished rows when new weights land while it runs (engines
-    that ``pauses_mid_generation``): ``continue`` keeps their KV cache (computed by the old
-    weights) and samples on with the new ones; ``recompute`` recomputes the KV cache of the
-    tokens so far with the new weights first; ``abort`` restarts the rows from the prompt, so
-    every token of a row comes from one version."""
-    in_flight: bool = False
-    """Weights may land while this call runs (``rollout.in_flight_updates``). Only then must an
-    engine follow each token's version as it is sampled (vLLM: per-step outputs, which cost host
-    time on every step); otherwise a row that sees an update mid-call is restarted."""
-    logprobs: bool = True
-    """Return each sampled token's logprob. ``False``: the engine need not compute or move them
-    (vLLM's per-token logprob outputs cost ~30% of its throughput on a small model) and
-    ``GenerationOutput.logprobs`` is ``[]``."""
-
-
-@dataclass
-class GenerationOutput:
-    """Generated continuations: ``B`` lists of token ids, their sampling logprobs and the
-    policy version (``GenerateEngine.version``) that sampled each token."""
-
-    token_ids: list[list[int]]
-    logprobs: list[list[float]]
-    """``B`` lists like ``token_ids``; ``[]`` (no rows at all, whatever ``B``) when the call asked for
-    none (``SamplingParams.logprobs=False``), for every engine: a consumer that reads them anyway
-    fails at once instead of reading numbers no sampler produced."""
-    versions: list[list[int]] = field(default_factory=list)
-    """``B`` lists like ``token_ids``; empty when the engine does not stamp versions."""
-
-
-@dataclass(frozen=True)
-class RolloutPlan:
-    """What a generate engine's ``rollout_errors`` may check against.
-
-    Attributes:
-        split: the generators have their own devices (``policy.generate.resources``).
-        device_gib: total memory of the GPU the co-located policy worker will use, when the
-            validating process can see one (else ``None``: memory is not checked).
-        trainer_gib: the estimated peak of the training engines sharing that GPU
-            (``engines.training.estimate_train_gib``), ``None`` when not estimated.
-    """
-
-    split: bool
-    device_gib: float | None = None
-    trainer_gib: float | None = None
 
 
 class GenerateEngine(Engine):

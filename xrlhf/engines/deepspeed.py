@@ -42,8 +42,11 @@ from pydantic import BaseModel, Field, ValidationInfo, model_validator
 from xrlhf.config.schema import yaml_path
 from xrlhf.data.batch import Batch
 from xrlhf.engines.base import ENGINES, EngineSpec, ForwardOutput, InferEngine, TrainEngine
-from xrlhf.engines.hf import HFInferOptions, HFModel, HFTrainOptions, save_with_tokenizer
+from xrlhf.engines.hf.infer import HFInferOptions
+from xrlhf.engines.hf.model import HFModel
+from xrlhf.engines.hf.train import HFTrainOptions
 from xrlhf.engines.lora import LoraModel, LoraTraining, apply_lora
+from xrlhf.engines.model_files import save_with_tokenizer
 from xrlhf.engines.training import lr_lambda
 
 # -- options: the engine's own YAML fields and the DeepSpeed config made from them ----------------

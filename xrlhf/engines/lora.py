@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from xrlhf.config.schema import yaml_path
 from xrlhf.engines.base import TrainOptions
+from xrlhf.engines.model_files import copy_tokenizer_files, save_with_tokenizer
 
 PEFT_PREFIX = "base_model.model."
 """Where PEFT's ``PeftModel`` puts the wrapped model's own names in its state dict."""
@@ -312,8 +313,6 @@ class LoraModel:
         """Write ``options.save``'s form to ``path`` from ``items`` (``state_dict`` pairs; every
         rank of a ZeRO-3 engine must pass its gather, ``write`` on one): the merged model in HF
         format, or the adapter in PEFT's format; with the tokenizer files of ``source_dir``."""
-        from xrlhf.engines.hf import save_with_tokenizer
-
         if not write:  # a ZeRO-3 rank that only takes part in the gather
             for _ in items:
                 pass
@@ -401,8 +400,6 @@ def save_adapter(path: str, tensors: dict[str, torch.Tensor], config: dict[str, 
     by PEFT's names) and the tokenizer files of ``source_dir`` (loadable with
     ``PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), path)``)."""
     from safetensors.torch import save_file
-
-    from xrlhf.engines.hf import copy_tokenizer_files
 
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)

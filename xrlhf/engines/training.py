@@ -84,7 +84,8 @@ def unit_weighted_means(records: list[tuple[float, dict[str, Any]]]) -> dict[str
             (on any device: still running there, the caller never waited for it).
 
     Returns:
-        ``{name: sum(value * units) / max(sum(units), 1)}`` over the micro-batches that have the name.
+        ``{name: sum(value * units) / max(sum(units), 1)}`` over the micro-batches that have the
+        name; a name ending in ``_max`` is a maximum: the largest value of the micro-batches.
 
     Every tensor is read in one transfer (``tolist`` of a stack per device), so a train step
     waits for its device once, after its last backward was queued, not once per micro-batch. The
@@ -97,12 +98,17 @@ def unit_weighted_means(records: list[tuple[float, dict[str, Any]]]) -> dict[str
         read = torch.stack([t.detach().reshape(()).to(torch.float64) for t in same]).tolist()
         host.update(zip(map(id, same), read))
     sums: dict[str, float] = {}
+    maxima: dict[str, float] = {}
     total = 0.0
     for units, metrics in records:
         for k, v in metrics.items():
-            sums[k] = sums.get(k, 0.0) + (host[id(v)] if isinstance(v, torch.Tensor) else float(v)) * units
+            value = host[id(v)] if isinstance(v, torch.Tensor) else float(v)
+            if k.endswith("_max"):
+                maxima[k] = max(maxima.get(k, value), value)
+            else:
+                sums[k] = sums.get(k, 0.0) + value * units
         total += units
-    return {k: v / max(total, 1.0) for k, v in sums.items()}
+    return {**{k: v / max(total, 1.0) for k, v in sums.items()}, **maxima}
 
 
 def loss_units(batch: Batch, unit: str) -> torch.Tensor:

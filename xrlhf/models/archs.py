@@ -20,7 +20,7 @@ from typing import Literal
 import torch
 from transformers import GenerationConfig, GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
-from xrlhf.models.tiny import DTYPES, _round_up, build_tokenizer
+from xrlhf.models.tiny import DTYPES, build_tokenizer, round_up
 
 Arch = Literal["qwen2", "gpt2"]
 ARCHS: tuple[str, ...] = ("qwen2", "gpt2")
@@ -41,7 +41,7 @@ def build_arch_model(out_dir: str | Path, arch: Arch, *, layers: int = 2, hidden
     tok = build_tokenizer("char")
     tok.model_max_length = max_positions
     ids = dict(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    vocab = _round_up(len(tok), 64)
+    vocab = round_up(len(tok), 64)
     torch.manual_seed(seed)
     if arch == "qwen2":
         config = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden,

@@ -36,12 +36,11 @@ BPE glues a space to the word after it (``" 5"`` is one token), so after ``"A: "
 conversation would tokenise a reply differently from the tokens sampled after the prompt; after
 a newline it does not (unless the reply itself starts with whitespace).
 
-The CLI subcommand ``xrlhf make-tiny-model DIR`` is :func:`add_arguments` + :func:`run`.
+The CLI subcommand ``xrlhf make-tiny-model DIR`` is :mod:`xrlhf.models.make`.
 """
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import random
 import string
@@ -249,7 +248,7 @@ def llama_config(tok: PreTrainedTokenizerFast, *, layers: int, hidden: int, head
                  max_positions: int = 256, tie_embeddings: bool = True) -> LlamaConfig:
     """The ``LlamaConfig`` that :func:`build_model` saves, with the special ids of ``tok``."""
     return LlamaConfig(
-        vocab_size=_round_up(len(tok), 64), hidden_size=hidden,
+        vocab_size=round_up(len(tok), 64), hidden_size=hidden,
         intermediate_size=4 * hidden if intermediate is None else intermediate,
         num_hidden_layers=layers, num_attention_heads=heads,
         num_key_value_heads=heads if kv_heads is None else kv_heads,
@@ -258,7 +257,8 @@ def llama_config(tok: PreTrainedTokenizerFast, *, layers: int, hidden: int, head
     )
 
 
-def _round_up(n: int, multiple: int) -> int:
+def round_up(n: int, multiple: int) -> int:
+    """``n`` rounded up to a multiple of ``multiple`` (vocabulary sizes: a multiple of 64)."""
     return -(-n // multiple) * multiple
 
 
@@ -281,7 +281,7 @@ def preset_params(name: str) -> int:
     defaults = {k: p.default for k, p in inspect.signature(build_model).parameters.items()
                 if p.kind is p.KEYWORD_ONLY}
     spec = {**defaults, **PRESETS[name]}
-    vocab = _round_up(spec["vocab_size"] if spec["tokenizer"] == "bpe" else
+    vocab = round_up(spec["vocab_size"] if spec["tokenizer"] == "bpe" else
                       len(SPECIAL_TOKENS) + len(CHARS), 64)
     config = LlamaConfig(
         vocab_size=vocab, hidden_size=spec["hidden"],
@@ -296,65 +296,3 @@ def preset_params(name: str) -> int:
 
 def _unique_numel(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())  # parameters() yields a tied tensor once
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the arguments of ``xrlhf make-tiny-model DIR`` to ``parser``.
-
-    Size flags left out take their value from ``--preset``.
-    """
-    parser.add_argument("dir", type=Path, help="model directory to write")
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
-                        help="named size; the flags below override its values (default: tiny)")
-    for flag, kind, help_ in (
-        ("--layers", int, "decoder layers"), ("--hidden", int, "hidden size"),
-        ("--heads", int, "attention heads"), ("--kv-heads", int, "key/value heads (GQA)"),
-        ("--intermediate", int, "MLP width (default 4 x hidden)"),
-        ("--max-positions", int, "longest sequence"),
-        ("--vocab-size", int, "BPE vocabulary size"), ("--seed", int, "initialisation seed"),
-    ):
-        parser.add_argument(flag, type=kind, default=None, help=help_)
-    parser.add_argument("--tokenizer", choices=["char", "bpe"], default=None, help="tokenizer kind")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="dtype of the weights")
-    parser.add_argument("--arch", choices=["llama", "qwen2", "gpt2"], default="llama",
-                        help="llama (default), or a Qwen2- / GPT-2-style model with the char tokenizer "
-                             "(xrlhf.models.archs; uses --layers/--hidden/--heads/--max-positions/--seed/--dtype)")
-
-
-def run(args: argparse.Namespace) -> int:
-    """Build the model that ``args`` (from :func:`add_arguments`) describes; returns 0.
-
-    Raises:
-        xrlhf.utils.errors.UserError: for inconsistent sizes, naming the flag's value.
-    """
-    from xrlhf.utils.errors import UserError
-
-    kwargs = {**PRESETS[args.preset]}
-    for key in ("layers", "hidden", "heads", "kv_heads", "intermediate", "max_positions",
-                "tokenizer", "vocab_size", "seed", "dtype"):
-        if getattr(args, key) is not None:
-            kwargs[key] = getattr(args, key)
-    try:
-        if getattr(args, "arch", "llama") != "llama":
-            from xrlhf.models.archs import build_arch_model
-
-            keys = ("layers", "hidden", "heads", "max_positions", "seed", "dtype")
-            kwargs = {k: v for k, v in kwargs.items() if k in keys}
-            out = build_arch_model(args.dir, args.arch, **kwargs)
-        else:
-            out = build_model(args.dir, **kwargs)
-    except ValueError as e:
-        raise UserError(f"make-tiny-model: {e}") from None
-    logger.info(f"wrote a {count_params(out):,}-parameter model to {out} ({kwargs})")
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Standalone entry point: ``python -m xrlhf.models.tiny DIR [--preset ...]``."""
-    parser = argparse.ArgumentParser(prog="xrlhf make-tiny-model", description=__doc__.split("\n")[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -45,7 +45,6 @@ and must import without vLLM.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import threading
 from collections import deque
@@ -53,18 +52,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from xrlhf.utils.seeds import derive_seed
+
 ON_UPDATE = ("continue", "recompute", "abort")
-
-
-def derive_seed(seed: int, attempt: int) -> int:
-    """The seed of a row's ``attempt``-th start: ``seed`` itself for attempt 0, after that the
-    first 8 bytes of ``blake2b(f"{seed}:{attempt}")`` (little-endian) shifted right by one, in
-    [0, 2^63) because vLLM keeps seeds in int64. A function of the seed and the attempt only, so
-    a batch regenerated from its seeds restarts its rows with the same seeds."""
-    if attempt == 0:
-        return int(seed)
-    digest = hashlib.blake2b(f"{int(seed)}:{int(attempt)}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
 
 
 def sampled_logprobs(flat, ids: list[int]) -> list[float]:

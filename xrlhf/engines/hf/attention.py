@@ -1,6 +1,6 @@
-"""Attention over packed sequences, and the choice of path an engine's model can take.
+"""Attention over packed sequences: the varlen attention function ``HFModel`` registers.
 
-Why a module: a packed row (``engines.packing``) holds several sequences; attention must not
+Why a module: a packed row (``engines.hf.packing``) holds several sequences; attention must not
 cross from one to the next. Transformers 5.x offers two ways, and xrlhf adds a third:
 
 * ``flash_attention_2/3``: with ``cu_seq_lens_q/k`` and ``max_length_q/k`` in the model's
@@ -20,28 +20,73 @@ cross from one to the next. Transformers 5.x offers two ways, and xrlhf adds a t
   row and sdpa's mask for a padded batch, which the function then hands to transformers'
   sdpa: the same model runs both layouts (the probe compares them).
 
-``choose_path`` decides once, when an engine is built, with a probe: three short random
-sequences forwarded packed and padded must agree, and the packed result of the later
-sequences must not change when the first one does (attention that crosses sequences would).
-A model whose code ignores packing falls back to the padded layout, and says so.
+Which of them a model takes is decided when its engine is built (``engines.hf.probe``).
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
-
-if TYPE_CHECKING:
-    from xrlhf.engines.hf import HFModel
 
 NAME = "xrlhf_varlen"
 """The name ``xrlhf_varlen`` is registered under in transformers' ``AttentionInterface``."""
 
 _FLASH_FAILED: list[str] = []
 """Why torch's varlen kernel failed in this process, if it did; then every call takes the SDPA path."""
+
+
+TAKEN: dict[str, str] = {}
+"""What the attention calls of this process ran, as ``"<kernel> (<dtype> on <device>[: why])"``
+(to the kernel): decided by ``varlen_attention`` from the tensors it is given, so it tells what
+actually ran (a fp32 ``q`` under autocast took the SDPA path while the config promised flash
+attention). ``HFModel`` collects it after each forward and logs each new entry once
+(``unreported``)."""
+_LAST: list[str | None] = [None]
+"""What the last attention call ran: a one-slot list, which a compiled layer writes on every call
+without a graph break or a guard on its contents (a dict write recompiles once it is no longer
+empty)."""
+_REPORTED: set[str] = set()
+_PROBING: list[bool] = []
+
+_DTYPE = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64"}
+FLASH = "torch varlen flash attention"
+SIDE_BY_SIDE = "SDPA over the sequences side by side"
+
+
+def _ran(kernel: str, query: torch.Tensor, why: str = "") -> None:
+    _LAST[0] = f"{kernel} ({_DTYPE.get(query.dtype, 'other dtype')} on {query.device.type}{why})"
+
+
+@contextmanager
+def unrecorded() -> Iterator[None]:
+    """Calls within the block leave ``TAKEN`` as it was (the probe's forwards: ``TAKEN`` tells
+    what the engine's own forwards ran)."""
+    before = dict(TAKEN)
+    _PROBING.append(True)
+    try:
+        yield
+    finally:
+        _PROBING.pop()
+        _LAST[0] = None
+        TAKEN.clear()
+        TAKEN.update(before)
+
+
+def unreported() -> list[str]:
+    """Record what the last forward ran in ``TAKEN``; the entries not returned before (each is
+    returned once per process)."""
+    if _LAST[0] is not None:
+        TAKEN.setdefault(_LAST[0], _LAST[0].split(" (")[0])
+        _LAST[0] = None
+    if len(_REPORTED) == len(TAKEN) or _PROBING:
+        return []
+    new = [k for k in TAKEN if k not in _REPORTED]
+    _REPORTED.update(new)
+    return new
 
 
 def _flash_failed(error: Exception) -> None:
@@ -62,7 +107,7 @@ def varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     Args:
         query: ``[1, Hq, T, D]``; key, value: ``[1, Hkv, T, D]`` (``Hq`` a multiple of ``Hkv``).
         kwargs: ``cu_seq_lens_q`` ``[S + 1]`` (int32 offsets of the sequences) and
-            ``max_length_q`` (int), as ``engines.packing.Packed.inputs`` passes them.
+            ``max_length_q`` (int), as ``engines.hf.packing.Packed.inputs`` passes them.
 
     Returns:
         ``([1, T, Hq, D], None)``.
@@ -79,6 +124,7 @@ def varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     if cu is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+        _ran("transformers sdpa on padded rows", query)
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       sliding_window=sliding_window, softcap=softcap, **kwargs)
     if max_len is None or query.shape[0] != 1:
@@ -86,17 +132,34 @@ def varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     if sliding_window or softcap or kwargs.get("s_aux") is not None:
         raise NotImplementedError(f"{NAME}: sliding windows, soft caps and sinks are not supported")
     groups = query.shape[1] // key.shape[1]
-    if query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and not dropout and not _FLASH_FAILED:
+    why = _no_flash(query, dropout)
+    if not why:
         flash = _torch_varlen(query.shape[-1], scaling)
+        why = "" if flash is not None else ": this torch has no varlen flash kernel for the scale"
         if flash is not None:
             try:
                 q, k, v = (x[0].transpose(0, 1).contiguous() for x in (query, key, value))  # [T, H, D]
-                return flash(q, k, v, cu, max_len, scaling, groups).unsqueeze(0), None
+                out = flash(q, k, v, cu, max_len, scaling, groups).unsqueeze(0)
+                _ran(FLASH, query)
+                return out, None
             except RuntimeError as e:  # an architecture or build the kernel does not support: say so once
                 _flash_failed(e)
+                why = ": the flash kernel failed"
+    _ran(SIDE_BY_SIDE, query, why)
     if groups > 1:
         key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
     return _padded_sdpa(query, key, value, cu, int(max_len), dropout, scaling), None
+
+
+def _no_flash(query: torch.Tensor, dropout: float) -> str:
+    """Why the flash kernel cannot take ``query`` (``""``: it can)."""
+    if not query.is_cuda:
+        return ": not a GPU"
+    if query.dtype not in (torch.bfloat16, torch.float16):
+        return ": flash takes bf16 or fp16 q/k/v"
+    if dropout:
+        return ": attention dropout"
+    return ": the flash kernel failed before" if _FLASH_FAILED else ""
 
 
 def _padded_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu: torch.Tensor, max_len: int,
@@ -212,135 +275,3 @@ def _flash_self_test(device: torch.device, dtype: torch.dtype, head_dim: int) ->
         flash(q, k, v, cu, 3, head_dim ** -0.5, 1).sum().backward()
     except RuntimeError as e:
         _flash_failed(e)
-
-
-def choose_path(hf: "HFModel", mode: str) -> tuple[str, str]:
-    """The layout ``hf`` will forward micro-batches in, and why.
-
-    Args:
-        hf: the engine's model (placed on its device; under ZeRO-3 every rank calls this
-            together: the probe's forwards are collectives).
-        mode: the ``packing`` option: ``auto`` (varlen, else padded), ``varlen`` or ``masked``
-            (that path or an error), ``off`` (padded).
-
-    Returns:
-        ``(path, detail)``: ``path`` one of ``varlen``, ``masked``, ``padded``.
-
-    Raises:
-        ValueError: ``varlen`` or ``masked`` asked for and the probe fails.
-    """
-    if mode == "off":
-        return "padded", "packing: off"
-    wanted = "masked" if mode == "masked" else "varlen"
-    undo = install_varlen(hf.module, compute_dtype(hf)) if wanted == "varlen" else (lambda: None)
-    problem = undo if isinstance(undo, str) else probe(hf, wanted)
-    if problem is None:
-        return wanted, _describe(hf, wanted)
-    if callable(undo):
-        undo()
-    if mode != "auto":
-        raise ValueError(f"packing: {mode} is not possible for {type(hf.module).__name__}: {problem}")
-    return "padded", f"packing falls back to padded micro-batches: {problem}"
-
-
-def _describe(hf: "HFModel", path: str) -> str:
-    if path == "masked":
-        return "transformers' block-diagonal mask from position ids"
-    impl = hf.module.config._attn_implementation
-    if impl != NAME:
-        return f"transformers' {impl} varlen"
-    config, dtype = hf.module.config, compute_dtype(hf)
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    fast = (hf.device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
-            and _torch_varlen(head_dim, None) is not None)
-    if fast and _FLASH_FAILED:
-        return f"SDPA over the sequences side by side: torch varlen flash attention failed ({_FLASH_FAILED[0]})"
-    return "torch varlen flash attention" if fast else "SDPA over the sequences side by side"
-
-
-def probe_batches(hf: "HFModel"):
-    """Two ``Batch``es of three random sequences (prompt + response lengths 3+4, 2+5, 6+1)
-    that differ only in the first sequence, from a generator of their own (the global RNG,
-    which a run's sampling uses, is not touched)."""
-    from xrlhf.data.batch import build_sequences
-
-    gen = torch.Generator().manual_seed(0)
-    vocab = int(getattr(hf.module.config, "vocab_size", 64) or 64)
-    rand = lambda n: torch.randint(3, max(4, min(vocab, 512)), (n,), generator=gen).tolist()  # noqa: E731
-    seqs = [(rand(p), rand(r)) for p, r in [(3, 4), (2, 5), (6, 1)]]
-    other = [(rand(3), rand(4))] + seqs[1:]
-    return [build_sequences([p for p, _ in s], [r for _, r in s], pad_id=0) for s in (seqs, other)]
-
-
-def compute_dtype(hf: "HFModel") -> torch.dtype:
-    """The dtype the forward computes in: autocast's under mixed precision (fp32 weights, bf16
-    matmuls and attention), else the weights'."""
-    return getattr(hf, "autocast", None) or next(hf.module.parameters()).dtype
-
-
-def _tolerance(hf: "HFModel") -> float:
-    return 1e-4 if compute_dtype(hf) == torch.float32 else 5e-2
-
-
-def probe(hf: "HFModel", path: str) -> str | None:
-    """``None`` if ``hf`` forwards a packed micro-batch as it forwards the padded one, else why.
-
-    The ``probe_batches`` are forwarded packed and the first padded, without gradients and in
-    eval mode. The later sequences' packed outputs must not move when the first changes
-    (strict: nothing but attention across sequences can move them), and packed must match
-    padded (1e-4 in fp32, 5e-2 in bf16/fp16, relative to the outputs' scale).
-    """
-    batch, other = probe_batches(hf)
-    saved = hf.attention_path
-    try:
-        hf.attention_path = path
-        packed, packed_other = _outputs(hf, batch), _outputs(hf, other)
-        hf.attention_path = "padded"
-        padded = _outputs(hf, batch)
-    except Exception as e:  # noqa: BLE001 - any failure of the packed forward means: do not pack
-        return f"the packed forward raised {type(e).__name__}: {str(e)[:200]}"
-    finally:
-        hf.attention_path = saved
-    crossed = (packed[1:] - packed_other[1:]).abs().max().item()
-    if crossed > 1e-6 * (1 + packed[1:].abs().max().item()):
-        return f"attention crosses packed sequences (a later sequence moved by {crossed:.2e})"
-    diff = (packed - padded).abs().max().item()
-    if diff > _tolerance(hf) * (1 + padded.abs().max().item()):
-        return f"packed and padded forwards differ by {diff:.2e}"
-    return None
-
-
-def probe_chunked(hf: "HFModel", chunk: int) -> str | None:
-    """``None`` if the chunked logprob head (``hf.logprob_head``) gives the logprobs of the
-    model's own logits, else why: a model that changes its logits after the output layer
-    (Gemma's final soft cap, Cohere's logit scale) must keep the full logits."""
-    batch, _ = probe_batches(hf)
-    saved = hf.logprob_chunk
-    try:
-        hf.logprob_chunk = 0
-        full = _outputs(hf, batch)
-        hf.logprob_chunk = max(1, min(chunk, 3))  # several chunks even on the probe's few tokens
-        chunked = _outputs(hf, batch)
-    except Exception as e:  # noqa: BLE001 - any failure means: keep the full logits
-        return f"the chunked head raised {type(e).__name__}: {str(e)[:200]}"
-    finally:
-        hf.logprob_chunk = saved
-    diff = (chunked - full).abs().max().item()
-    if diff > _tolerance(hf) * (1 + full.abs().max().item()):
-        return f"the model changes its logits after the output layer (chunked logprobs differ by {diff:.2e})"
-    return None
-
-
-def _outputs(hf: "HFModel", batch) -> torch.Tensor:
-    """The probe's forward: eval mode, no gradients; the output on response tokens, ``[B, R]`` or ``[B, 1]``."""
-    training = hf.module.training
-    hf.module.eval()
-    try:
-        with torch.no_grad():
-            out = hf.forward(batch)
-    finally:
-        hf.module.train(training)
-    if out.scores is not None:
-        return out.scores.float().reshape(-1, 1)
-    x = out.logprobs if out.logprobs is not None else out.values
-    return x.float() * batch["response_mask"].to(x.device)  # padding columns are not compared

@@ -29,25 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from xrlhf.engines.base import GenerationOutput, SamplingParams
-
-MASK64 = (1 << 64) - 1
-
-
-def derive_seed(seed: int, attempt: int) -> int:
-    """The seed of a row's ``attempt``-th try (``on_update == "abort"`` restarts a row).
-
-    Attempt 0 is ``seed`` itself; attempt ``a > 0`` is the ``a``-th output of SplitMix64 started
-    at state ``seed`` (state ``seed + a * 0x9E3779B97F4A7C15`` mod 2**64, then its finaliser),
-    shifted to 63 bits so ``torch.Generator.manual_seed`` takes it. A pure function of
-    ``(seed, attempt)``: a restarted row is as reproducible as a first try.
-    """
-    if attempt == 0:
-        return seed
-    x = (seed + attempt * 0x9E3779B97F4A7C15) & MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
-    return (x ^ (x >> 31)) >> 1
-
+from xrlhf.utils.seeds import derive_seed
 
 def filter_top_k(scores: torch.Tensor, k: int) -> torch.Tensor:
     """Scores outside the ``k`` highest of each row set to -inf: ``[N, V] -> [N, V]``.

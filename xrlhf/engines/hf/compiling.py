@@ -13,13 +13,30 @@ recompile.
 What is compiled is the block's own forward (attention through the engine's attention function
 included); the embeddings, the head and the logprob chunks stay eager. The first micro-batch of
 each kind (train with gradients, infer without) pays the compilation; inductor keeps it in its
-on-disk cache (``/tmp/torchinductor_<user>`` unless ``TORCHINDUCTOR_CACHE_DIR`` says otherwise),
-which a restarted worker on the same machine reuses.
+on-disk cache, which a restarted worker on the same machine reuses: under the run's cache
+directory (``EngineSpec.cache_dir``, ``use_cache_dir``) when the runner gives one, else in
+inductor's default ``/tmp/torchinductor_<user>`` (or ``TORCHINDUCTOR_CACHE_DIR``).
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import torch
+
+
+def use_cache_dir(cache_dir: str | None) -> str | None:
+    """Point inductor's on-disk caches (compiled graphs, AOTAutograd, Triton kernels) at
+    ``<cache_dir>/torchinductor`` through ``TORCHINDUCTOR_CACHE_DIR``, which inductor reads at each
+    compilation; returns that directory (``None``: ``cache_dir`` is ``None`` and nothing changes).
+    The runner gives a ``cache_dir`` only where the user has not chosen one."""
+    if cache_dir is None:
+        return None
+    path = Path(cache_dir, "torchinductor").absolute()
+    path.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
+    return str(path)
 
 
 def layer_stack(model: torch.nn.Module) -> torch.nn.ModuleList | None:

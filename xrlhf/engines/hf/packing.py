@@ -5,7 +5,7 @@ left-padded to ``P``, responses right-padded to ``R``) spends compute on every p
 column. Packing puts the attended tokens of every row one after the other in a single row
 ``[1, T]`` (``T`` = the real tokens only) with position ids that restart at 0 for each
 sequence, the layout verl (``use_remove_padding``) and OpenRLHF (``packing_samples``) give
-the model; a variable-length attention (``engines.attention``) keeps the sequences apart.
+the model; a variable-length attention (``engines.hf.attention``) keeps the sequences apart.
 Where that is not possible the padded layout is the fallback: the same rows, trimmed of the
 columns that are padding in every row.
 

@@ -1,0 +1,40 @@
+"""``hf.infer``: logprobs, values or scores with a frozen Transformers model (a reference, a
+reward model)."""
+
+from __future__ import annotations
+
+from pydantic import ConfigDict
+
+from xrlhf.data.batch import Batch
+from xrlhf.engines.base import ENGINES, EngineSpec, ForwardOutput, InferEngine, InferOptions
+from xrlhf.engines.hf.model import HFModel, HFModelOptions
+
+
+class HFInferOptions(InferOptions, HFModelOptions):
+    """``<handle>.infer`` of the Transformers and DeepSpeed infer engines."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+@ENGINES.register("hf.infer")
+class HFInferEngine(InferEngine):
+    """Logprobs, values or scores with a frozen Transformers model."""
+
+    Options = HFInferOptions
+
+    def __init__(self, spec: EngineSpec):
+        super().__init__(spec)
+        self.hf = HFModel(self.spec)
+        self.hf.model.eval().requires_grad_(False)
+        self.device = self.hf.device
+        self.hf.prepare()
+
+    @property
+    def packed(self) -> bool:
+        return self.hf.attention_path != "padded"
+
+    def derived_budget(self, infer: bool) -> int | None:
+        return self.hf.derived_budget(training=False)
+
+    def forward(self, batch: Batch, need_entropy: bool = False) -> ForwardOutput:
+        return self.hf.forward(batch, need_entropy)
