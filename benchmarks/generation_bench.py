@@ -178,7 +178,8 @@ VARIANTS: dict[str, Callable] = {
     "raw_logprobs": _raw_run(0),  # the same with the sampled tokens' logprobs (flat)
     "engine_logprobs": _engine_run(),  # xrlhf's generate, as W calls it
     "engine_no_logprobs": _engine_run(logprobs=False),  # SamplingParams(logprobs=False)
-    "engine_keyed": _engine_run(keyed=True),  # seeds given: through the request loop
+    "engine_keyed": _engine_run(keyed=True),  # seeds given: through the request loop (how every rollout samples)
+    "engine_keyed_no_logprobs": _engine_run(logprobs=False, keyed=True),
     "w_cycle": _w_cycle,
     "worker_logprobs": _worker(_engine_run()),  # logprobs_path: worker
     "worker_keyed": _worker(_engine_run(keyed=True)),

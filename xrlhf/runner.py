@@ -250,8 +250,10 @@ def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resu
     _stop_before_rl(stop, out)
     trainer_cls = ALGORITHMS.get(cfg.algorithm.name)
     options = algorithm_options(cfg)
+    # compiled kernels go under the run (a worker restarted elsewhere finds them), unless the user chose
+    cache = None if os.environ.get("TORCHINDUCTOR_CACHE_DIR") else str(out / "cache")
     plan = topology(cfg, model_dir, trainer_cls.train_steps(cfg, options), policy_head=trainer_cls.policy_head,
-                    generate=trainer_cls.uses_generation, concurrent_generate=episode_calls(cfg, env))
+                    generate=trainer_cls.uses_generation, concurrent_generate=episode_calls(cfg, env), cache_dir=cache)
     coord = Coordinator(plan, healing=healing, keep_ray=True)
     trainer = None
     try:

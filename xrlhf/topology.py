@@ -83,19 +83,31 @@ def weight_sync_plan(cfg: XConfig) -> WeightSyncPlan:
     return WeightSyncPlan(name, options, together, ws.verify)
 
 
+def train_shares(placed: dict[str, Resources], trained: list[str]) -> dict[str, float]:
+    """The share of its GPU's free memory each trained handle's derived token budget may plan
+    for: 1 / the trained handles of its placement group (PPO's policy and critic train at once
+    on one co-located GPU; ``engines.budget``)."""
+    groups = {h: anchor_of(h, placed) for h in trained}
+    return {h: 1.0 / sum(a == g for a in groups.values()) for h, g in groups.items()}
+
+
 def handle_specs(cfg: XConfig, policy_model: str, total_train_steps: dict[str, int],
-                 policy_head: str = "causal_lm", generate: bool = True) -> list[HandleSpec]:
+                 policy_head: str = "causal_lm", generate: bool = True, cache_dir: str | None = None
+                 ) -> list[HandleSpec]:
     """The handles a run needs (``policy_model``: the RL start point; ``policy_head`` /
     ``generate``: the trained model's head and whether anything generates: a reward model being
-    trained has a ``"score"`` head and no generator)."""
+    trained has a ``"score"`` head and no generator; ``cache_dir``: the run's directory for caches
+    that outlive a worker, such as compiled kernels)."""
     placed = placements(cfg, generate)
+    shares = train_shares(placed, [h for h in ("policy", "critic") if h in placed])
 
     def spec(model: str, head: str, name: str, section, role: str, path: str, temperature: float = 1.0,
              total_steps: int = 0, adapter=None) -> tuple[str, EngineSpec]:
         options = engine_options(section.engine, role, section.engine_fields(), path)  # validated before
         return section.engine, EngineSpec(model_path=model, head=head, device="cuda" if on_gpu(placed, name) else "cpu",
                                           options=options, seed=cfg.seed, temperature=temperature,
-                                          total_steps=total_steps, adapter=adapter)
+                                          total_steps=total_steps, adapter=adapter, cache_dir=cache_dir,
+                                          memory_share=shares.get(name, 1.0) if role == "train" else 1.0)
 
     p = cfg.policy
     temp = p.generate.temperature or 1.0
@@ -124,10 +136,12 @@ def handle_specs(cfg: XConfig, policy_model: str, total_train_steps: dict[str, i
 
 
 def topology(cfg: XConfig, policy_model: str, total_train_steps: dict[str, int] | None = None,
-             policy_head: str = "causal_lm", generate: bool = True, concurrent_generate: int = 0) -> Topology:
+             policy_head: str = "causal_lm", generate: bool = True, concurrent_generate: int = 0,
+             cache_dir: str | None = None) -> Topology:
     """The run's topology (see the module docstring); ``concurrent_generate``: ``generate`` calls an
-    episode env may have running at once on one generator."""
-    return Topology(handles=handle_specs(cfg, policy_model, total_train_steps or {}, policy_head, generate),
+    episode env may have running at once on one generator; ``cache_dir``: see ``handle_specs``."""
+    return Topology(handles=handle_specs(cfg, policy_model, total_train_steps or {}, policy_head, generate,
+                                         cache_dir),
                     weight_sync=weight_sync_plan(cfg) if generate else None,
                     reference_from_policy=reference_is_policy_base(cfg),
                     max_staleness=cfg.rollout.max_staleness, concurrent_generate=concurrent_generate,

@@ -68,3 +68,22 @@ def test_one_step_off_lags_by_one_version_at_most(tiny_model):
     steps = run(tiny_model, REASONING, {"max_staleness": 1}, steps=4)
     assert [r["staleness/max"] for r in steps] == [0, 1, 1, 1]
     assert all(r["staleness/min"] >= 0 for r in steps)
+
+
+def test_logprobs_are_asked_for_only_where_read_or_free(tiny_model):
+    """vLLM's per-token logprobs cost throughput: a rollout asks for them only when the update
+    weighs by them (truncated IS, an off-policy correction); the Transformers engine's are free
+    and kept for the mismatch metric. An evaluation never asks."""
+    from xrlhf.algorithms.critic_free import CriticFreeTrainer
+    from xrlhf.algorithms.rollout.build import rollout_sampling
+    from xrlhf.config.schema import XConfig
+
+    def sampled(engine: str, **algorithm) -> bool:
+        cfg = XConfig.model_validate({"env": REASONING, "reference": None,
+                                      "policy": {"model": tiny_model, "generate": {"engine": engine}},
+                                      "algorithm": {"name": "grpo", "kl_coef": 0.0, **algorithm}})
+        options = algorithm_options(cfg)
+        return rollout_sampling(cfg, CriticFreeTrainer.reads_behaviour_logprobs(cfg, options)).params.logprobs
+
+    assert not sampled("vllm") and sampled("vllm", tis_cap=2.0) and sampled("vllm", off_policy={"correction": "none"})
+    assert sampled("hf")

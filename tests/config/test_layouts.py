@@ -146,3 +146,17 @@ def test_unknown_transport_lists_the_registered_ones(base_config):
     msgs = errors(with_(base_config, policy__weight_sync={"transport": "carrier_pigeon"}))
     assert msgs == ["policy.weight_sync.transport: unknown weight-sync transport 'carrier_pigeon'; valid: cpu, "
                     "cuda_ipc, disk, in_process, nccl (or an import path 'pkg.module:Name') (or auto)"]
+
+
+def test_handles_that_train_on_one_gpu_share_its_memory_for_their_budgets(base_config):
+    """PPO's policy and critic train at once on the co-located GPU: each derived token budget
+    plans for half of the free memory (``engines.budget``); a critic on its own GPU for all of it."""
+    from xrlhf.topology import handle_specs
+
+    gpu = {"policy__resources": {"ranks": 1, "gpus_per_rank": 1}, "reference": {}}
+    specs = {s.name: s for s in handle_specs(XConfig.model_validate(with_(base_config, critic={}, **gpu)), "m", {})}
+    assert specs["policy"].engines["train"][1].memory_share == specs["critic"].engines["train"][1].memory_share == 0.5
+    assert specs["reference"].engines["infer"][1].memory_share == 1.0
+    own = with_(base_config, critic={"resources": {"ranks": 1, "gpus_per_rank": 1}}, **gpu)
+    specs = {s.name: s for s in handle_specs(XConfig.model_validate(own), "m", {})}
+    assert specs["policy"].engines["train"][1].memory_share == specs["critic"].engines["train"][1].memory_share == 1.0

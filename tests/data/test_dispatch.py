@@ -146,3 +146,11 @@ def test_coordinator_and_local_handles_satisfy_the_seam(tiny_model):
     two = LocalHandle("rollout", [LocalHandle.of("rollout", generate=HFGenerateEngine(gen_spec)).hosts[0]
                                   for _ in range(2)])  # 2 in-process ranks: 3 prompts split 2 + (1 + a copy)
     assert two.generate(prompts, greedy) == want and len(want.token_ids) == 3
+
+
+def test_a_maximum_over_ranks_is_the_largest_not_the_mean():
+    from xrlhf.data.dispatch import gather_metrics
+
+    got = gather_metrics([{"loss": 1.0, "mismatch/logprob_abs_diff_max": 0.5},
+                          {"loss": 3.0, "mismatch/logprob_abs_diff_max": 2.0}], [1.0, 3.0])
+    assert got == {"loss": 2.5, "mismatch/logprob_abs_diff_max": 2.0}

@@ -178,7 +178,7 @@ class Trainer(ABC):
     def evaluate(self) -> dict[str, float]:
         """The generator's answers to the env's held-out prompts, scored (``evaluate``)."""
         t = self.cfg.trainer
-        params = sampling_params(self.cfg, t.eval_temperature)
+        params = sampling_params(self.cfg, t.eval_temperature, logprobs=False)
         if self.episodes is not None:
             step, keep = self.step_idx, self.transcripts
             return evaluate_episodes(self.episodes, params, t.eval_size, self.cfg.seed,
@@ -220,9 +220,16 @@ class RLTrainer(Trainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.collector = build_collector(self.cfg, self.env, self.tok, self.gen_handle, self.reward,
-                                         self.group_filter, self.timeline, self.episodes)
+                                         self.group_filter, self.timeline, self.episodes,
+                                         logprobs=self.reads_behaviour_logprobs(self.cfg, self.options))
         self.producer: Producer | None = None
         self._producer_state: dict[str, Any] | None = None
+
+    @classmethod
+    def reads_behaviour_logprobs(cls, cfg: XConfig, options: BaseModel) -> bool:
+        """Whether the update reads the sampler's logprobs (``rollout_logprobs``: an importance
+        weight); else a generator whose logprobs cost throughput (vLLM) returns none."""
+        return False
 
     def group_filter(self, scores: torch.Tensor) -> bool:
         """A refill policy's judgement of a group of ``n`` samples (``scores`` ``[n]``): keep it

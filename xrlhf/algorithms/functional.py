@@ -262,7 +262,7 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
         clip_eps: value clip range, or ``None`` for no clipping.
     Returns:
         ``(loss_sum, stats)``; stats: ``vf_clip_frac`` (fraction of masked tokens where the
-        clipped error is the larger one), ``value_mean``.
+        clip acted and the clipped error is the larger one), ``value_mean``.
     """
     _check_same_shape(values=values, old_values=old_values, returns=returns, mask=mask)
     err = (values - returns) ** 2
@@ -273,7 +273,10 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
         clipped_values = old_values + (values - old_values).clamp(-clip_eps, clip_eps)
         err_clipped = (clipped_values - returns) ** 2
         per_token = torch.maximum(err, err_clipped)
-        clipped_frac = masked_mean((err_clipped > err).float(), mask).detach()
+        # only where the clamp acted: elsewhere old + (v - old) differs from v by one rounding,
+        # and comparing the two errors would count float noise as clipping
+        clipped = ((values - old_values).abs() > clip_eps) & (err_clipped > err)
+        clipped_frac = masked_mean(clipped.float(), mask).detach()
     stats = {"vf_clip_frac": clipped_frac, "value_mean": masked_mean(values.detach(), mask)}
     return 0.5 * masked_sum(per_token, mask), stats
 

@@ -111,6 +111,11 @@ class PolicyGradientTrainer(RLTrainer):
         self.kl_ctl = (F.AdaptiveKLController(o.kl_coef, o.kl_target, o.kl_horizon) if o.kl_target
                        else F.FixedKLController(o.kl_coef))
 
+    @classmethod
+    def reads_behaviour_logprobs(cls, cfg: XConfig, options: PolicyGradientConfig) -> bool:
+        """Truncated importance sampling and the off-policy corrections weigh by them."""
+        return options.tis_cap is not None or options.off_policy is not None
+
     def state_dict(self) -> dict:
         return {**super().state_dict(), "kl_ctl": self.kl_ctl.state_dict()}
 

@@ -170,6 +170,8 @@ def gather_metrics(metrics: list[dict[str, float]], weights: Sequence[float]) ->
         pairs = [(float(m[k]), w) for m, w in keep if k in m] or [(float(metrics[0][k]), 1.0)]
         if all(v == pairs[0][0] for v, _ in pairs):  # the same on every rank (lr, grad_norm): exactly it
             out[k] = pairs[0][0]
+        elif k.endswith("_max"):  # a maximum over the mini-batch: the largest rank's
+            out[k] = max(v for v, _ in pairs)
         else:
             out[k] = sum(v * w for v, w in pairs) / sum(w for _, w in pairs)
     return out

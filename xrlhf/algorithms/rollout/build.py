@@ -26,10 +26,13 @@ def streamed(cfg: XConfig) -> bool:
     return r.stream_rewards if r.stream_rewards is not None else r.max_staleness > 0
 
 
-def rollout_sampling(cfg: XConfig) -> Sampling:
-    """How the run's batches are sampled."""
-    return Sampling(n=cfg.trainer.samples_per_prompt, params=sampling_params(cfg), seed=cfg.seed,
-                    parts=cfg.rollout.stream_parts if streamed(cfg) else 1, model=cfg.policy.model)
+def rollout_sampling(cfg: XConfig, logprobs: bool = True) -> Sampling:
+    """How the run's batches are sampled (``logprobs``: the algorithm reads the sampler's)."""
+    from xrlhf.engines.base import engine_class
+
+    free = engine_class(cfg.policy.generate.engine, "generate").logprobs_are_free  # for the mismatch metric
+    return Sampling(n=cfg.trainer.samples_per_prompt, params=sampling_params(cfg, logprobs=logprobs or free),
+                    seed=cfg.seed, parts=cfg.rollout.stream_parts if streamed(cfg) else 1, model=cfg.policy.model)
 
 
 def continuous(cfg: XConfig) -> bool:
@@ -57,9 +60,10 @@ def episode_calls(cfg: XConfig, env: Env) -> int:
 
 
 def build_collector(cfg: XConfig, env: Env, tokenizer, generator, reward: Reward, keep: GroupFilter,
-                    timeline: Timeline, runner: EpisodeRunner | None = None) -> Collector:
-    """The run's collector: episodes or one-turn samples, with the ``rollout.refill`` policy."""
-    sampling = rollout_sampling(cfg)
+                    timeline: Timeline, runner: EpisodeRunner | None = None, logprobs: bool = True) -> Collector:
+    """The run's collector: episodes or one-turn samples, with the ``rollout.refill`` policy;
+    ``logprobs``: the algorithm reads the sampler's logprobs (``RLTrainer.reads_behaviour_logprobs``)."""
+    sampling = rollout_sampling(cfg, logprobs)
     if is_episode_env(env):
         runner = runner or episode_runner(cfg, env, tokenizer, generator)
         sampler = Episodes(sampling, runner, reward, cfg.reward.source == "env", timeline)

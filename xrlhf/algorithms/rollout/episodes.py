@@ -246,7 +246,8 @@ class EpisodeRunner:
 
 
 def _row(out: GenerationOutput, k: int) -> tuple[list[int], list[float], list[int]]:
-    return out.token_ids[k], out.logprobs[k], out.versions[k] if out.versions else []
+    ids = out.token_ids[k]
+    return ids, out.logprobs[k] if out.logprobs else [0.0] * len(ids), out.versions[k] if out.versions else []
 
 
 def episode_batch(trajs: list[Trajectory], pad_id: int, mask_truncated: bool = False) -> Batch:
@@ -340,6 +341,8 @@ class Episodes:
         batch = episode_batch(trajs, self.runner.tok.pad_token_id, self.runner.env.config.mask_truncated)
         if not self.score_with_env:  # the reward source scored whole trajectories
             del batch.tensors["turn_rewards"]
+        if not self.s.params.logprobs:  # none asked for: no zeros that would read as logprobs
+            del batch.tensors["rollout_logprobs"]
         return batch, episode_metrics(trajs)
 
 

@@ -65,7 +65,8 @@ class SingleTurn:
         t0 = time.time()
         expanded = [p for p in prompts for _ in range(n)]
         rows = [i for i in ids for _ in range(n)]
-        batch = build_sequences(rows, out.token_ids, self.tok.pad_token_id, out.logprobs)
+        logprobs = out.logprobs or [[] for _ in out.token_ids]  # (none asked: Sampling.params.logprobs)
+        batch = build_sequences(rows, out.token_ids, self.tok.pad_token_id)
         texts = decode_responses(self.tok, out.token_ids)
         scores, metrics = self.reward(expanded, texts, batch)
         scores = scores.float()
@@ -73,7 +74,7 @@ class SingleTurn:
         tally.reward_s += time.time() - t0
         tally.tokens += float(sum(len(t) for t in out.token_ids))
         versions = out.versions or [[0] * len(t) for t in out.token_ids]
-        return [Group(p, i, out.token_ids[g * n:(g + 1) * n], out.logprobs[g * n:(g + 1) * n],
+        return [Group(p, i, out.token_ids[g * n:(g + 1) * n], logprobs[g * n:(g + 1) * n],
                       versions[g * n:(g + 1) * n], texts[g * n:(g + 1) * n], scores[g * n:(g + 1) * n])
                 for g, (p, i) in enumerate(zip(prompts, ids))]
 
@@ -83,7 +84,8 @@ class SingleTurn:
         n = self.s.n
         rows = [g.prompt_ids for g in groups for _ in range(n)]
         tokens = [t for g in groups for t in g.tokens]
-        batch = build_sequences(rows, tokens, self.tok.pad_token_id, [lp for g in groups for lp in g.logprobs])
+        logprobs = [lp for g in groups for lp in g.logprobs] if self.s.params.logprobs else None
+        batch = build_sequences(rows, tokens, self.tok.pad_token_id, logprobs)
         versions = torch.zeros(batch["response_mask"].shape, dtype=torch.long)
         for i, v in enumerate(v for g in groups for v in g.versions):
             versions[i, :len(v)] = torch.tensor(v, dtype=torch.long)

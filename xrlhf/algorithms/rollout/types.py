@@ -20,8 +20,8 @@ Reward = Callable[[list[Prompt], list[str], Batch], tuple[torch.Tensor, dict]]
 class Rollout:
     """One step's samples: the ``Batch`` (layout of ``xrlhf.data.batch``) and their texts.
 
-    ``batch`` holds ``input_ids``, ``attention_mask``, ``response_mask``, ``rollout_logprobs``,
-    ``token_versions`` ``[B, R]`` (the policy version that sampled each response token, 0 on
+    ``batch`` holds ``input_ids``, ``attention_mask``, ``response_mask``, ``rollout_logprobs``
+    (when the rollout asked for them: ``Sampling.params.logprobs``), ``token_versions`` ``[B, R]`` (the policy version that sampled each response token, 0 on
     padding and on environment tokens), ``scores`` ``[B]`` and ``group_ids`` ``[B]`` (the
     prompt each sample came from); an episode env's also ``turn_rewards`` ``[B, R]`` and
     ``truncated`` ``[B]``.
@@ -83,10 +83,10 @@ class Sampling:
     model: str = ""
 
 
-def sampling_params(cfg: XConfig, temperature: float | None = None) -> SamplingParams:
+def sampling_params(cfg: XConfig, temperature: float | None = None, logprobs: bool = True) -> SamplingParams:
     """The rollout's sampling parameters (``policy.generate``, ``rollout``); ``temperature``
-    replaces the section's (an evaluation's)."""
+    replaces the section's (an evaluation's); ``logprobs``: return the sampled tokens' logprobs."""
     g = cfg.policy.generate
     return SamplingParams(temperature=g.temperature if temperature is None else temperature, top_p=g.top_p,
                           top_k=g.top_k, max_new_tokens=g.max_new_tokens, stop_token_ids=list(g.stop_token_ids),
-                          on_update=cfg.rollout.on_update, in_flight=cfg.rollout.in_flight_updates)
+                          on_update=cfg.rollout.on_update, in_flight=cfg.rollout.in_flight_updates, logprobs=logprobs)

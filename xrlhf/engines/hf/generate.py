@@ -65,6 +65,7 @@ class HFGenerateEngine(GenerateEngine):
 
     Options = HFGenerateOptions
     pauses_mid_generation = True
+    logprobs_are_free = True  # the decode loop has the distribution at hand
 
     def __init__(self, spec: EngineSpec):
         super().__init__(spec)
