@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -118,6 +119,13 @@ def run_xrlhf(name: str, overrides: list[str], model: str, args: argparse.Namesp
             s.close()
         ag.BusyGRPO.samplers = []
     rows = read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
+    keep = Path(args.out) / f"xrlhf-{name}"  # the run's own log and metrics beside the figures
+    keep.mkdir(parents=True, exist_ok=True)
+    for f in ("train.log", "metrics.jsonl", "report.md"):
+        if (run_dir / f).is_file():
+            shutil.copy(run_dir / f, keep / f)
+    if (run_dir / "plots").is_dir():
+        shutil.copytree(run_dir / "plots", keep / "plots", dirs_exist_ok=True)
     s = ag.summarize(rows, args.timed_from, len(used))
     log = (run_dir / "train.log").read_text() if (run_dir / "train.log").is_file() else ""
     ready = [ln for ln in log.splitlines() if "Ray handles ready in" in ln]
