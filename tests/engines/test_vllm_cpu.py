@@ -393,9 +393,11 @@ def vllm_module():
 
 
 def engine_spec(model: str, **options) -> EngineSpec:
+    """An engine of the options given; logprobs through vLLM's outputs unless said (the tests of
+    the worker path, the default, name it: test_vllm_record.py and below)."""
     from xrlhf.engines.vllm import VLLMOptions  # the backend's file imports vLLM only to build an engine
 
-    return EngineSpec(model, options=VLLMOptions(engine="vllm", **options), seed=3)
+    return EngineSpec(model, options=VLLMOptions(engine="vllm", **{"logprobs_path": "outputs", **options}), seed=3)
 
 
 def test_llm_arguments_from_the_config(vllm_module, tiny_model):
