@@ -457,6 +457,47 @@ def train_efficiency(r: dict | None, lora: dict | None) -> list[str]:
     return out + [""]
 
 
+def w_vs_trl(entries: list | None, link) -> list[str]:
+    """Issue 25: workload W against TRL's GRPOTrainer, each ratio within one call on one card."""
+    if not entries:
+        return []
+    out = ["## Workload W against TRL's GRPOTrainer (issue 25)", "",
+           "`python -m benchmarks.w_vs_trl --trl-dtype <float32|bfloat16|none> --variants <...>` "
+           "(`bash benchmarks/gpu_i25.sh trl32|trl16|async`): TRL 1.16's GRPOTrainer on W (../shared/bench) and "
+           "xrlhf's `configs/gpu/grpo_w.yaml` in the same call, steps 3.. medians, 0.5b model, 512 x <= 256 "
+           "tokens per step. `ratio` = xrlhf / TRL of that call. Phases are xrlhf's step medians (s); busy: "
+           "nvidia-smi's utilisation over the timed steps; peak: the device's.", "",
+           "| card | call | xrlhf variant | TRL | TRL s/step | xrlhf s/step | ratio | generate | infer | train | sync "
+           "| busy % | peak GiB |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for e in entries:
+        ph = e.get("phases") or {}
+        out.append(f"| {e.get('gpu', '')} | {e.get('call', '')} | {e['xrlhf_variant']} {' '.join(e.get('overrides') or [])} "
+                   f"| {e.get('trl_dtype') or '-'} | {fmt(e.get('trl_step_s'))} | {fmt(e.get('xrlhf_step_s'))} "
+                   f"| {fmt(e.get('ratio'))} | {fmt(ph.get('generate'))} | {fmt(ph.get('infer'))} | {fmt(ph.get('train'))} "
+                   f"| {fmt(ph.get('sync'))} | {fmt(e.get('gpu_busy'))} | {fmt(e.get('peak_gib'))} |")
+    return out + [""]
+
+
+def train_matrix(r: dict | list | None) -> list[str]:
+    """Issue 25: W's train step and logprob phase by precision and token budget."""
+    rows = r.get("rows", r) if isinstance(r, dict) else r
+    if not rows:
+        return []
+    gpu = r.get("gpu", "") if isinstance(r, dict) else ""
+    out = ["## W's train step by precision and token budget (issue 25)", "",
+           f"`python -m benchmarks.train_efficiency --matrix --out benchmarks/results` on {gpu or 'the GPU'}: W's "
+           "batch (512 sequences, ~145k tokens), one AdamW step; the logprob phase with and without the policy's "
+           "old-logprob forward (skipped for a single on-policy step). 'derived': budgets sized from free memory "
+           "(engines/budget.py); 'W': the hand-set 32 rows / 6,144 tokens of before. busy: the profiler's.", "",
+           "| variant | train s | logprobs s | without old s | peak GiB | tokens/s | busy | micro-batches |",
+           "|---|---|---|---|---|---|---|---|"]
+    for x in rows:
+        out.append(f"| {x.get('variant')} | {fmt(x.get('train_s'))} | {fmt(x.get('infer_s'))} "
+                   f"| {fmt(x.get('infer_s_without_old_logprobs'))} | {fmt(x.get('peak_gib'))} "
+                   f"| {fmt(x.get('tokens_per_s'), 0)} | {fmt(x.get('gpu_busy'))} | {x.get('micro_batches', '')} |")
+    return out + [""]
+
+
 def healing(r: dict | None) -> list[str]:
     out = ["## Healing: time to recover per role", ""]
     if r is None:
@@ -517,6 +558,8 @@ def main() -> None:
     lines += train_efficiency(load(res / "train_efficiency.json"), load(res / "lora_gpu.json"))
     lines += episodes_cpu(load(res / "episodes_cpu.json"))
     lines += episodes_gpu([e for m in ("sync", "async") if (e := load(res / f"episodes_gpu_{m}.json"))])
+    lines += w_vs_trl(load(res / "w_vs_trl.json"), link)
+    lines += train_matrix(load(res / "train_efficiency_matrix.json"))
     lines += healing(load(res / "healing.json"))
     notes = res / "notes.md"  # what a person read off the logs: kept beside the JSON, appended as is
     if notes.is_file():
