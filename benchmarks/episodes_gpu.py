@@ -3,7 +3,7 @@
 One GPU, co-located (``configs/gpu/grpo_w.yaml``'s engines: vLLM generates, HF trains bf16),
 env ``calc`` (3-digit products, the calculator tool, episodes of up to 3 turns), GRPO on
 32 prompts x 8 episodes per step. vLLM serves the episodes' turns by continuous batching: one
-request per episode turn, sent the moment its episode is ready (``algorithms/episodes.py``).
+request per episode turn, sent the moment its episode is ready (``algorithms/rollout/episodes.py``).
 
 A random model never emits a stop token, so every turn would end at ``max_new_tokens`` and no
 episode would reach a second turn: the ``sync`` mode first warms the model up (supervised, on the

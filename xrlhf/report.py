@@ -280,7 +280,7 @@ def write_transcripts(run_dir: str | Path, step: int, trajectories: Sequence[Any
     Args:
         run_dir: the run directory.
         step: the RL step of the evaluation (or rollout) the trajectories come from.
-        trajectories: finished episodes (``xrlhf.algorithms.episodes.Trajectory``: ``prompt_ids``,
+        trajectories: finished episodes (``xrlhf.algorithms.rollout.episodes.Trajectory``: ``prompt_ids``,
             ``tokens``, ``reward``, ``correct``, ``truncated``, ``turns``, ``counters``).
         tokenizer: the policy's; the conversation is decoded with its special tokens (the chat
             template's markers show where each turn and observation begins and ends).

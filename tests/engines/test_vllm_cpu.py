@@ -417,7 +417,7 @@ def test_llm_arguments_from_the_config(vllm_module, tiny_model):
 
 def test_sampling_parameters_and_outputs(vllm_module, tiny_model):
     engine = vllm_module.VLLMGenerateEngine(engine_spec(tiny_model))
-    assert engine.eos_ids == [2] and not engine.shares_trainer_process
+    assert engine.eos_ids == [2] and not engine.model_in_process
     sp = engine.sampling_params(SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=5), 2)
     assert (sp.temperature, sp.top_p, sp.top_k, sp.max_tokens, sp.stop_token_ids, sp.logprobs, sp.detokenize,
             sp.flat_logprobs) == (0.7, 0.9, 0, 5, [2], 0, False, True)
@@ -449,7 +449,7 @@ def test_sync_while_asleep_loads_in_the_worker_and_reads_back_by_hf_name(vllm_mo
     monkeypatch.setattr(FakeLLM, "client", client)
     engine = vllm_module.VLLMGenerateEngine(engine_spec(tiny_model, sleep_level=2))
     llm = FakeLLM.last
-    assert engine.shares_trainer_process == (client == "InprocClient")
+    assert engine.model_in_process == (client == "InprocClient")
     weights = trained_weights(tiny_model)
     want = {n: checksum(t) for n, t in weights}
     with pytest.raises(WeightSyncError, match="without verify"):  # no verified sync yet: nothing to read back

@@ -142,7 +142,7 @@ def test_an_in_process_engine_without_compile_generates_as_the_compiled_one(engi
                                   "gpu_memory_utilization": 0.2})
     fast = VLLMGenerateEngine(EngineSpec(small_model, device="cuda", seed=0, options={**options, "dtype": "float32"}))
     try:
-        assert fast.shares_trainer_process  # InprocClient
+        assert fast.model_in_process  # InprocClient
         greedy = SamplingParams(temperature=0, max_new_tokens=24)
         a, b = fast.generate(prompts, greedy), engine.generate(prompts, greedy)
         same = sum(x == y for x, y in zip(a.token_ids, b.token_ids))

@@ -16,8 +16,8 @@ against the chosen engine's ``Options`` before anything starts; the engine reads
 attributes (``self.options.lr``), so a default lives in exactly one place.
 
 **The engine says what it can do** (class attributes and small methods, never name tests in
-the coordinator): ``starts_alone``, ``workers_per_engine``, ``frees_memory_when_asleep``,
-``shares_trainer_process``, ``placement_errors``, ``rng_state``.
+the coordinator): ``starts_alone_with``, ``preload``, ``workers_per_engine``,
+``frees_memory_when_asleep``, ``placement_errors``, ``logprobs_are_free``, ``rng_state``.
 
 **The backend table is the registry.** One module or package per backend (``hf/``,
 ``deepspeed.py``, ``vllm/``) registers one class per role under ``"<backend>.<role>"``;
@@ -348,9 +348,9 @@ class GenerateEngine(Engine):
     """Samples continuations of token-id prompts and accepts new weights.
 
     Attributes:
-        shares_trainer_process: the weights live in the process that hosts the engine (so a
-            co-located trainer can hand tensors over as they are: transport ``in_process``).
-            May be decided per instance once built (vLLM with or without multiprocessing).
+        model_in_process: the weights live in the process that hosts the engine, so a received
+            bucket's tensors are handed to the loader as they are (no shared-memory hop: vLLM
+            with its engine core in this process). May be decided per instance once built.
         frees_memory_when_asleep: ``sleep`` gives accelerator memory back, so the worker
             returns its own cached memory before ``wake_up`` takes it again.
         pauses_mid_generation: ``receive_weights`` ... ``end_sync`` may run (in another
@@ -369,7 +369,7 @@ class GenerateEngine(Engine):
     """
 
     Options: ClassVar[type[BaseModel]] = GenerateOptions
-    shares_trainer_process: bool = True
+    model_in_process: bool = True
     frees_memory_when_asleep: bool = False
     pauses_mid_generation: ClassVar[bool] = False
     batches_concurrent_calls: ClassVar[bool] = False

@@ -6,7 +6,7 @@ answers with an observation (a chat message: a tool's output, feedback, a hint) 
 reward, and so on until the env says ``done`` or a limit ends it (``max_turns``, the episode's
 token budget, a turn that hits ``policy.generate.max_new_tokens`` without a stop token).
 
-The episode runner (``xrlhf.algorithms.episodes``) keeps the trajectory as **token ids**: the
+The episode runner (``xrlhf.algorithms.rollout.episodes``) keeps the trajectory as **token ids**: the
 model's sampled tokens go into it as sampled, never decoded and re-encoded; the env's
 observations are rendered by the chat template (``xrlhf.data.chat``) and appended as ids that
 the loss masks out. An env sees text (``Episode.step(action)`` gets the decoded turn) and

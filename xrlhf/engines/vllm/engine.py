@@ -147,7 +147,7 @@ class VLLMGenerateEngine(GenerateEngine):
         self.sleep_level = self.options.sleep_level
         self.frees_memory_when_asleep = self.sleep_level > 0
         self.llm = LLM(**kwargs)
-        self.shares_trainer_process = type(self.llm.llm_engine.engine_core).__name__ == "InprocClient"
+        self.model_in_process = type(self.llm.llm_engine.engine_core).__name__ == "InprocClient"
         self.eos_ids = _eos_ids(spec.model_path)
         self._asleep: set[str] = set()
         self._weights_valid = True  # False after a level-2 sleep until weights are loaded again
@@ -288,7 +288,7 @@ class VLLMGenerateEngine(GenerateEngine):
             self._verify = self._verify or transport.verify
             n = 0
             for part in [None] if messages is None else [[m] for m in messages]:  # one bucket per call
-                if self.shares_trainer_process:  # no process boundary: hand the objects over as they are
+                if self.model_in_process:  # no process boundary: hand the objects over as they are
                     n += int(self._rpc("xrlhf_receive", (transport, part))[0])
                     continue
                 if self._shm is None:
@@ -303,7 +303,7 @@ class VLLMGenerateEngine(GenerateEngine):
     def update_weights(self, weights: NamedTensors) -> None:
         """Load ``(HF name, tensor)`` pairs: part of a sync, which ``end_sync`` ends."""
         weights = list(weights)
-        if not self.shares_trainer_process:
+        if not self.model_in_process:
             transport = build_transport("cpu")
             self.receive_weights(transport, list(transport.send(weights)))
             return
