@@ -85,17 +85,11 @@ def is_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask:
     ``[-MAX_LOG_WEIGHT, MAX_LOG_WEIGHT]`` before ``exp``. Then:
 
     * ``none``: ``weights = 1``, ``keep = 1`` (the stats still measure the raw ``w``);
-    * ``tis`` (truncated IS; Yao et al. 2025, verl ``rollout_is``): ``weights = min(w, cap)``,
-      ``keep = 1``;
-    * ``mis`` (masked IS; verl's ``token_k1`` / ``seq_sum_k1`` rejection, slime's ``tis_mode:
-      mask``, AReaL's ``rejection_sampling`` with ``metric: ratio, action: mask``):
-      ``keep = lo <= w <= hi`` (bounds inclusive, per token or for the whole row) and
-      ``weights = w`` where kept, 0 where not. A kept weight is *not* truncated further: it is
-      already at most ``hi``. This is the common definition: slime's ``mask()`` and AReaL's
-      ``apply_rejection_sampling`` keep the raw ``w`` on kept tokens and zero the rest; verl
-      keeps its IS weights separate from the rejection mask (``rollout_is`` + ``rollout_rs``),
-      which with ``rollout_is_threshold >= hi`` gives the same product, and rejects the same
-      tokens when ``lo * hi == 1`` (its ``token_k1`` compares ``-log w`` with ``[log lo, log hi]``).
+    * ``tis`` (truncated IS; Yao et al. 2025): ``weights = min(w, cap)``, ``keep = 1``;
+    * ``mis`` (masked IS): ``keep = lo <= w <= hi`` (bounds inclusive, per token or for the whole
+      row) and ``weights = w`` where kept, 0 where not. A kept weight is *not* truncated further:
+      it is already at most ``hi``. (The peers' definitions, and why this one is theirs:
+      docs/design/async-rl.md, "Off-policy corrections in the peers".)
 
     Positions with ``mask == 0`` get ``weights = keep = 1`` (neutral; the loss masks them).
     Nothing here carries a gradient.

@@ -1,10 +1,8 @@
 """``cpu``: weights through host memory, moved by the coordinator (Ray's object store) or by
 pickle into vLLM's engine process. Works in any placement, GPUs or not.
 
-Why one flat buffer per bucket. The first version copied each tensor to the CPU
-(``t.to("cpu", copy=True)``) and sent the list: a 1 GB sync took ~12 s on an H100 (0.08 GiB/s,
-45x slower than CUDA IPC). Every step of that path was slow for the same reason, many small
-pageable objects: each device-to-host copy into fresh pageable memory goes through a driver
+Why one flat buffer per bucket. Sending each tensor copied to the CPU as a list is slow at every
+step, for one reason, many small pageable objects (measured: docs/vllm.md, "Transports"): each device-to-host copy into fresh pageable memory goes through a driver
 bounce buffer and waits on its own; pickling a torch tensor serializes its storage through
 ``torch.save`` into a ``BytesIO`` (several copies, per tensor); and unpickling copies again.
 Now the sender copies a bucket into one reusable *pinned* buffer (non-blocking copies at bus

@@ -14,7 +14,7 @@ results go back as plain numbers, strings and lists.
 
 Large buffers do not ride in the RPC. Pickled into one ``bytes``, a 256 MB bucket of the
 ``cpu`` transport was copied by pickle, by vLLM's msgpack encoder, by ZeroMQ on both sides and
-by unpickling: 0.27 GiB/s measured on an H200 host (docs/benchmarks.md). ``to_payload`` pickles
+by unpickling (docs/benchmarks.md has the figures). ``to_payload`` pickles
 with protocol 5 and writes every buffer of 1 MiB or more to a file in ``/dev/shm`` (one copy
 into shared memory); the RPC carries the pickle's metadata and the file names, and
 ``from_payload`` maps the files read-only, so the loader reads the sender's bytes in place. The

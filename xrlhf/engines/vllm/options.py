@@ -24,9 +24,8 @@ ENV_DEFAULTS = {
     "TRANSFORMERS_OFFLINE": "1",
     "VLLM_HOST_IP": "127.0.0.1",  # skips the 8.8.8.8 probe of get_ip(); one node only
     # vLLM's engine process: spawned rather than forked from a process whose threads (tokenizers,
-    # OpenMP, CUDA) may hold locks the child inherits. vLLM forks by default and that does start
-    # (76 s on an H200, docs/vllm.md), but in a worker that already trains, CUDA is initialised
-    # and vLLM spawns anyway; spawning always makes the two cases one.
+    # OpenMP, CUDA) may hold locks the child inherits. vLLM forks by default, but where CUDA is
+    # initialised it spawns anyway; spawning always makes the two cases one (docs/vllm.md).
     "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
     "TOKENIZERS_PARALLELISM": "false",
 }
@@ -53,9 +52,9 @@ class VLLMOptions(GenerateOptions):
                                   "is not batch-invariant, so regeneration is 'same distribution', not bit-identical")
     logprobs_path: Literal["outputs", "worker"] = Field(
         "worker", description="how the sampled tokens' logprobs reach xrlhf: 'worker', computed by vLLM's own kernel "
-        "in its worker, kept on the GPU and fetched once per call (needs vLLM's V2 model runner, its default; on an "
-        "H100, W's 512 x 256 tokens: 3.92 s against 5.54 s); 'outputs', vLLM's per-token outputs (per request and "
-        "step on the host; docs/design/generation-speed.md)")
+        "in its worker, kept on the GPU and fetched once per call (needs vLLM's V2 model runner, its default; "
+        "docs/benchmarks.md has what it saves); 'outputs', vLLM's per-token outputs (per request and step on the "
+        "host; docs/design/generation-speed.md)")
     # -- speed (passed to vLLM as they are; null: vLLM's default) ----------------------------------
     async_scheduling: bool | None = Field(None, description="vLLM schedules step t+1 while the GPU runs step t "
                                           "(null: vLLM's default, on with xrlhf's executors)")
