@@ -33,7 +33,8 @@ def cli(args: list[str], timeout: int = 900) -> subprocess.CompletedProcess:
 
 def greedy_eval(model_dir: str, env_options: dict, limit: int) -> float:
     """The held-out greedy reward of a model directory, as the trainer's ``evaluate`` computes it."""
-    from xrlhf.algorithms.base import evaluate
+    from xrlhf.algorithms.local import LocalHandle
+    from xrlhf.algorithms.rollout.evaluate import evaluate
     from xrlhf.data.text import load_tokenizer
     from xrlhf.engines.base import EngineSpec, SamplingParams
     from xrlhf.engines.hf import HFGenerateEngine
@@ -42,7 +43,8 @@ def greedy_eval(model_dir: str, env_options: dict, limit: int) -> float:
     gen = HFGenerateEngine(EngineSpec(model_dir))
     env = build_env("reasoning", env_options, 0)
     params = SamplingParams(temperature=0, max_new_tokens=8)
-    return evaluate(gen.generate, env, load_tokenizer(model_dir), params, limit)["eval/reward_mean"]
+    return evaluate(LocalHandle.of("rollout", generate=gen), env, load_tokenizer(model_dir), params,
+                    limit)["eval/reward_mean"]
 
 
 def test_grpo_lora_learns_and_changes_only_the_adapters(tmp_path):

@@ -72,7 +72,7 @@ class LocalHandle(HandleCalls):
         return len(self.hosts)
 
     def _dispatch(self, mode: str, method: str, args: tuple, kwargs: dict, *, wait: bool,
-                  gather: Callable | None, split_kwargs: tuple[str, ...], group: str | None) -> Any:
+                  gather: Callable | None, split_kwargs: tuple[str, ...], group: str | None, redo: bool = True) -> Any:
         """The ranks one after another in this process (``HandleCalls``)."""
         if mode == DP_TRAIN and self.world_size > 1:
             raise NotImplementedError(f"{self.name}: in-process ranks cannot sum their gradients; "

@@ -159,7 +159,7 @@ class ModelHandle(HandleCalls):
         return None
 
     def _dispatch(self, mode: str, method: str, args: tuple, kwargs: dict, *, wait: bool,
-                  gather: Callable | None, split_kwargs: tuple[str, ...], group: str | None) -> Any:
+                  gather: Callable | None, split_kwargs: tuple[str, ...], group: str | None, redo: bool = True) -> Any:
         """``HandleCalls``' calls as Ray calls on the workers, gathered by a ``Pending``."""
         ranks, calls, combine = plan(mode, self.world_size, args, kwargs, split_kwargs)
 
@@ -169,7 +169,7 @@ class ModelHandle(HandleCalls):
                 fns = [f.options(concurrency_group=group) for f in fns]
             return [f.remote(*a, **kw) for f, (a, kw) in zip(fns, calls)]
 
-        pending = Pending(self, issue(), ranks, gather or combine, issue)
+        pending = Pending(self, issue(), ranks, gather or combine, issue if redo else None)
         return pending.get() if wait else pending
 
     def join_weight_gather(self) -> Pending | None:

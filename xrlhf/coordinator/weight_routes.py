@@ -28,6 +28,7 @@ import ray
 from xrlhf.coordinator.handle import ModelHandle
 from xrlhf.coordinator.spec import WeightSyncPlan
 from xrlhf.engines.base import engine_class
+from xrlhf.utils.errors import WorkerDiedError
 from xrlhf.weight_sync import WeightSyncError, check_options
 
 
@@ -78,9 +79,21 @@ class WeightRoutes:
 
     def sync(self, version: int | None = None) -> float:
         """One sync of the policy's current weights (``version``: their policy version, stamped
-        on the tokens the generators sample with them); returns seconds taken."""
+        on the tokens the generators sample with them); returns seconds taken.
+
+        A generator that dies during it is restarted in place by the coordinator, which syncs it
+        whole (``Coordinator.heal``); the sync's own steps are then not sent again (``redo=False``:
+        a bucket sent twice would leave the generator waiting for a sync's end) and it is done."""
         t0 = time.time()
         epoch = self.epoch
+        try:
+            self._route(epoch, version)
+        except WorkerDiedError:
+            if self.epoch == epoch:  # no whole re-sync happened: the run must restart
+                raise
+        return time.time() - t0
+
+    def _route(self, epoch: int, version: int | None) -> None:
         if self.plan.colocated:
             self._pairwise(epoch)
         elif self.kind == "broadcast":
@@ -102,7 +115,6 @@ class WeightRoutes:
                 self.policy.release_memory()
             self.rollout.end_sync(version)
             self.epoch += 1
-        return time.time() - t0
 
     def _pairwise(self, epoch: int) -> None:
         """Each policy rank's buckets to the generator of its bundle, one bucket at a time."""

@@ -22,14 +22,17 @@ from xrlhf.engines.training import merge_rank_states
 
 
 def call(mode: str, gather: Callable[[list[Any]], Any] | None = None, split_kwargs: tuple[str, ...] = (),
-         group: str | None = None, target: str | None = None):
+         group: str | None = None, target: str | None = None, redo: bool = True):
     """Declare a handle method's dispatch; the body is not run.
 
     ``gather`` replaces the mode's way of combining the ranks' results; ``split_kwargs`` are
     per-row keyword arguments split like the first (``dispatch.plan``); ``group``: the Ray
     concurrency group the call runs in (``rollout``: generation, beside the default group's
-    other calls); ``target``: the host method called (default: the handle method's name). Every
-    declared method takes ``wait`` (``False``: a ``Pending`` whose ``get()`` gathers later).
+    other calls); ``target``: the host method called (default: the handle method's name);
+    ``redo``: after its handle was restarted in place, the call is sent again to the new workers
+    (``False`` for a weight sync's steps: the restart syncs the weights whole, and one bucket sent
+    again would leave the generator waiting for a sync's end). Every declared method takes
+    ``wait`` (``False``: a ``Pending`` whose ``get()`` gathers later).
     """
 
     def deco(fn):
@@ -42,7 +45,7 @@ def call(mode: str, gather: Callable[[list[Any]], Any] | None = None, split_kwar
                 kwargs.update({n: a for n, a in zip(names[1:], args[1:]) if n in split_kwargs})
                 args = args[:1] + tuple(a for n, a in zip(names[1:], args[1:]) if n not in split_kwargs)
             return self._dispatch(mode, method, args, kwargs, wait=wait, gather=gather, split_kwargs=split_kwargs,
-                                  group=group)
+                                  group=group, redo=redo)
 
         wrapper.dispatch_mode = mode
         return wrapper
@@ -68,7 +71,7 @@ class HandleCalls(ABC):
 
     @abstractmethod
     def _dispatch(self, mode: str, method: str, args: tuple, kwargs: dict, *, wait: bool,
-                  gather: Callable | None, split_kwargs: tuple[str, ...], group: str | None) -> Any:
+                  gather: Callable | None, split_kwargs: tuple[str, ...], group: str | None, redo: bool = True) -> Any:
         """Run ``method`` on the ranks as ``mode`` says; the result, or a ``Pending`` when not ``wait``."""
 
     # -- compute ------------------------------------------------------------------------------
@@ -95,44 +98,44 @@ class HandleCalls(ABC):
         """One optimizer step on the global mini-batch ``batch`` -> metrics, unit-weighted means."""
 
     # -- weights ------------------------------------------------------------------------------
-    @call(EACH)
+    @call(EACH, redo=False)
     def set_transport(self, options, name):
         """Every rank builds its side of transport ``name`` with its own ``options`` -> names."""
 
-    @call(ALL)
+    @call(ALL, redo=False)
     def sync_weights_local(self, version=None):
         """Each rank: its train engine -> its own generate engine (one process: ``in_process``)."""
 
-    @call(ALL)
+    @call(ALL, redo=False)
     def begin_send(self):
         """Every rank starts sending its weights as a message transport's buckets (``next_message``)."""
 
-    @call(ALL)
+    @call(ALL, redo=False)
     def next_message(self):
         """Every rank's next bucket (``None`` when it has sent all); the previous one is released."""
 
-    @call(RANK0)
+    @call(RANK0, redo=False)
     def send_weights(self):
         """Rank 0's weights as every bucket's message at once (use ``wait=False``: keep them in Ray)."""
 
-    @call(RANK0)
+    @call(RANK0, redo=False)
     def broadcast_weights(self):
         """Rank 0 broadcasts its weights (the receivers must be in ``receive_weights``)."""
 
-    @call(ALL)
+    @call(ALL, redo=False)
     def receive_weights(self, messages):
         """Every rank loads the same messages (``None``: a broadcast's) -> tensors loaded per rank."""
 
-    @call(EACH, target="receive_message")
+    @call(EACH, target="receive_message", redo=False)
     def receive_each(self, messages):
         """Rank ``r`` loads ``messages[r]``, one bucket of its own trainer's (``None``: that trainer
         has sent all) -> tensors loaded per rank."""
 
-    @call(ALL)
+    @call(ALL, redo=False)
     def end_sync(self, version=None):
         """A sync is over: the generators hold policy ``version`` and get their memory back."""
 
-    @call(ALL)
+    @call(ALL, redo=False)
     def release_memory(self):
         """Every rank returns its cached accelerator memory (before a co-located generator wakes)."""
 
