@@ -27,8 +27,8 @@ def crowded_rows() -> list[dict]:
         t = 10.0 * (s - 1)
         spans = [["trainer", "update", t, t + 9], ["trainer", "infer", t, t + 0.3], ["trainer", "train", t + 0.3, t + 8.6],
                  ["trainer", "sync", t + 8.6, t + 9]]
-        spans += [["generator", "generate", t + 0.1 * k, t + 0.1 * k + 0.09] for k in range(60)]
-        spans += [["reward", "reward", t + 6.0 + 0.2 * k, t + 6.15 + 0.2 * k] for k in range(10)]
+        spans += [["generator", f"b{s}.{k}", t + 0.1 * k, t + 0.1 * k + 0.09] for k in range(60)]
+        spans += [["reward", f"b{s}.{k}", t + 6.0 + 0.2 * k, t + 6.15 + 0.2 * k] for k in range(10)]
         rows.append({"step": s, "reward/mean": 0.5, "timeline": spans})
     return rows
 
@@ -43,6 +43,8 @@ def test_timeline_labels_fit_their_bars_and_never_overlap():
     assert "update" not in [t.get_text() for t in texts]  # under its labelled parts
     assert not any(a.overlaps(b) for a, b in combinations(boxes, 2))
     assert len(texts) < 10  # the 120 narrow generate and reward bars carry none
+    keys = [t.get_text() for t in ax.get_legend().get_texts()]  # one key per colour, not per batch
+    assert keys == ["update", "infer", "train", "sync", "generator (bN: batch N)", "reward (bN: batch N)"], keys
 
 
 def test_episodes_section_transcripts_and_tidy_summary(tmp_path, tiny_model):

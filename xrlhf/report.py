@@ -171,7 +171,8 @@ def timeline_figure(rows: list[dict[str, Any]], last: int = 4):
                 continue
             y = lanes.index(lane)
             color = LANE_COLORS.get(name, "tab:blue" if lane == "generator" else "tab:green")
-            colors.setdefault(name, color)
+            # one key per colour: a lane's batch bars (b4, b4.1, ...) share their lane's
+            colors.setdefault(name if name in LANE_COLORS else f"{lane} (bN: batch N)", color)
             ax.barh(y, end - start, left=start - t0, height=0.6, color=color, edgecolor="white", linewidth=0.5)
             text = ax.text((start + end) / 2 - t0, y, name, ha="center", va="center", fontsize=7)
             labels.append((text, start - t0, end - t0, y, name == "update"))
