@@ -1,0 +1,61 @@
+"""A generator killed in the middle of a weight sync, in both layouts. Its own module: the
+split layout's module holds every CPU of the tests' Ray while its coordinator lives."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from xrlhf.algorithms.losses import PolicyLoss
+from xrlhf.coordinator import Coordinator
+from xrlhf.data.batch import build_sequences
+from xrlhf.data.text import encode_prompt, load_tokenizer
+from xrlhf.engines.base import SamplingParams
+from xrlhf.topology import topology
+from xrlhf.validation import validate_dict
+from xrlhf.weight_sync import compare_checksums
+
+pytestmark = pytest.mark.usefixtures("ray_session")  # runs handles in this process
+
+
+def batch(tok, n=4):
+    prompts = [encode_prompt(tok, f"{i}+{i}=") for i in range(n)]
+    b = build_sequences(prompts, [tok.encode(str(2 * i), add_special_tokens=False) for i in range(n)],
+                        tok.pad_token_id)
+    b["old_logprobs"] = -torch.ones(b["response_mask"].shape) * b["response_mask"]
+    b["advantages"] = torch.linspace(-1, 1, n)[:, None] * b["response_mask"]
+    return b
+
+
+@pytest.mark.parametrize("layout", ["co-located", "split"])
+def test_a_generator_killed_during_a_sync_is_synced_whole_and_generates(tiny_model, layout):
+    """A generator that dies in the middle of a sync is restarted in place and synced whole by the
+    coordinator; the interrupted sync's own steps are not sent again (a bucket sent twice, without
+    its sync's end, left the generator waiting for ever: its next generate hung until the rollout's
+    stall time-out). Its next generate answers, with the trainer's weights."""
+    import ray
+
+    gen = {"max_new_tokens": 3} if layout == "co-located" else {
+        "max_new_tokens": 3, "resources": {"ranks": 1, "cpus_per_rank": 0.5}}
+    cfg = validate_dict({
+        "name": "heal-sync", "seed": 0, "ray": {"num_cpus": 2},
+        "env": {"name": "reasoning", "options": {"eval_size": 8}},
+        "policy": {"model": tiny_model, "train": {"lr": 1e-3, "micro_batch_size": 8}, "generate": gen,
+                   "resources": {"ranks": 1, "cpus_per_rank": 0.5},
+                   "weight_sync": {"transport": "cpu", "verify": True, "bucket_mb": 1}},
+        "reference": None, "algorithm": {"name": "grpo", "mini_batch_size": 8, "kl_coef": 0.0},
+        "trainer": {"steps": 2, "prompts_per_step": 4, "samples_per_prompt": 2}})
+    coord = Coordinator(topology(cfg, tiny_model, {"policy": 2})).start()
+    try:
+        policy, rollout = coord["policy"], coord["rollout"]
+        policy.train_step(batch(load_tokenizer(tiny_model)), PolicyLoss(entropy_coef=0.01))
+        ray.kill(rollout.workers[0], no_restart=True)  # dies; the sync's first call to it finds out
+        coord.sync_weights(1)
+        assert [e["handle"] for e in coord.healing.events] == ["rollout"]
+        compare_checksums(policy.weight_checksums("train")[0], rollout.weight_checksums("generate")[0])
+        out = rollout.generate([[1, 20, 21]], SamplingParams(temperature=0, max_new_tokens=3), [7], wait=False)
+        got = out.get(timeout=120)  # answers: not held back by a half-finished sync
+        assert len(got.token_ids) == 1 and got.versions[0] and set(got.versions[0]) == {1}
+        assert len(coord.healing.events) == 1, coord.healing.events  # (held back, it is restarted again)
+    finally:
+        coord.shutdown()
