@@ -42,6 +42,10 @@ def candidate_fixes(inp: PlanInput) -> Iterator[tuple[str, PlanInput]]:
             n = max(1024, t.tokens // div)
             yield (f"policy.train.max_tokens_per_micro_batch={n}",
                    inp.with_handle(replace(p, trainer=replace(t, tokens=n))))
+    ref = inp.get("reference")
+    if ref is not None and (ref.frozen.tokens or 1 << 30) > 16384:
+        yield ("reference.infer.max_tokens_per_micro_batch=16384",
+               inp.with_handle(replace(ref, frozen=replace(ref.frozen, tokens=16384))))
     if not t.checkpointing:
         yield ("policy.train.gradient_checkpointing=true",
                _each_trainer(inp, lambda x: replace(x, checkpointing=True)))
@@ -55,6 +59,9 @@ def candidate_fixes(inp: PlanInput) -> Iterator[tuple[str, PlanInput]]:
                        _each_trainer(inp, lambda x, s=stage: _zero(x, s)))
         yield ("policy.train.engine=deepspeed policy.train.zero_stage=3 policy.train.offload_optimizer=true",
                _each_trainer(inp, lambda x: replace(_zero(x, 3), offload_optimizer=True)))
+    if ref is not None and ref.ranks > 1 and ref.frozen.zero_stage != 3:
+        yield ("reference.infer.engine=deepspeed reference.infer.zero_stage=3",
+               inp.with_handle(replace(ref, frozen=replace(ref.frozen, zero_stage=3))))
     if t.trainable is None:
         lora = replace(p, trainer=replace(t, trainable=lora_params(p)))
         no_ref = replace(inp.with_handle(lora), handles=tuple(h for h in inp.with_handle(lora).handles
