@@ -271,6 +271,10 @@ def _trainer_train(g: Group, h: Handle, inp: PlanInput, cluster: Cluster, share:
 def _check(plan: LayoutPlan, inp: PlanInput) -> None:
     """Why the layout does not fit (``plan.problems``), and what is worth knowing (``notes``)."""
     c = plan.cluster
+    gen = inp.get("rollout").generator
+    if not plan.layout.split and gen.tp > 1:
+        plan.problems.append(f"generate: rollout: tensor_parallel_size {gen.tp} needs the split layout (a co-located "
+                             f"generator has one GPU: its policy rank's)")
     if plan.gpus_needed > c.total_gpus:
         plan.problems.append(f"needs {plan.gpus_needed} GPUs, the cluster has {c.total_gpus}")
     for g in plan.groups:
