@@ -231,9 +231,12 @@ def plan_errors(cfg: XConfig, gpu_gib: float | None = None) -> list[str]:
     gpu_gib = gpu_gib or _gpu_total_gib()
     if not gpu_gib:
         return []
-    inp = plan_input(cfg)
     from xrlhf.plan.cli import _gpus_asked
 
+    try:
+        inp = plan_input(cfg)
+    except UserError as e:
+        return e.messages
     return fit_errors(inp, Cluster(_gpus_asked(inp), 1, gpu_gib))
 
 
