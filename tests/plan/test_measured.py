@@ -23,7 +23,13 @@ import pytest
 
 from xrlhf.plan import Cluster, make_plan, plan_input
 from xrlhf.plan.cli import load_for_plan
-from xrlhf.plan.memory import GIB, Trainer, head_working, train_bytes_per_token, trainer_state
+from xrlhf.plan.memory import (
+    GIB,
+    Trainer,
+    head_working,
+    train_bytes_per_token,
+    trainer_state,
+)
 from xrlhf.plan.shapes import model_shape
 
 ROOT = Path(__file__).parents[2]

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
-from xrlhf.plan.memory import (GIB, VLLM_GRAPHS, Generator, Trainer, train_bytes_per_token, trainer_state,
-                               vllm_asleep, vllm_parts)
+from xrlhf.plan.memory import (
+    GIB,
+    VLLM_GRAPHS,
+    Generator,
+    Trainer,
+    train_bytes_per_token,
+    trainer_state,
+    vllm_asleep,
+    vllm_parts,
+)
 from xrlhf.plan.shapes import ModelShape
 
 # 1,000 parameters, 2 layers x 8 wide, MLP 16, K/V 4 wide, vocab 10

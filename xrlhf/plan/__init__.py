@@ -20,9 +20,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from xrlhf.plan.inputs import PlanInput, plan_input
-from xrlhf.plan.layouts import Cluster, Layout, LayoutPlan, candidate_layouts, configured_layout, plan_layout
+from xrlhf.plan.layouts import (
+    Cluster,
+    LayoutPlan,
+    candidate_layouts,
+    configured_layout,
+    plan_layout,
+)
 
-__all__ = ["Cluster", "Plan", "make_plan", "plan_input", "fit_errors"]
+__all__ = ["Cluster", "Plan", "fit_errors", "make_plan", "plan_input"]
 
 
 @dataclass

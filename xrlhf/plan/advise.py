@@ -8,8 +8,8 @@ the config could take.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
-from typing import Iterator
 
 from xrlhf.plan.inputs import Handle, PlanInput
 from xrlhf.plan.layouts import Cluster, Layout, LayoutPlan, plan_layout

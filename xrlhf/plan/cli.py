@@ -72,6 +72,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _gpus_asked(inp) -> int:
     """GPUs the configured layout places handles on (one node of that many by default)."""
-    from xrlhf.plan.layouts import configured_layout, plan_layout, Cluster
+    from xrlhf.plan.layouts import Cluster, configured_layout, plan_layout
 
     return max(1, plan_layout(inp, configured_layout(inp), Cluster(1 << 16)).gpus_needed)

@@ -82,7 +82,7 @@ class PlanInput:
     def get(self, name: str) -> Handle | None:
         return next((h for h in self.handles if h.name == name), None)
 
-    def with_handle(self, h: Handle) -> "PlanInput":
+    def with_handle(self, h: Handle) -> PlanInput:
         return replace(self, handles=tuple(h if x.name == h.name else x for x in self.handles))
 
 
@@ -150,7 +150,12 @@ def _workload(cfg: XConfig, prompt_tokens: int) -> Workload:
 def plan_input(cfg: XConfig, prompt_tokens: int = 64) -> PlanInput:
     """The planner's inputs for ``cfg`` (``prompt_tokens``: a prompt's length, which the config
     does not say; the env knows it only once its tokenizer and data are read)."""
-    from xrlhf.topology import generator_resources, placements, policy_adapter, reference_is_policy_base
+    from xrlhf.topology import (
+        generator_resources,
+        placements,
+        policy_adapter,
+        reference_is_policy_base,
+    )
 
     try:
         placed = placements(cfg)

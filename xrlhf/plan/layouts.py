@@ -17,8 +17,18 @@ import math
 from dataclasses import dataclass, field, replace
 
 from xrlhf.plan.inputs import Handle, PlanInput
-from xrlhf.plan.memory import (CUDA_CONTEXT, GIB, derived_tokens, head_working, infer_bytes_per_token,
-                               kv_tokens_held, train_bytes_per_token, trainer_state, vllm_asleep, vllm_parts)
+from xrlhf.plan.memory import (
+    CUDA_CONTEXT,
+    GIB,
+    derived_tokens,
+    head_working,
+    infer_bytes_per_token,
+    kv_tokens_held,
+    train_bytes_per_token,
+    trainer_state,
+    vllm_asleep,
+    vllm_parts,
+)
 from xrlhf.utils.memory import PHASES
 
 

@@ -49,15 +49,15 @@ def plan_text(plan: Plan, config: str, links: dict[str, float] | None = None) ->
     w, p = inp.workload, inp.get("policy")
     s = p.shape
     lines = [f"# xrlhf plan: {config} on {c.nodes} node(s) x {c.gpus} GPU(s) of {c.gpu_gib:g} GiB", "",
-             f"model {s.name}: {s.params / 1e9:.2f}B parameters, {s.layers} layers x {s.hidden}, vocab {s.vocab}; "
+             (f"model {s.name}: {s.params / 1e9:.2f}B parameters, {s.layers} layers x {s.hidden}, vocab {s.vocab}; "
              f"step: {w.sequences} sequences of <= {w.prompt_tokens} + {w.new_tokens} tokens, "
-             f"{w.mini_batch} per optimizer step", *[f"({n})" for n in inp.notes], ""]
+             f"{w.mini_batch} per optimizer step"), *[f"({n})" for n in inp.notes], ""]
     conf = plan.configured
     lines += [f"## {conf.layout.describe()} (as configured): {verdict(conf)}", ""]
     for g in conf.groups:
-        lines += [f"GPU group {'+'.join(g.handles)} ({g.gpus} GPU(s)), GiB per GPU (peak allocated per handle; device: "
-                  f"every handle, caches and {g.processes} CUDA context(s)):", "", *group_table(g), "", *parts_lines(g), ""]
-    lines += [*[f"note: {n}" for n in conf.notes], "## every layout", ""]
+        lines += [(f"GPU group {'+'.join(g.handles)} ({g.gpus} GPU(s)), GiB per GPU (peak allocated per handle; device: "
+                  f"every handle, caches and {g.processes} CUDA context(s)):"), "", *group_table(g), "", *parts_lines(g), ""]
+    lines += [*[f"note: {n}" for n in conf.notes], *([""] if conf.notes else []), "## every layout", ""]
     lines += ["| layout | GPUs | peak phase | peak GiB/GPU | verdict |", "|---|---|---|---|---|"]
     for lp in plan.layouts:
         phase, peak = max((g.peak() for g in lp.groups), key=lambda x: x[1], default=("-", 0))

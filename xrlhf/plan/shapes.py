@@ -56,10 +56,10 @@ class ModelShape:
 def config_shape(config, name: str, params: int, lm_head: int, largest_layer: int) -> ModelShape:
     """A ``ModelShape`` from a transformers config (Llama-style names, GPT-2's as a fallback)."""
     text = getattr(config, "text_config", None) or config
-    hidden = int(getattr(text, "hidden_size", None) or getattr(text, "n_embd"))
-    layers = int(getattr(text, "num_hidden_layers", None) or getattr(text, "n_layer"))
+    hidden = int(getattr(text, "hidden_size", None) or text.n_embd)
+    layers = int(getattr(text, "num_hidden_layers", None) or text.n_layer)
     intermediate = int(getattr(text, "intermediate_size", None) or getattr(text, "n_inner", None) or 4 * hidden)
-    heads = int(getattr(text, "num_attention_heads", None) or getattr(text, "n_head"))
+    heads = int(getattr(text, "num_attention_heads", None) or text.n_head)
     head_dim = int(getattr(text, "head_dim", None) or hidden // heads)
     kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
     return ModelShape(name, params, hidden, layers, intermediate, kv_heads * head_dim,
