@@ -92,21 +92,25 @@ def plan_png(plan: Plan, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     layouts = [lp for lp in plan.layouts if lp.groups]
+    names = list(dict.fromkeys(n for lp in layouts for g in lp.groups for n in g.handles))
+    colors = {n: f"C{i}" for i, n in enumerate(names)}  # one color per handle in every panel
     fig, axes = plt.subplots(1, len(layouts), figsize=(3.2 * len(layouts), 3.6), sharey=True, squeeze=False)
     for ax, lp in zip(axes[0], layouts):
         g = max(lp.groups, key=lambda x: x.peak()[1])
         bottom = [0.0] * len(PHASES)
         for n in g.handles:
             vals = [g.alloc[(ph, n)] / GIB for ph in PHASES]
-            ax.bar(PHASES, vals, bottom=bottom, label=n, width=0.6)
+            ax.bar(PHASES, vals, bottom=bottom, label=n, width=0.6, color=colors[n])
             bottom = [b + v for b, v in zip(bottom, vals)]
-        ax.plot(PHASES, [g.device(ph) / GIB for ph in PHASES], "k_", markersize=18, mew=2, label="device")
-        ax.axhline(plan.cluster.gpu_gib, color="r", lw=1, label="GPU")
+        ax.plot(PHASES, [g.device(ph) / GIB for ph in PHASES], "k_", markersize=18, mew=2)
+        ax.axhline(plan.cluster.gpu_gib, color="r", lw=1)
         title = lp.layout.describe().replace(", ", "\n", 1)
         ax.set_title(title + ("\n(configured)" if lp.configured else ""), fontsize=8)
         ax.tick_params(axis="x", labelsize=7, rotation=45)
     axes[0][0].set_ylabel("GiB per GPU (planned)")
-    axes[0][0].legend(fontsize=7)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colors[n]) for n in names]
+    handles += [plt.Line2D([], [], color="k", lw=2), plt.Line2D([], [], color="r", lw=1)]
+    axes[0][0].legend(handles, [*names, "device", "GPU"], fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
