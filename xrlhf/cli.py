@@ -1,4 +1,4 @@
-"""``xrlhf`` command line: run, validate, make-tiny-model, make-dataset, prepare-data.
+"""``xrlhf`` command line: run, validate, plan, make-tiny-model, make-dataset, prepare-data.
 
 User errors (config, paths, data) print one line each and exit 2, without a traceback.
 """
@@ -29,6 +29,9 @@ def _parser() -> argparse.ArgumentParser:
     val = sub.add_parser("validate", help="check a config and print every problem")
     val.add_argument("config")
     val.add_argument("overrides", nargs="*")
+    from xrlhf.plan import cli as plan_cli
+
+    plan_cli.add_arguments(sub.add_parser("plan", help="memory per GPU, phase and layout, before anything starts"))
     from xrlhf.models import make
 
     make.add_arguments(sub.add_parser("make-tiny-model", help="build a small model and tokenizer locally"))
@@ -78,6 +81,10 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         print(write_report(args.run_dir))
         return 0
+    if args.command == "plan":
+        from xrlhf.plan import cli as plan_cli
+
+        return plan_cli.run(args)
     if args.command == "make-dataset":
         from xrlhf.envs import synthetic
 

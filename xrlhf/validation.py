@@ -18,6 +18,7 @@ as ``dotted.yaml.path: message``:
   an episode's ``start``, the warm-up's demonstrations (``warmup.steps`` > 0), each sandboxed
   tool's start (its import and constructor); a failure is one line naming the method and the
   fix, not a traceback mid-run (an import path that does not import is ``env.name: ...``);
+* then the run's memory plan on this machine's GPUs (``plan_errors``; only for handles on a GPU);
 * then the longest prompt plus what may follow it (``policy.generate.max_new_tokens``, or an
   episode env's ``max_episode_tokens``) against each model's positions.
   Prompt text the tokenizer cannot read (``<unk>``), and warm-up turns longer than
@@ -63,6 +64,8 @@ def validate_dict(data: dict[str, Any]) -> XConfig:
         errors += _algorithms().get(cfg.algorithm.name).check_config(cfg, parsed["algorithm"])
     if not errors and cfg is not None:
         errors += env_errors(cfg)
+    if not errors and cfg is not None:
+        errors += plan_errors(cfg)
     if errors:
         raise UserError(*errors)
     return cfg
@@ -212,6 +215,29 @@ def rollout_plan(cfg: XConfig, split: bool):
         return RolloutPlan(split)
     device = _gpu_total_gib()
     return RolloutPlan(split, device, _trainer_gib(cfg) if device else None)
+
+
+def plan_errors(cfg: XConfig, gpu_gib: float | None = None) -> list[str]:
+    """The run's plan (``xrlhf.plan``) on this machine: one line naming the phase, the handles
+    and the numbers when the configured layout does not fit its GPUs. Only where a handle is
+    placed on a GPU and this process sees one (``gpu_gib``: its memory; default: the first
+    GPU's, from ``nvidia-smi``): a CPU run has no GPU memory to check."""
+    from xrlhf.plan import Cluster, fit_errors, plan_input
+    from xrlhf.topology import on_gpu, placements
+
+    placed = placements(cfg)
+    if not any(on_gpu(placed, h) for h in placed):
+        return []
+    gpu_gib = gpu_gib or _gpu_total_gib()
+    if not gpu_gib:
+        return []
+    from xrlhf.plan.cli import _gpus_asked
+
+    try:
+        inp = plan_input(cfg)
+    except UserError as e:
+        return e.messages
+    return fit_errors(inp, Cluster(_gpus_asked(inp), 1, gpu_gib))
 
 
 def _gpu_total_gib() -> float | None:

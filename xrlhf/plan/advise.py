@@ -1,0 +1,84 @@
+"""The verdict on a layout that does not fit, and the change that would make it fit.
+
+Changes are tried from the least to the most disruptive, each on the planner's inputs (a
+``dataclasses.replace``), each re-planned in full; the first that fits is the advice, written as
+the override that makes it (``key=value``, as ``xrlhf run`` takes them). Then the other layouts
+the config could take.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+
+from xrlhf.plan.inputs import Handle, PlanInput
+from xrlhf.plan.layouts import Cluster, Layout, LayoutPlan, plan_layout
+from xrlhf.plan.memory import Trainer
+
+
+def lora_params(h: Handle, rank: int = 16) -> int:
+    """Parameters of rank-``rank`` LoRA adapters on every linear layer of a decoder (q, k, v, o,
+    gate, up, down: ``rank x (in + out)`` each)."""
+    s = h.shape
+    return rank * s.layers * (9 * s.hidden + 2 * s.kv_width + 3 * s.intermediate)
+
+
+def _trainers(inp: PlanInput) -> list[Handle]:
+    return [h for h in inp.handles if h.trainer is not None]
+
+
+def _each_trainer(inp: PlanInput, change) -> PlanInput:
+    for h in _trainers(inp):
+        inp = inp.with_handle(replace(h, trainer=change(h.trainer)))
+    return inp
+
+
+def candidate_fixes(inp: PlanInput) -> Iterator[tuple[str, PlanInput]]:
+    """``(overrides, changed inputs)`` from the least disruptive change to the most."""
+    p = inp.get("policy")
+    t = p.trainer
+    if t.tokens:
+        for div in (2, 4, 8):
+            n = max(1024, t.tokens // div)
+            yield (f"policy.train.max_tokens_per_micro_batch={n}",
+                   inp.with_handle(replace(p, trainer=replace(t, tokens=n))))
+    ref = inp.get("reference")
+    if ref is not None and (ref.frozen.tokens or 1 << 30) > 16384:
+        yield ("reference.infer.max_tokens_per_micro_batch=16384",
+               inp.with_handle(replace(ref, frozen=replace(ref.frozen, tokens=16384))))
+    if not t.checkpointing:
+        yield ("policy.train.gradient_checkpointing=true",
+               _each_trainer(inp, lambda x: replace(x, checkpointing=True)))
+    r = inp.get("rollout")
+    if r.generator.engine == "vllm" and r.anchor == p.anchor and not inp.staleness and r.generator.sleep_level < 2:
+        yield "policy.generate.sleep_level=2", inp.with_handle(replace(r, generator=replace(r.generator, sleep_level=2)))
+    if p.ranks > 1:
+        for stage in (1, 2, 3):
+            if t.engine != "deepspeed" or t.zero_stage < stage:
+                yield (f"policy.train.engine=deepspeed policy.train.zero_stage={stage}",
+                       _each_trainer(inp, lambda x, s=stage: _zero(x, s)))
+        yield ("policy.train.engine=deepspeed policy.train.zero_stage=3 policy.train.offload_optimizer=true",
+               _each_trainer(inp, lambda x: replace(_zero(x, 3), offload_optimizer=True)))
+    if ref is not None and ref.ranks > 1 and ref.frozen.zero_stage != 3:
+        yield ("reference.infer.engine=deepspeed reference.infer.zero_stage=3",
+               inp.with_handle(replace(ref, frozen=replace(ref.frozen, zero_stage=3))))
+    if t.trainable is None:
+        lora = replace(p, trainer=replace(t, trainable=lora_params(p)))
+        no_ref = replace(inp.with_handle(lora), handles=tuple(h for h in inp.with_handle(lora).handles
+                                                              if h.name != "reference"))
+        yield "policy.train.lora.rank=16 (the reference becomes the policy's base)", no_ref
+
+
+def _zero(t: Trainer, stage: int) -> Trainer:
+    precision = "mixed" if t.precision != "fp32" else "fp32"
+    return replace(t, engine="deepspeed", zero_stage=stage, precision=precision)
+
+
+def advise(inp: PlanInput, layout: Layout, cluster: Cluster) -> tuple[str, LayoutPlan] | None:
+    """The first change that makes ``layout`` fit on ``cluster``: ``(overrides, its plan)``, or
+    ``None`` when none does."""
+    for overrides, changed in candidate_fixes(inp):
+        plan = plan_layout(changed, layout, cluster)
+        if plan.fits:
+            return overrides, plan
+    return None
