@@ -64,7 +64,7 @@ def validate_dict(data: dict[str, Any]) -> XConfig:
         errors += _algorithms().get(cfg.algorithm.name).check_config(cfg, parsed["algorithm"])
     if not errors and cfg is not None:
         errors += env_errors(cfg)
-    if not errors and cfg is not None:
+    if not errors and cfg is not None and cfg.check_plan:
         errors += plan_errors(cfg)
     if errors:
         raise UserError(*errors)

@@ -52,6 +52,8 @@ def test_validate_refuses_a_gpu_config_whose_plan_does_not_fit(base_config, monk
     assert len(e.value.messages) == 1
     assert e.value.messages[0].startswith("plan (co-located, sync, vLLM awake): ")
     assert "the GPUs of policy+rollout+critic+reference need " in e.value.messages[0]
+    assert e.value.messages[0].endswith("check_plan=false runs it anyway)")
+    v.validate_dict({**gpu, "check_plan": False})  # the user's word over the model's
     monkeypatch.setattr(v, "_gpu_total_gib", lambda: 79.2)
     v.validate_dict(gpu)
     monkeypatch.setattr(v, "_gpu_total_gib", lambda: 0.01)

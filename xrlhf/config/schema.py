@@ -320,6 +320,9 @@ class XConfig(Strict):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     fault_tolerance: FaultToleranceConfig = Field(default_factory=FaultToleranceConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    # the memory plan (``xrlhf plan``) refuses a GPU run it says cannot fit; false runs it anyway
+    # (a model is a model: where it is wrong, say so with the run's memory timeline)
+    check_plan: bool = True
 
     def engine_sections(self) -> list[tuple[str, str, Section]]:
         """Every engine section the run uses: ``(yaml_path, role, section)``."""

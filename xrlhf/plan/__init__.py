@@ -67,4 +67,4 @@ def fit_errors(inp: PlanInput, cluster: Cluster) -> list[str]:
     others = [p.layout.describe() for p in plan.layouts[1:] if p.fits]
     if not plan.fix and others:
         how = f"; the layout '{others[0]}' fits"
-    return [f"plan ({conf.layout.describe()}): {line}{how} (xrlhf plan shows every phase)" for line in conf.problems[:1]]
+    return [f"plan ({conf.layout.describe()}): {line}{how} (xrlhf plan shows every phase; check_plan=false runs it anyway)" for line in conf.problems[:1]]
