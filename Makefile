@@ -40,7 +40,7 @@ data: install $(MODEL)/config.json $(SMALL)/config.json
 	$(BIN)/xrlhf prepare-data
 
 test: install
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q --durations=40
 
 test-quick: install
 	$(BIN)/python -m pytest -q -m "not slow and not gpu" --durations=10
