@@ -119,7 +119,7 @@ def _section_errors(cfg: XConfig, path: str, role: str, section: Section) -> lis
     try:
         cls = engine_class(section.engine, role)  # type: ignore[arg-type]
     except KeyError as e:
-        return [f"{path}.engine: {e.args[0]}"]
+        return [f"{path}.engine: {e.args[0]}" + _other_roles(section.engine, role)]
     errors = []
     missing = cls.missing_packages()
     if missing:
@@ -147,6 +147,18 @@ def _section_errors(cfg: XConfig, path: str, role: str, section: Section) -> lis
         if adapter is not None and adapter.sync == "adapter":
             errors += cls.adapter_errors(options, adapter)
     return errors
+
+
+def _other_roles(engine: str, role: str) -> str:
+    """For a backend that has engines of other roles only: what that means (an infer section's
+    backend that only generates cannot return the logprobs of given tokens)."""
+    from xrlhf.engines.base import engine_names
+
+    others = [r for r in ("train", "infer", "generate") if r != role and engine in engine_names(r)]  # type: ignore[arg-type]
+    if not others:
+        return ""
+    what = " (it cannot score given tokens: no logprobs of another model's samples)" if role == "infer" else ""
+    return f"; {engine!r} has {' and '.join(others)} engines only{what}"
 
 
 def _policy_adapter(cfg: XConfig):
@@ -428,6 +440,8 @@ def _models(cfg: XConfig, policy_head: str) -> list[tuple[str, str, str]]:
         out.append(("reference.model", cfg.reference.model, "causal_lm"))
     if cfg.reward.source == "model" and cfg.reward.model:
         out.append(("reward.model", cfg.reward.model, "score"))
+    if cfg.teacher is not None:
+        out.append(("teacher.model", cfg.teacher.model, "causal_lm"))
     return out
 
 
