@@ -41,7 +41,7 @@ def make_trainer(models, algorithm: dict | None = None, extra: dict | None = Non
     student, teacher = models
     cfg = validate_dict({"env": {"name": "reasoning", "options": {"eval_size": 8}},
                          "policy": {"model": student, "train": {"lr": 3e-3}, "generate": {"max_new_tokens": 6}},
-                         "reference": None, "teacher": {"model": teacher},
+                         "reference": None, "teacher": {"model": teacher, "evaluate": False},
                          "algorithm": {"name": "distill", "mini_batch_size": 8, **(algorithm or {})},
                          "trainer": {"prompts_per_step": 4, "samples_per_prompt": 2}, **(extra or {})})
     spec = EngineSpec(model_path=student, options={"lr": 3e-3, "micro_batch_size": 32}, seed=0)
@@ -88,11 +88,11 @@ def test_the_student_moves_toward_the_teacher(models):
     on its own fresh samples falls: the objective itself, measured where it is defined."""
     rows = []
     trainer = make_trainer(models, {"mini_batch_size": 32}, generate=True, log=rows.append,
-                           extra={"trainer": {"steps": 12, "prompts_per_step": 16, "samples_per_prompt": 2}})
+                           extra={"trainer": {"steps": 30, "prompts_per_step": 16, "samples_per_prompt": 2}})
     trainer.fit()
     kl = [r["distill/reverse_kl"] for r in rows if "distill/reverse_kl" in r]
-    assert len(kl) == 12
-    assert sum(kl[-3:]) / 3 < 0.6 * kl[0], kl
+    assert len(kl) == 30
+    assert sum(kl[-3:]) < 0.6 * sum(kl[:3]), kl
 
 
 def test_task_reward_adds_the_grpo_advantage(models):
