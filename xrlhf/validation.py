@@ -260,6 +260,9 @@ def _trainer_gib(cfg: XConfig) -> float | None:
     adapter, trained = _policy_adapter(cfg), params
     if adapter is not None:  # LoRA: the base is frozen, only the adapters have gradients and Adam states
         frozen, trained = frozen + params, adapter_params(cfg.policy.model, "causal_lm", adapter)
+    t = cfg.teacher
+    if t is not None and t.resources.colocate_with == "policy":  # its infer engine, and a generator to evaluate it
+        frozen += count_params(t.model) * (2 if t.evaluate else 1)
     seq = 64 + cfg.policy.generate.max_new_tokens  # a typical prompt and the longest response
     width = getattr(mc, "intermediate_size", None)
     gib = estimate_train_gib(trained, dtype, train.micro_batch_size, seq, mc.hidden_size, mc.num_hidden_layers,
