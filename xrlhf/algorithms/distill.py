@@ -33,7 +33,6 @@ from xrlhf.algorithms import divergence as D
 from xrlhf.algorithms.functional import masked_mean
 from xrlhf.algorithms.base import Rollout, register_algorithm
 from xrlhf.algorithms.critic_free import CriticFreeConfig, CriticFreeTrainer
-from xrlhf.algorithms.ppo import PolicyGradientTrainer
 from xrlhf.algorithms.rollout import sampling_params
 from xrlhf.algorithms.rollout.build import episode_runner
 from xrlhf.algorithms.rollout.evaluate import evaluate, evaluate_episodes
@@ -109,10 +108,8 @@ class DistillTrainer(CriticFreeTrainer):
 
     @classmethod
     def check_config(cls, cfg: XConfig, o: DistillConfig) -> list[str]:
-        errors = PolicyGradientTrainer.check_config.__func__(cls, cfg, o)  # the estimator only with a task reward
-        if o.task_reward_weight > 0:
-            errors += [e for e in CriticFreeTrainer.check_config.__func__(cls, cfg, o) if e not in errors]
-        elif "advantage_estimator" in o.model_fields_set:
+        errors = super().check_config(cfg, o)
+        if o.task_reward_weight == 0 and "advantage_estimator" in o.model_fields_set:
             errors.append("algorithm.advantage_estimator: only used with algorithm.task_reward_weight > 0; remove it")
         if "jsd_beta" in o.model_fields_set and o.divergence != "jsd":
             errors.append("algorithm.jsd_beta: only used with algorithm.divergence: jsd; remove it")
@@ -123,6 +120,11 @@ class DistillTrainer(CriticFreeTrainer):
             errors.append("algorithm.offline_dataset: teacher completions are one-turn rows; env "
                           f"{cfg.env.name!r} runs episodes: remove it")
         return errors + teacher_errors(cfg)
+
+    @classmethod
+    def estimator_errors(cls, cfg: XConfig, o: DistillConfig) -> list[str]:
+        """The task reward's estimator, checked only when it is used (``task_reward_weight > 0``)."""
+        return super().estimator_errors(cfg, o) if o.task_reward_weight > 0 else []
 
     def reuses_train_forward(self, batch: Batch) -> bool:
         """Never: the advantages need the student's logprobs before the update."""
