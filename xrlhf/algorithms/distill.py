@@ -30,7 +30,7 @@ import torch
 from pydantic import Field
 
 from xrlhf.algorithms import divergence as D
-from xrlhf.algorithms.functional import masked_mean
+from xrlhf.algorithms.functional import masked_mean, masked_whiten
 from xrlhf.algorithms.base import Rollout, register_algorithm
 from xrlhf.algorithms.critic_free import CriticFreeConfig, CriticFreeTrainer
 from xrlhf.algorithms.rollout import sampling_params
@@ -61,8 +61,10 @@ class DistillConfig(CriticFreeConfig):
 
 
 def teacher_errors(cfg: XConfig) -> list[str]:
-    """The teacher against the student: the same tokenizer (vocabulary, special tokens) and the
-    same embedding rows, read from the two directories before any model loads."""
+    """The teacher against the student, read from the two directories before any model loads: the
+    same tokenizer (vocabulary and special tokens), and a teacher whose embedding covers it. The
+    embedding sizes may differ (Qwen2.5's 0.5B and 7B pad the same tokenizer to 151,936 and
+    152,064 rows): only the logprobs of token ids both know are read."""
     from transformers import AutoConfig
 
     from xrlhf.data.text import load_tokenizer
@@ -73,18 +75,21 @@ def teacher_errors(cfg: XConfig) -> list[str]:
     t, s = cfg.teacher.model, cfg.policy.model
     try:
         tt, st = load_tokenizer(t), load_tokenizer(s)
-        tv, sv = AutoConfig.from_pretrained(t).vocab_size, AutoConfig.from_pretrained(s).vocab_size
+        rows = AutoConfig.from_pretrained(t).vocab_size
     except Exception as e:  # noqa: BLE001 - one line naming the directory
         return [f"teacher.model: cannot read the tokenizer and config of {t} or {s} ({str(e).splitlines()[0]})"]
     a, b = tt.get_vocab(), st.get_vocab()
     specials = [k for k in ("bos_token_id", "eos_token_id", "pad_token_id") if getattr(tt, k) != getattr(st, k)]
-    if a != b or specials or tv != sv:
-        diff = next((f"token {k!r} is {a.get(k)} there, {b.get(k)} here" for k in sorted(a.keys() | b.keys())
-                     if a.get(k) != b.get(k)), None) or (f"{specials[0]} differs" if specials else
-                                                         f"vocab_size {tv} there, {sv} here")
+    if a != b or specials:
+        say = lambda v: "absent" if v is None else f"id {v}"  # noqa: E731
+        diff = next((f"token {k!r}: {say(a.get(k))} there, {say(b.get(k))} here" for k in sorted(a.keys() | b.keys())
+                     if a.get(k) != b.get(k)), None) or f"{specials[0]} differs"
         return [f"teacher.model: {t} has another tokenizer than policy.model {s} ({len(a)} vs {len(b)} tokens; "
                 f"{diff}); the teacher scores the student's token ids, so it needs the student's tokenizer: choose "
                 f"a teacher trained with it"]
+    if rows < len(b):
+        return [f"teacher.model: {t} has {rows} embedding rows (vocab_size in config.json) for a tokenizer of {len(b)} "
+                f"tokens; use a teacher whose embedding covers its tokenizer"]
     return []
 
 
@@ -146,6 +151,8 @@ class DistillTrainer(CriticFreeTrainer):
         cost = D.token_cost(student, teacher, on_policy, o.divergence, o.jsd_beta)
         task = self.advantages(rollout) if o.task_reward_weight > 0 else None
         adv = D.distill_advantages(cost, on_policy, task, o.task_reward_weight)
+        if o.whiten_advantages:  # a baseline: the batch mean is no function of any one sampled token
+            adv = masked_whiten(adv, on_policy)
         batch["advantages"] = adv + (mask - on_policy)  # offline rows: NLL of the teacher's tokens
         metrics.update(self.divergence_metrics(rollout, student[:n_rollout], teacher[:n_rollout],
                                                mask[:n_rollout]))
