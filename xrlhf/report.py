@@ -292,9 +292,9 @@ def teacher_lines(rows: list[dict[str, Any]]) -> list[str]:
     if steps:
         first, last = steps[0], steps[-1]
         tps = [r["perf/teacher_tokens_per_s"] for r in steps if "perf/teacher_tokens_per_s" in r]
+        kl = "distill/reverse_kl"
         lines += ["", f"Reverse KL to the teacher, nats per token of the student's samples: "
-                      f"{tidy(first['distill/reverse_kl'])} at step {first['step']}, {tidy(last['distill/reverse_kl'])} "
-                      f"at step {last['step']}"
+                      f"{tidy(first[kl])} at step {first['step']}, {tidy(last[kl])} at step {last['step']}"
                   + "".join(f"; {w} answers {tidy(last[k])}" for w, k in (("right", "distill/reverse_kl_right"),
                                                                           ("wrong", "distill/reverse_kl_wrong"))
                             if k in last) + "."]

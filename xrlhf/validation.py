@@ -154,7 +154,8 @@ def _other_roles(engine: str, role: str) -> str:
     backend that only generates cannot return the logprobs of given tokens)."""
     from xrlhf.engines.base import engine_names
 
-    others = [r for r in ("train", "infer", "generate") if r != role and engine in engine_names(r)]  # type: ignore[arg-type]
+    roles = ("train", "infer", "generate")
+    others = [r for r in roles if r != role and engine in engine_names(r)]  # type: ignore[arg-type]
     if not others:
         return ""
     what = " (it cannot score given tokens: no logprobs of another model's samples)" if role == "infer" else ""

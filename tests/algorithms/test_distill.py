@@ -45,9 +45,10 @@ def make_trainer(models, algorithm: dict | None = None, extra: dict | None = Non
                          "algorithm": {"name": "distill", "mini_batch_size": 8, **(algorithm or {})},
                          "trainer": {"prompts_per_step": 4, "samples_per_prompt": 2}, **(extra or {})})
     spec = EngineSpec(model_path=student, options={"lr": 3e-3, "micro_batch_size": 32}, seed=0)
-    gen = HFGenerateEngine(EngineSpec(model_path=student, options={"micro_batch_size": 32}, seed=0)) if generate else None
+    gen = HFGenerateEngine(EngineSpec(student, options={"micro_batch_size": 32}, seed=0)) if generate else None
+    scorer = HFInferEngine(EngineSpec(model_path=teacher, seed=0))
     handles = LocalHandles(LocalHandle.of("policy", train=HFTrainEngine(spec), generate=gen),
-                           teacher=LocalHandle.of("teacher", infer=HFInferEngine(EngineSpec(model_path=teacher, seed=0))))
+                           teacher=LocalHandle.of("teacher", infer=scorer))
     env = build_env(cfg.env.name, cfg.env.options, cfg.seed)
     cls = ALGORITHMS.get(cfg.algorithm.name)
     reward = build_reward(cfg, env, handles) if generate else None
