@@ -70,17 +70,24 @@ def infer(handle, batch):
     return handle.infer(batch.select("input_ids", "attention_mask", "response_mask"))["logprobs"]
 
 
-def test_advantages_are_the_teacher_log_ratio_on_model_tokens_only(models):
-    trainer = make_trainer(models)
+@pytest.mark.parametrize("divergence", ["reverse_kl", "jsd"])
+def test_advantages_are_the_teacher_log_ratio_on_model_tokens_only(models, divergence):
+    trainer = make_trainer(models, {"divergence": divergence})
     masks = [[1.0, 0.0, 1.0, 1.0][: 2 + i % 3] for i in range(8)]  # the second token is the environment's
     r = rollout(masks)
     mask = r.batch["response_mask"]
-    want = -(infer(trainer.policy, r.batch) - infer(trainer.teacher, r.batch)) * mask
+    student, teacher = infer(trainer.policy, r.batch), infer(trainer.teacher, r.batch)
+    ratio = -(student - teacher) * mask
+    if divergence == "reverse_kl":
+        want = ratio
+    else:  # -(1 - beta) log(p / m), m = (p + q) / 2, by hand
+        want = -0.5 * (student - torch.log((student.exp() + teacher.exp()) / 2)) * mask
     metrics = trainer.update(r, {})
     adv = r.batch["advantages"]
     assert torch.allclose(adv, want, atol=1e-5)
     assert bool((adv[:, 1] == 0).all()) and bool((mask[:, 1] == 0).all())
-    assert metrics["distill/reverse_kl"] == pytest.approx(float(-(want.sum() / mask.sum())), abs=1e-5)
+    assert metrics["distill/reverse_kl"] == pytest.approx(float(-(ratio.sum() / mask.sum())), abs=1e-5)
+    assert ("distill/jsd" in metrics) == (divergence == "jsd")
     assert metrics["perf/teacher_tokens_per_s"] > 0 and "teacher_logprobs" not in r.batch
 
 
@@ -93,6 +100,7 @@ def test_the_student_moves_toward_the_teacher(models):
     trainer.fit()
     kl = [r["distill/reverse_kl"] for r in rows if "distill/reverse_kl" in r]
     assert len(kl) == 30
+    assert all("distill/reverse_kl_wrong" in r for r in rows if "distill/reverse_kl" in r)  # the env judges
     assert sum(kl[-3:]) < 0.6 * sum(kl[:3]), kl
 
 

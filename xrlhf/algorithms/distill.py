@@ -180,7 +180,7 @@ class DistillTrainer(CriticFreeTrainer):
         """``distill/reverse_kl`` (per token, k1 estimate) and its split by whether the student's
         answer was right (``_right`` / ``_wrong``); ``distill/jsd`` with the JSD."""
         o = self.options
-        correct = self.correct(rollout)
+        correct = self.correct(rollout, len(mask))
         out = {}
         names = [("reverse_kl", "reverse_kl")] + ([("jsd", "jsd")] if o.divergence == "jsd" else [])
         for name, div in names:
@@ -193,14 +193,15 @@ class DistillTrainer(CriticFreeTrainer):
             out.update({f"distill/{name}_{k}": v for k, v in split.items()})
         return out
 
-    def correct(self, rollout: Rollout) -> torch.Tensor | None:
-        """``[B]`` whether each sample's answer was right, where the env judges it (one-turn envs
-        with rule rewards); ``None`` elsewhere."""
+    def correct(self, rollout: Rollout, n: int) -> torch.Tensor | None:
+        """``[n]`` whether each of the rollout's ``n`` samples was right, where the env judges it
+        (one-turn envs with rule rewards); ``None`` elsewhere."""
         env = self.env
-        if is_episode_env(env) or env.reward_source != "rule" or len(rollout.responses) != len(rollout.prompts):
+        judged_here = not is_episode_env(env) and env.reward_source == "rule"
+        if not judged_here or not len(rollout.prompts) == len(rollout.responses) == n:
             return None
         judged = [s.correct for s in env.score(rollout.prompts, rollout.responses)]
-        if len(judged) != len(rollout.batch["scores"]) or any(c is None for c in judged):
+        if any(c is None for c in judged):
             return None
         return torch.tensor(judged)
 
