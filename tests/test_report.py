@@ -78,3 +78,26 @@ def test_episodes_section_transcripts_and_tidy_summary(tmp_path, tiny_model):
     assert "**47% of the last step's episodes were truncated**" in report
     assert "## Sampled transcripts (eval, step 2)" in report and "Sample 4: reward 0, wrong, 1 turn(s)" in report
     assert "![episodes](plots/episodes.png)" in report and (tmp_path / "plots" / "episodes.png").is_file()
+
+
+def test_distillation_section_puts_student_and_teacher_side_by_side(tmp_path):
+    teacher = {"eval/teacher_reward_mean": 0.5}
+    rows = [{"step": 0, "eval/reward_mean": 0.125, **teacher},
+            {"step": 1, "reward/mean": 0.1, "distill/reverse_kl": 2.5, "distill/reverse_kl_wrong": 2.5,
+             "perf/teacher_tokens_per_s": 1000.0},
+            {"step": 2, "reward/mean": 0.3, "distill/reverse_kl": 0.75, "distill/reverse_kl_right": 0.25,
+             "distill/reverse_kl_wrong": 1.0, "perf/teacher_tokens_per_s": 3000.0},
+            {"step": 2, "eval/reward_mean": 0.4375, **teacher}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = write_report(tmp_path).read_text()
+    assert "| step | student eval reward | teacher eval reward | student / teacher |" in report
+    assert "| 0 | 0.125 | 0.5 | 0.25 |" in report and "| 2 | 0.4375 | 0.5 | 0.875 |" in report
+    assert "2.5 at step 1, 0.75 at step 2; right answers 0.25; wrong answers 1." in report
+    assert "Teacher logprobs: 2000 response tokens/s" in report
+    assert (tmp_path / "plots" / "distill.png").is_file()
+    assert "Student and teacher" not in write_report_without_teacher(tmp_path)
+
+
+def write_report_without_teacher(tmp_path) -> str:
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.1}) + "\n")
+    return write_report(tmp_path).read_text()

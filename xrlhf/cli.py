@@ -1,4 +1,5 @@
-"""``xrlhf`` command line: run, validate, plan, make-tiny-model, make-dataset, prepare-data.
+"""``xrlhf`` command line: run, validate, plan, make-tiny-model, make-dataset, prepare-data,
+make-completions.
 
 User errors (config, paths, data) print one line each and exit 2, without a traceback.
 """
@@ -41,6 +42,10 @@ def _parser() -> argparse.ArgumentParser:
                                                                 "built from the reasoning env"))
     synthetic.add_prepare_arguments(sub.add_parser("prepare-data", help="build the datasets the shipped configs "
                                                                         "read (configs/*.yaml)"))
+    from xrlhf import completions
+
+    completions.add_arguments(sub.add_parser("make-completions", help="a model's completions of an env's training "
+                                                                      "prompts (distillation's teacher data)"))
     return p
 
 
@@ -93,6 +98,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from xrlhf.envs import synthetic
 
         return synthetic.prepare(args)
+    if args.command == "make-completions":
+        from xrlhf import completions
+
+        return completions.run(args)
     from xrlhf.validation import load_config
 
     cfg = load_config(args.config, args.overrides)

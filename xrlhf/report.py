@@ -17,8 +17,11 @@ PHASES = ["time/generate_s", "time/reward_s", "time/infer_s", "time/train_s", "t
 """Phases of a step (with an asynchronous rollout generate and reward overlap the others:
 ``plots/timeline.png`` shows how)."""
 PLOTS: dict[str, tuple[str, list[str]]] = {
-    "reward": ("reward (train samples) and eval reward (held out)", ["reward/mean", "eval/reward_mean"]),
+    "reward": ("reward (train samples) and eval reward (held out)",
+               ["reward/mean", "eval/reward_mean", "eval/teacher_reward_mean"]),
     "kl": ("KL(policy || reference), nats per sequence", ["kl/mean"]),
+    "distill": ("reverse KL(student || teacher), nats per token, on the student's samples",
+                ["distill/reverse_kl", "distill/reverse_kl_right", "distill/reverse_kl_wrong"]),
     "losses": ("losses", ["policy/loss", "critic/loss"]),
     "throughput": ("generated tokens per second", ["perf/gen_tokens_per_s"]),
 }
@@ -273,6 +276,34 @@ def episode_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines + [""]
 
 
+def teacher_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """A distillation run's ``## Student and teacher`` section: each evaluation's reward of the two
+    side by side (the teacher is evaluated once: its weights never change), the reverse KL to the
+    teacher and the teacher's scoring throughput; nothing for other runs."""
+    evals = [r for r in rows if "eval/teacher_reward_mean" in r and "eval/reward_mean" in r]
+    if not evals:
+        return []
+    lines = ["## Student and teacher", "", "| step | student eval reward | teacher eval reward | student / teacher |",
+             "|---|---|---|---|"]
+    for r in evals:
+        t = r["eval/teacher_reward_mean"]
+        ratio = tidy(r["eval/reward_mean"] / t) if t else "-"
+        lines.append(f"| {r['step']} | {tidy(r['eval/reward_mean'])} | {tidy(t)} | {ratio} |")
+    steps = [r for r in rows if "distill/reverse_kl" in r]
+    if steps:
+        first, last = steps[0], steps[-1]
+        tps = [r["perf/teacher_tokens_per_s"] for r in steps if "perf/teacher_tokens_per_s" in r]
+        kl = "distill/reverse_kl"
+        lines += ["", f"Reverse KL to the teacher, nats per token of the student's samples: "
+                      f"{tidy(first[kl])} at step {first['step']}, {tidy(last[kl])} at step {last['step']}"
+                  + "".join(f"; {w} answers {tidy(last[k])}" for w, k in (("right", "distill/reverse_kl_right"),
+                                                                          ("wrong", "distill/reverse_kl_wrong"))
+                            if k in last) + "."]
+        if tps:
+            lines.append(f"Teacher logprobs: {tidy(sum(tps) / len(tps))} response tokens/s (mean over steps).")
+    return lines + [""]
+
+
 def write_transcripts(run_dir: str | Path, step: int, trajectories: Sequence[Any], tokenizer, n: int = 4,
                       what: str = "eval") -> Path:
     """Append ``n`` of ``trajectories`` (evenly spread over them) to ``transcripts.jsonl`` as text,
@@ -362,7 +393,7 @@ def write_report(run_dir: str | Path) -> Path:
         lines += [f"Last logged step: {last['step']}; train reward {last['reward/mean']:.3f}.", "",
                   "Mean seconds per phase: " + ", ".join(f"{k.split('/')[1][:-2]} {v:.3f}" for k, v in
                                                          mean_phase.items() if v), ""]
-    lines += memory_lines + episode_lines(rows)
+    lines += memory_lines + episode_lines(rows) + teacher_lines(rows)
     for p in plots:
         lines += [f"## {p.stem}", "", f"![{p.stem}](plots/{p.name})", ""]
     lines += transcript_lines(run_dir)

@@ -16,7 +16,8 @@ from pydantic import ValidationError
 from xrlhf.config.schema import XConfig
 
 ENGINE_SECTIONS = (("policy", "train", "train"), ("policy", "generate", "generate"), ("critic", "train", "train"),
-                   ("reference", "infer", "infer"), ("reward", "infer", "infer"))
+                   ("reference", "infer", "infer"), ("reward", "infer", "infer"),
+                   ("teacher", "infer", "infer"))
 """``(handle, section, role)`` of every engine section a config may have."""
 
 

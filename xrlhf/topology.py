@@ -58,6 +58,8 @@ def placements(cfg: XConfig, generate: bool = True) -> dict[str, Resources]:
                    if getattr(cfg, h) is not None and not (h == "reference" and from_base)})
     if cfg.reward.source == "model":
         placed["reward"] = cfg.reward.resources
+    if cfg.teacher is not None:
+        placed["teacher"] = cfg.teacher.resources
     return placed
 
 
@@ -132,7 +134,25 @@ def handle_specs(cfg: XConfig, policy_model: str, total_train_steps: dict[str, i
         w = cfg.reward
         out.append(HandleSpec("reward", {"infer": spec(w.model, "score", "reward", w.infer, "infer", "reward.infer")},
                               w.resources))
+    if "teacher" in placed:
+        out.append(teacher_spec(cfg, spec))
     return out
+
+
+def teacher_spec(cfg: XConfig, spec) -> HandleSpec:
+    """The teacher: an infer engine scoring the student's tokens at the sampling temperature (the
+    student's logprobs are of softmax(logits / T) too), and with ``teacher.evaluate`` an ``hf``
+    generate engine for its one greedy evaluation (it receives no weights)."""
+    t, g = cfg.teacher, cfg.policy.generate
+    engines = {"infer": spec(t.model, "causal_lm", "teacher", t.infer, "infer", "teacher.infer",
+                             g.temperature or 1.0)}
+    if t.evaluate:
+        from xrlhf.config.schema import GenerateConfig
+
+        section = GenerateConfig(dtype=t.infer.dtype, max_new_tokens=g.max_new_tokens,
+                                 stop_token_ids=list(g.stop_token_ids))
+        engines["generate"] = spec(t.model, "causal_lm", "teacher", section, "generate", "teacher")
+    return HandleSpec("teacher", engines, t.resources)
 
 
 def topology(cfg: XConfig, policy_model: str, total_train_steps: dict[str, int] | None = None,

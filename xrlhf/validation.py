@@ -122,7 +122,7 @@ def _section_errors(cfg: XConfig, path: str, role: str, section: Section) -> lis
     try:
         cls = engine_class(section.engine, role)  # type: ignore[arg-type]
     except KeyError as e:
-        return [f"{path}.engine: {e.args[0]}"]
+        return [f"{path}.engine: {e.args[0]}" + _other_roles(section.engine, role)]
     errors = []
     missing = cls.missing_packages()
     if missing:
@@ -150,6 +150,19 @@ def _section_errors(cfg: XConfig, path: str, role: str, section: Section) -> lis
         if adapter is not None and adapter.sync == "adapter":
             errors += cls.adapter_errors(options, adapter)
     return errors
+
+
+def _other_roles(engine: str, role: str) -> str:
+    """For a backend that has engines of other roles only: what that means (an infer section's
+    backend that only generates cannot return the logprobs of given tokens)."""
+    from xrlhf.engines.base import engine_names
+
+    roles = ("train", "infer", "generate")
+    others = [r for r in roles if r != role and engine in engine_names(r)]  # type: ignore[arg-type]
+    if not others:
+        return ""
+    what = " (it cannot score given tokens: no logprobs of another model's samples)" if role == "infer" else ""
+    return f"; {engine!r} has {' and '.join(others)} engines only{what}"
 
 
 def _policy_adapter(cfg: XConfig):
@@ -274,6 +287,9 @@ def _trainer_gib(cfg: XConfig) -> float | None:
     adapter, trained = _policy_adapter(cfg), params
     if adapter is not None:  # LoRA: the base is frozen, only the adapters have gradients and Adam states
         frozen, trained = frozen + params, adapter_params(cfg.policy.model, "causal_lm", adapter)
+    t = cfg.teacher
+    if t is not None and t.resources.colocate_with == "policy":  # its infer engine, and a generator to evaluate it
+        frozen += count_params(t.model) * (2 if t.evaluate else 1)
     seq = 64 + cfg.policy.generate.max_new_tokens  # a typical prompt and the longest response
     width = getattr(mc, "intermediate_size", None)
     gib = estimate_train_gib(trained, dtype, train.micro_batch_size, seq, mc.hidden_size, mc.num_hidden_layers,
@@ -454,6 +470,8 @@ def _models(cfg: XConfig, policy_head: str) -> list[tuple[str, str, str]]:
         out.append(("reference.model", cfg.reference.model, "causal_lm"))
     if cfg.reward.source == "model" and cfg.reward.model:
         out.append(("reward.model", cfg.reward.model, "score"))
+    if cfg.teacher is not None:
+        out.append(("teacher.model", cfg.teacher.model, "causal_lm"))
     return out
 
 

@@ -33,7 +33,7 @@ def base(model, algorithm, **sections):
 
 def test_every_algorithm_is_registered():
     for name in ("ppo", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "critic_free",
-                 "kto", "kto_online", "dpo", "rm"):
+                 "kto", "kto_online", "dpo", "rm", "distill"):
         assert name in ALGORITHMS
 
 
@@ -91,3 +91,20 @@ def test_kto_options(model, tmp_path):
     rows = str(write_jsonl([{"prompt": "1+1=", "completion": "2", "label": True}], tmp_path / "k.jsonl"))
     lines = errors(base(model, {"name": "kto", "dataset": rows, "balance_per_prompt": True}, reference={}))
     assert lines == ["algorithm.balance_per_prompt: needs algorithm.balance_ratio (e.g. 1.0)"], lines
+
+
+def test_distill_options_are_checked_together(model, tmp_path):
+    data = str(write_jsonl([{"prompt": "1+1=", "completion": "2"}], tmp_path / "teacher.jsonl"))
+    ok = validate_dict(base(model, {"name": "distill", "mini_batch_size": 4}, reference=None, teacher={"model": model},
+                            trainer={"prompts_per_step": 4, "samples_per_prompt": 1}))
+    assert algorithm_options(ok).divergence == "reverse_kl"  # one sample per prompt: no group needed
+    lines = errors(base(model, {"name": "distill", "mini_batch_size": 4, "jsd_beta": 0.3, "offline_dataset": data,
+                                "advantage_estimator": "rloo"},
+                        reference=None, teacher={"model": model}, trainer={"prompts_per_step": 4}))
+    assert any(x.startswith("algorithm.jsd_beta: only used with algorithm.divergence: jsd") for x in lines), lines
+    assert any(x.startswith("algorithm.offline_fraction: set offline_dataset and offline_fraction") for x in lines)
+    assert any(x.startswith("algorithm.advantage_estimator: only used with") for x in lines), lines
+    lines = errors(base(model, {"name": "distill", "mini_batch_size": 4, "task_reward_weight": 1.0}, reference=None,
+                        teacher={"model": model}, trainer={"prompts_per_step": 4, "samples_per_prompt": 1}))
+    assert lines == ["trainer.samples_per_prompt: estimator 'grpo' compares the samples of a prompt and needs at "
+                     "least 2, got 1"]

@@ -134,7 +134,7 @@ def test_shipped_configs_validate(tiny_model):
         if "dataset" in data.get("algorithm", {}) or "dataset" in data.get("env", {}).get("options", {}):
             continue  # configs reading generated datasets run end to end in tests/e2e/test_configs_algos.py
         data["policy"]["model"] = tiny_model  # configs name a model built by the Makefile
-        for section in ("reward",):
+        for section in ("reward", "teacher"):
             if isinstance(data.get(section), dict) and data[section].get("model"):
                 data[section]["model"] = tiny_model
         validate_dict(data)

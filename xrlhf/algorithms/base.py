@@ -72,6 +72,8 @@ class Trainer(ABC):
     """The head of the trained model (``"score"`` for a reward model), read by the coordinator."""
     uses_generation: ClassVar[bool] = True
     """Whether the policy handle needs a generate engine (not for a reward model)."""
+    uses_teacher: ClassVar[bool] = False
+    """Whether the algorithm scores with a ``teacher`` handle (the ``teacher`` section); others refuse one."""
     learns_off_policy: ClassVar[bool] = False
     """Whether the algorithm can train on samples of older policies (``rollout.max_staleness``
     > 0): a subclass opts in once its update is correct off-policy."""
@@ -112,6 +114,9 @@ class Trainer(ABC):
         if cls.needs_critic and cfg.critic is None:
             errors.append(f"critic: algorithm {cfg.algorithm.name!r} needs a critic section (critic: {{}} "
                           f"uses the policy's model with a new value head)")
+        if cfg.teacher is not None and not cls.uses_teacher:
+            errors.append(f"teacher: algorithm {cfg.algorithm.name!r} uses no teacher (algorithm distill does); "
+                          f"remove the section")
         errors += _check_reward_source(cfg)
         errors += _check_rollout(cls, cfg)
         return errors
@@ -408,5 +413,5 @@ def memory_timeline_on(cfg: XConfig) -> bool:
     """``logging.memory_timeline``, its default resolved: on when a handle of the run has a GPU."""
     if cfg.logging.memory_timeline is not None:
         return cfg.logging.memory_timeline
-    sections = [cfg.policy, cfg.policy.generate, cfg.critic, cfg.reference, cfg.reward]
+    sections = [cfg.policy, cfg.policy.generate, cfg.critic, cfg.reference, cfg.reward, cfg.teacher]
     return any(getattr(getattr(s, "resources", None), "gpus_per_rank", 0) > 0 for s in sections if s is not None)

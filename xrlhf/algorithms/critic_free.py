@@ -75,7 +75,12 @@ class CriticFreeTrainer(PolicyGradientTrainer):
 
     @classmethod
     def check_config(cls, cfg: XConfig, o: CriticFreeConfig) -> list[str]:
-        errors = super().check_config(cfg, o)
+        return super().check_config(cfg, o) + cls.estimator_errors(cfg, o)
+
+    @classmethod
+    def estimator_errors(cls, cfg: XConfig, o: CriticFreeConfig) -> list[str]:
+        """The advantage estimator against the rest of the config (each line: the path and the fix)."""
+        errors: list[str] = []
         name = estimator_name(o, cfg.algorithm.name)
         try:
             fn = ADVANTAGE_ESTIMATORS.get(name)

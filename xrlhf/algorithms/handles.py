@@ -41,7 +41,7 @@ class Handles(Protocol):
         policy: the trained model (a reward model being trained, too).
         generator: the handle that samples (``rollout``; in process, the policy's own generate
             engine when it has one).
-        critic, reference, reward: ``None`` when the run has none.
+        critic, reference, reward, teacher: ``None`` when the run has none.
     """
 
     @property
@@ -58,6 +58,9 @@ class Handles(Protocol):
 
     @property
     def reward(self) -> Handle | None: ...
+
+    @property
+    def teacher(self) -> Handle | None: ...
 
     def sync_weights(self, version: int | None = None) -> float:
         """Push the policy's new weights to the generate engines; returns seconds taken.

@@ -114,16 +114,17 @@ class LocalHandles:
 
     Args:
         policy: the trained model; with a generate engine it is also the generator.
-        critic, reference, reward: ``None`` when absent.
+        critic, reference, reward, teacher: ``None`` when absent.
         rollout: a separate generator handle (its weights are then not synced by
             ``sync_weights``: tests that use one load it themselves).
     """
 
     def __init__(self, policy: LocalHandle, critic: LocalHandle | None = None,
                  reference: LocalHandle | None = None, reward: LocalHandle | None = None,
-                 rollout: LocalHandle | None = None):
+                 rollout: LocalHandle | None = None, teacher: LocalHandle | None = None):
         self.handles = {n: h for n, h in (("policy", policy), ("critic", critic), ("reference", reference),
-                                          ("reward", reward), ("rollout", rollout)) if h is not None}
+                                          ("reward", reward), ("rollout", rollout), ("teacher", teacher))
+                        if h is not None}
 
     @property
     def policy(self) -> LocalHandle:
@@ -144,6 +145,10 @@ class LocalHandles:
     @property
     def reward(self) -> LocalHandle | None:
         return self.handles.get("reward")
+
+    @property
+    def teacher(self) -> LocalHandle | None:
+        return self.handles.get("teacher")
 
     def sync_weights(self, version: int | None = None) -> float:
         """The policy's train engines -> its own generate engines (when it has them)."""

@@ -160,6 +160,18 @@ class ReferenceConfig(Strict):
     resources: Resources = Field(default_factory=lambda: Resources(colocate_with="policy"))
 
 
+class TeacherConfig(Strict):
+    """The teacher of on-policy distillation (``algorithm.name: distill``): a frozen model of its
+    own, any size, with the policy's tokenizer, that scores the tokens the student samples."""
+
+    model: ModelPath = Field(description="the teacher's HF model directory (same tokenizer as policy.model)")
+    infer: InferConfig = Field(default_factory=InferConfig)
+    resources: Resources = Field(default_factory=lambda: Resources(colocate_with="policy"))
+    evaluate: bool = Field(True, description="greedy-evaluate the teacher once on the env's held-out prompts (an "
+                           "hf generate engine beside its infer engine), so the report shows student and teacher "
+                           "side by side")
+
+
 class RewardConfig(Strict):
     """Where rewards come from: the env's rule, a reward model, or a Python function."""
 
@@ -313,6 +325,7 @@ class XConfig(Strict):
     critic: CriticConfig | None = None
     reference: ReferenceConfig | None = Field(default_factory=ReferenceConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
+    teacher: TeacherConfig | None = Field(None, description="the teacher of algorithm distill")
     algorithm: NamedSection = Field(default_factory=lambda: NamedSection(name="ppo"))
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
@@ -334,12 +347,14 @@ class XConfig(Strict):
             out.append(("reference.infer", "infer", self.reference.infer))
         if self.reward.source == "model":
             out.append(("reward.infer", "infer", self.reward.infer))
+        if self.teacher is not None:
+            out.append(("teacher.infer", "infer", self.teacher.infer))
         return out
 
     @model_validator(mode="after")
     def _cross_checks(self):
-        handles = {"policy", "critic", "reference", "reward"}
-        for h in ("critic", "reference", "reward"):
+        handles = {"policy", "critic", "reference", "reward", "teacher"}
+        for h in ("critic", "reference", "reward", "teacher"):
             sec = getattr(self, h)
             if sec is not None and sec.resources.colocate_with not in (None, *handles - {h}):
                 raise ValueError(f"{h}.resources.colocate_with: unknown handle "

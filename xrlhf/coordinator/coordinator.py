@@ -2,7 +2,7 @@
 
 It builds what the shell's ``Topology`` (``coordinator/spec.py``) says and reads no config. The
 algorithm layer gets ready ``ModelHandle`` objects (``policy``, ``generator``, ``critic``,
-``reference``, ``reward``; the ``algorithms.handles.Handles`` Protocol) and calls
+``reference``, ``reward``, ``teacher``; the ``algorithms.handles.Handles`` Protocol) and calls
 ``sync_weights(version)`` after each policy update.
 """
 
@@ -201,6 +201,11 @@ class Coordinator:
     def reward(self) -> ModelHandle | None:
         return self.handles.get("reward")
 
+    @property
+    def teacher(self) -> ModelHandle | None:
+        """The teacher of on-policy distillation (``teacher`` section), or ``None``."""
+        return self.handles.get("teacher")
+
     def end_rollout(self) -> None:
         """Generation is over until the next sync: co-located generators free their memory."""
         if self.weight_sync is not None:
@@ -218,18 +223,22 @@ class Coordinator:
 
     def in_place(self, name: str) -> bool:
         """Whether handle ``name`` is restarted on its own when a worker dies: one without training
-        state (the reference, the reward model, the split layout's generators when the rollout is
+        state (the reference, the reward model, the teacher, the split layout's generators when the rollout is
         synchronous and their weights come as messages: what they hold is on disk or is the
         trainer's current weights)."""
         spec = self._spec(name)
         if spec is None or "train" in spec.engines:
             return False
-        if "generate" not in spec.engines:
-            return True
+        if not self._receives_weights(name):
+            return True  # its model is on disk (a teacher's generate engine gets no weights either)
         # an asynchronous rollout's generators may hold an older version than the trainer's; a
         # broadcast sync is a collective with the policy's rank 0, which may be blocked in it
         broadcast = self.weight_sync is not None and self.weight_sync.kind == "broadcast"
         return self.topology.max_staleness == 0 and not broadcast
+
+    def _receives_weights(self, name: str) -> bool:
+        """Whether handle ``name`` holds the policy's synced weights (the generators, ``rollout``)."""
+        return name == "rollout" and self.weight_sync is not None
 
     def heal(self, error: WorkerDiedError) -> bool:
         """Restart the dead worker's handle in place (new workers in the same placement-group
@@ -255,7 +264,7 @@ class Coordinator:
             self.pids[name] = [r["pid"] for r in new._get(setup, list(range(new.world_size)), timeout=600)]
             old.workers = new.workers  # the trainer's handle objects stay valid
             synced = ""
-            if "generate" in spec.engines and self.weight_sync is not None:
+            if self._receives_weights(name):
                 self.weight_sync.setup()
                 self.weight_sync.sync(self.version)
                 synced = f", weights of policy version {self.version or 0} re-synced" + \

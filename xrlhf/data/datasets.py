@@ -52,6 +52,8 @@ class RowSchema:
 PREFERENCE = RowSchema("preferences", {"prompt": str, "chosen": str, "rejected": str})
 KTO = RowSchema("kto", {"prompt": str, "completion": str, "label": bool})
 PROMPTS = RowSchema("qa", {"prompt": str}, {"answer": str})
+COMPLETIONS = RowSchema("completions", {"prompt": str, "completion": str})
+"""A teacher's (or any reference's) completions of prompts: distillation's off-policy rows."""
 
 
 @dataclass

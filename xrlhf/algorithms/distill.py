@@ -1,0 +1,271 @@
+"""On-policy distillation: the student (the policy) samples, a teacher scores every token it wrote.
+
+Why: a sparse task reward says once per answer whether it was right; a teacher's logprob of
+each sampled token says at every token how far the student is from the teacher, so the student
+reaches the teacher's level in a fraction of the samples RL needs (Qwen3's small models, the
+on-policy distillation recipes of verl, slime, Thinking Machines; GKD, Agarwal et al. 2024). One
+update, as the GRPO family's with another advantage::
+
+    teacher logprobs  <- teacher.infer(the student's tokens)       (the teacher handle)
+    old logprobs      <- policy.infer                              (the student, before the update)
+    A_t = -c_t (+ task_reward_weight * GRPO advantage of the env's reward)
+          c_t = log pi(y_t) - log pi_T(y_t) (reverse KL) or the JSD's cost (algorithms.divergence)
+    for epoch in ppo_epochs: for mini-batch: clipped policy step, off-policy correction as GRPO's
+
+Environment tokens of an episode have ``response_mask`` 0, so only the student's own tokens are
+scored and trained. ``offline_dataset`` mixes a fraction of teacher completions into each batch
+(GKD's mixed on/off-policy data): those rows are trained by the forward KL of the teacher's
+sampled tokens, whose gradient is their NLL (advantage +1 per token at ratio 1). The teacher is
+one more frozen handle (``teacher`` section: its own model, engine, resources), restarted in
+place like the reference; with ``teacher.evaluate`` it is evaluated greedily once, and every
+evaluation row carries its reward beside the student's (``eval/teacher_reward_mean``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import ClassVar, Literal
+
+import torch
+from pydantic import Field
+
+from xrlhf.algorithms import divergence as D
+from xrlhf.algorithms.functional import masked_mean, masked_whiten
+from xrlhf.algorithms.base import Rollout, register_algorithm
+from xrlhf.algorithms.critic_free import CriticFreeConfig, CriticFreeTrainer
+from xrlhf.algorithms.rollout import sampling_params
+from xrlhf.algorithms.rollout.build import episode_runner
+from xrlhf.algorithms.rollout.evaluate import evaluate, evaluate_episodes
+from xrlhf.config.schema import XConfig
+from xrlhf.data.batch import Batch, build_sequences, response_loss_masks, unpack_sequences
+from xrlhf.data.datasets import COMPLETIONS, DatasetPath, EpochOrder, load_rows
+from xrlhf.data.text import encode_prompt, encode_target
+from xrlhf.envs.episode import is_episode_env
+
+
+class DistillConfig(CriticFreeConfig):
+    """``algorithm:`` section of ``distill`` (the GRPO family's options, plus these)."""
+
+    name: str = "distill"
+    divergence: Literal["reverse_kl", "jsd"] = Field(
+        "reverse_kl", description="per-token divergence to the teacher: reverse_kl KL(student || teacher), or jsd "
+        "GKD's generalized JSD(jsd_beta); both from the sampled tokens' logprobs (docs/design/distill-divergence.md)")
+    jsd_beta: float = Field(0.5, gt=0, lt=1, description="jsd: the teacher's weight in the mixture (0.5: symmetric)")
+    task_reward_weight: float = Field(0.0, ge=0, description="add this times the env reward's advantage (from "
+                                      "advantage_estimator, default grpo) to every token's distillation advantage")
+    advantage_estimator: str | None = Field("grpo", description="the task reward's estimator")
+    offline_dataset: DatasetPath | None = Field(None, description="teacher completions {prompt, completion} (JSONL "
+                                                "/ parquet) mixed into every batch (GKD's off-policy data)")
+    offline_fraction: float = Field(0.0, ge=0, lt=1, description="the share of each update's rows taken from "
+                                    "offline_dataset (the rollout keeps its size; these rows are added)")
+
+
+def teacher_errors(cfg: XConfig) -> list[str]:
+    """The teacher against the student, read from the two directories before any model loads: the
+    same tokenizer (vocabulary and special tokens), and a teacher whose embedding covers it. The
+    embedding sizes may differ (Qwen2.5's 0.5B and 7B pad the same tokenizer to 151,936 and
+    152,064 rows): only the logprobs of token ids both know are read."""
+    from transformers import AutoConfig
+
+    from xrlhf.data.text import load_tokenizer
+
+    if cfg.teacher is None:
+        return ["teacher: algorithm distill needs a teacher section (teacher: {model: <an HF model directory with "
+                "the policy's tokenizer>})"]
+    t, s = cfg.teacher.model, cfg.policy.model
+    try:
+        tt, st = load_tokenizer(t), load_tokenizer(s)
+        rows = AutoConfig.from_pretrained(t).vocab_size
+    except Exception as e:  # noqa: BLE001 - one line naming the directory
+        return [f"teacher.model: cannot read the tokenizer and config of {t} or {s} ({str(e).splitlines()[0]})"]
+    a, b = tt.get_vocab(), st.get_vocab()
+    specials = [k for k in ("bos_token_id", "eos_token_id", "pad_token_id") if getattr(tt, k) != getattr(st, k)]
+    if a != b or specials:
+        say = lambda v: "absent" if v is None else f"id {v}"  # noqa: E731
+        diff = next((f"token {k!r}: {say(a.get(k))} there, {say(b.get(k))} here" for k in sorted(a.keys() | b.keys())
+                     if a.get(k) != b.get(k)), None) or f"{specials[0]} differs"
+        return [f"teacher.model: {t} has another tokenizer than policy.model {s} ({len(a)} vs {len(b)} tokens; "
+                f"{diff}); the teacher scores the student's token ids, so it needs the student's tokenizer: choose "
+                f"a teacher trained with it"]
+    if rows < len(b):
+        return [f"teacher.model: {t} has {rows} embedding rows (vocab_size in config.json) for a tokenizer of {len(b)} "
+                f"tokens; use a teacher whose embedding covers its tokenizer"]
+    return []
+
+
+@register_algorithm("distill")
+class DistillTrainer(CriticFreeTrainer):
+    """On-policy distillation (module docstring): the GRPO family's update with per-token
+    advantages from the teacher's logprobs."""
+
+    Config = DistillConfig
+    uses_teacher: ClassVar[bool] = True
+    schema = COMPLETIONS
+    progress_keys = (("distill/reverse_kl", "rkl"), ("reward/mean", "reward"), ("policy/loss", "pg_loss"))
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.teacher = self.handles.teacher
+        self.teacher_eval: dict[str, float] | None = None
+        o = self.options
+        self.offline = load_rows(o.offline_dataset, COMPLETIONS) if o.offline_dataset else None
+        self.offline_order = EpochOrder(len(self.offline), self.cfg.seed, "distill") if self.offline else None
+
+    @classmethod
+    def check_config(cls, cfg: XConfig, o: DistillConfig) -> list[str]:
+        errors = super().check_config(cfg, o)
+        if o.task_reward_weight == 0 and "advantage_estimator" in o.model_fields_set:
+            errors.append("algorithm.advantage_estimator: only used with algorithm.task_reward_weight > 0; remove it")
+        if "jsd_beta" in o.model_fields_set and o.divergence != "jsd":
+            errors.append("algorithm.jsd_beta: only used with algorithm.divergence: jsd; remove it")
+        if (o.offline_dataset is None) != (o.offline_fraction == 0):
+            errors.append("algorithm.offline_fraction: set offline_dataset and offline_fraction > 0 together (the "
+                          "share of each update's rows that are teacher completions)")
+        if o.offline_dataset is not None and _episode_env_name(cfg.env.name):
+            errors.append("algorithm.offline_dataset: teacher completions are one-turn rows; env "
+                          f"{cfg.env.name!r} runs episodes: remove it")
+        return errors + teacher_errors(cfg)
+
+    @classmethod
+    def estimator_errors(cls, cfg: XConfig, o: DistillConfig) -> list[str]:
+        """The task reward's estimator, checked only when it is used (``task_reward_weight > 0``)."""
+        return super().estimator_errors(cfg, o) if o.task_reward_weight > 0 else []
+
+    def reuses_train_forward(self, batch: Batch) -> bool:
+        """Never: the advantages need the student's logprobs before the update."""
+        return False
+
+    # -- the update -----------------------------------------------------------------------
+    def update(self, rollout: Rollout, timings: dict[str, float]) -> dict[str, float]:
+        o, batch = self.options, rollout.batch
+        n_rollout = len(batch)
+        if self.offline is not None:
+            batch = rollout.batch = self.with_offline_rows(batch)
+        metrics = self.score_teacher(batch, timings)
+        metrics.update(self.score_logprobs(batch, timings, with_values=False))
+        if n_rollout < len(batch) and "rollout_logprobs" in batch:  # offline rows: no behaviour weight
+            batch["rollout_logprobs"][n_rollout:] = batch["old_logprobs"][n_rollout:]
+        mask = batch["response_mask"]
+        student, teacher = batch["old_logprobs"], batch.tensors.pop("teacher_logprobs")
+        on_policy = (torch.arange(len(batch)) < n_rollout).float().unsqueeze(1) * mask
+        cost = D.token_cost(student, teacher, on_policy, o.divergence, o.jsd_beta)
+        task = self.advantages(rollout) if o.task_reward_weight > 0 else None
+        adv = D.distill_advantages(cost, on_policy, task, o.task_reward_weight)
+        if o.whiten_advantages:  # a baseline: the batch mean is no function of any one sampled token
+            adv = masked_whiten(adv, on_policy)
+        batch["advantages"] = adv + (mask - on_policy)  # offline rows: NLL of the teacher's tokens
+        metrics.update(self.divergence_metrics(rollout, student[:n_rollout], teacher[:n_rollout],
+                                               mask[:n_rollout]))
+        metrics["advantages/mean"] = float(masked_mean(batch["advantages"], mask))
+        t0 = time.time()
+        metrics.update(self.train_epochs(batch, with_critic=False))
+        timings["time/train_s"] = time.time() - t0
+        self.kl_ctl.update(metrics.get("kl/mean", 0.0), len(batch))
+        return metrics
+
+    def score_teacher(self, batch: Batch, timings: dict[str, float]) -> dict[str, float]:
+        """The teacher's logprobs of the batch's tokens into ``teacher_logprobs`` ``[B, R]``. Called
+        alone (not beside the student's forward) so that its throughput is its own."""
+        t0 = time.time()
+        with self.timeline.span("trainer", "teacher"):
+            out = self.teacher.infer(batch.select("input_ids", "attention_mask", "response_mask"))
+        batch["teacher_logprobs"] = out["logprobs"]
+        seconds = time.time() - t0
+        timings["time/teacher_s"] = seconds
+        tokens = float(batch["response_mask"].sum())
+        return {"perf/teacher_tokens_per_s": tokens / max(seconds, 1e-9)}
+
+    def divergence_metrics(self, rollout: Rollout, student: torch.Tensor, teacher: torch.Tensor,
+                           mask: torch.Tensor) -> dict[str, float]:
+        """``distill/reverse_kl`` (per token, k1 estimate) and its split by whether the student's
+        answer was right (``_right`` / ``_wrong``); ``distill/jsd`` with the JSD."""
+        o = self.options
+        correct = self.correct(rollout, len(mask))
+        out = {}
+        names = [("reverse_kl", "reverse_kl")] + ([("jsd", "jsd")] if o.divergence == "jsd" else [])
+        for name, div in names:
+            est = D.divergence_estimate(student, teacher, mask, div, o.jsd_beta)
+            if correct is None:
+                out[f"distill/{name}"] = float(masked_mean(est, mask))
+                continue
+            split = D.split_by_correct(est, mask, correct)
+            out[f"distill/{name}"] = split.pop("mean")
+            out.update({f"distill/{name}_{k}": v for k, v in split.items()})
+        return out
+
+    def correct(self, rollout: Rollout, n: int) -> torch.Tensor | None:
+        """``[n]`` whether each of the rollout's ``n`` samples was right, where the env judges it
+        (one-turn envs with rule rewards); ``None`` elsewhere."""
+        env = self.env
+        judged_here = not is_episode_env(env) and env.reward_source == "rule"
+        if not judged_here or not len(rollout.prompts) == len(rollout.responses) == n:
+            return None
+        judged = [s.correct for s in env.score(rollout.prompts, rollout.responses)]
+        if any(c is None for c in judged):
+            return None
+        return torch.tensor(judged)
+
+    def with_offline_rows(self, batch: Batch) -> Batch:
+        """``batch`` with the step's teacher completions appended (re-laid out: prompts
+        left-padded, responses right-padded), each its own group, scored 0, sampled "now"."""
+        o, s = self.options, self.step_idx + 1
+        k = max(1, round(len(batch) * o.offline_fraction / (1 - o.offline_fraction)))
+        rows = [self.offline[i] for i in self.offline_order.take((s - 1) * k, k)]
+        prompts, responses = unpack_sequences(batch)
+        masks = response_loss_masks(batch)
+        tok = self.tok
+        prompts += [encode_prompt(tok, r["prompt"]) for r in rows]
+        targets = [encode_target(tok, r["completion"]) for r in rows]
+        out = build_sequences(prompts, responses + targets, tok.pad_token_id, response_masks=masks + [[1.0] * len(t)
+                                                                                                    for t in targets])
+        width, n = out["response_mask"].shape[1], len(batch)
+        for key in batch.keys():
+            if key in out.tensors:
+                continue
+            t = batch[key]
+            if t.dim() == 2:  # per token, aligned with the responses: pad to the new width, 0 for the new rows
+                t = torch.nn.functional.pad(t, (0, width - t.shape[1]))
+                out[key] = torch.cat([t, torch.zeros((k, width), dtype=t.dtype)])
+            elif key == "group_ids":
+                out[key] = torch.cat([t, torch.arange(k, dtype=t.dtype) + int(t.max()) + 1])
+            else:
+                out[key] = torch.cat([t, torch.zeros((k,), dtype=t.dtype)])
+        if "token_versions" in out:  # the teacher's tokens count as the current policy's: no staleness
+            out["token_versions"][n:] = self.step_idx * out["response_mask"][n:].long()
+        return out
+
+    # -- evaluation -------------------------------------------------------------------------
+    def evaluate(self) -> dict[str, float]:
+        """The student's evaluation, and the teacher's beside it (computed once: its weights
+        never change) as ``eval/teacher_*``."""
+        metrics = super().evaluate()
+        if self.teacher_eval is None and self.teacher is not None and self.cfg.teacher.evaluate:
+            self.teacher_eval = self.evaluate_teacher()
+        return {**metrics, **(self.teacher_eval or {})}
+
+    def evaluate_teacher(self) -> dict[str, float]:
+        t = self.cfg.trainer
+        params = sampling_params(self.cfg, t.eval_temperature, logprobs=False)
+        if self.episodes is not None:
+            runner = episode_runner(self.cfg, self.env, self.tok, self.teacher)
+            m = evaluate_episodes(runner, params, t.eval_size, self.cfg.seed)
+        else:
+            reward = self.reward if self.env.reward_source == "model" else None
+            m = evaluate(self.teacher, self.env, self.tok, params, t.eval_size, reward=reward, seed=self.cfg.seed)
+        return {k.replace("eval/", "eval/teacher_", 1): v for k, v in m.items()}
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "teacher_eval": self.teacher_eval}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.teacher_eval = state.get("teacher_eval")
+
+
+def _episode_env_name(name: str) -> bool:
+    from xrlhf.envs import ENVS
+
+    try:
+        return is_episode_env(ENVS.get(name))
+    except KeyError:
+        return False
