@@ -189,6 +189,11 @@ def plan_input(cfg: XConfig, prompt_tokens: int = 64) -> PlanInput:
         w = cfg.reward
         handles.append(Handle("reward", model_shape(w.model), w.resources.ranks, w.resources.gpus_per_rank,
                               anchors["reward"], frozen=_frozen(w.infer, "reward.infer", "score", w.resources.ranks)))
+    if cfg.teacher is not None:  # distillation: a frozen model scoring the student's tokens
+        t = cfg.teacher
+        handles.append(Handle("teacher", model_shape(t.model), t.resources.ranks, t.resources.gpus_per_rank,
+                              anchors["teacher"], frozen=_frozen(t.infer, "teacher.infer", "causal_lm",
+                                                                 t.resources.ranks)))
     notes = (f"prompts assumed {prompt_tokens} tokens (--prompt-tokens)",)
     return PlanInput(tuple(handles), work, cfg.rollout.max_staleness, p.weight_sync.transport,
                      p.weight_sync.bucket_mb << 20, notes)
