@@ -115,3 +115,19 @@ def build_gpt2(out_dir, *, positions: int = 64, dropout: float = 0.1) -> str:
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     return str(out_dir)
+
+
+def policy_batch(tok, n: int = 4):
+    """``n`` rows ``"i+i=" -> 2i`` with old logprobs of -1 and advantages from -1 to 1: a train
+    step's batch for a handle test (``input_ids [n, P+R]``, the masks and per-token tensors)."""
+    import torch
+
+    from xrlhf.data.batch import build_sequences
+    from xrlhf.data.text import encode_prompt
+
+    prompts = [encode_prompt(tok, f"{i}+{i}=") for i in range(n)]
+    b = build_sequences(prompts, [tok.encode(str(2 * i), add_special_tokens=False) for i in range(n)],
+                        tok.pad_token_id)
+    b["old_logprobs"] = -torch.ones(b["response_mask"].shape) * b["response_mask"]
+    b["advantages"] = torch.linspace(-1, 1, n)[:, None] * b["response_mask"]
+    return b

@@ -4,27 +4,18 @@ split layout's module holds every CPU of the tests' Ray while its coordinator li
 from __future__ import annotations
 
 import pytest
-import torch
 
 from xrlhf.algorithms.losses import PolicyLoss
 from xrlhf.coordinator import Coordinator
-from xrlhf.data.batch import build_sequences
-from xrlhf.data.text import encode_prompt, load_tokenizer
+from xrlhf.data.text import load_tokenizer
 from xrlhf.engines.base import SamplingParams
 from xrlhf.topology import topology
 from xrlhf.validation import validate_dict
 from xrlhf.weight_sync import compare_checksums
 
+from tests.conftest import policy_batch as batch
+
 pytestmark = pytest.mark.usefixtures("ray_session")  # runs handles in this process
-
-
-def batch(tok, n=4):
-    prompts = [encode_prompt(tok, f"{i}+{i}=") for i in range(n)]
-    b = build_sequences(prompts, [tok.encode(str(2 * i), add_special_tokens=False) for i in range(n)],
-                        tok.pad_token_id)
-    b["old_logprobs"] = -torch.ones(b["response_mask"].shape) * b["response_mask"]
-    b["advantages"] = torch.linspace(-1, 1, n)[:, None] * b["response_mask"]
-    return b
 
 
 @pytest.mark.parametrize("layout", ["co-located", "split"])

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
 
 from xrlhf.algorithms import ALGORITHMS
 from xrlhf.algorithms.losses import PolicyLoss
@@ -15,11 +14,12 @@ from xrlhf.algorithms.rewards import build_reward
 from xrlhf.validation import algorithm_options, validate_dict
 from xrlhf.coordinator import Coordinator
 from xrlhf.topology import topology, weight_sync_plan
-from xrlhf.data.batch import build_sequences
-from xrlhf.data.text import encode_prompt, load_tokenizer
+from xrlhf.data.text import load_tokenizer
 from xrlhf.engines.base import SamplingParams
 from xrlhf.envs import build_env
 from xrlhf.weight_sync import WeightSyncError, compare_checksums
+
+from tests.conftest import policy_batch as batch
 
 pytestmark = pytest.mark.usefixtures("ray_session")  # runs handles in this process
 
@@ -43,15 +43,6 @@ def split_run(tiny_model):
     coord = Coordinator(topology(cfg, tiny_model, {"policy": 4, "critic": 4})).start()
     yield cfg, coord
     coord.shutdown()
-
-
-def batch(tok, n=4):
-    prompts = [encode_prompt(tok, f"{i}+{i}=") for i in range(n)]
-    b = build_sequences(prompts, [tok.encode(str(2 * i), add_special_tokens=False) for i in range(n)],
-                        tok.pad_token_id)
-    b["old_logprobs"] = -torch.ones(b["response_mask"].shape) * b["response_mask"]
-    b["advantages"] = torch.linspace(-1, 1, n)[:, None] * b["response_mask"]
-    return b
 
 
 @pytest.mark.parametrize("transport", ["cpu", "nccl", "disk"])
