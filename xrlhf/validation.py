@@ -27,6 +27,7 @@ as ``dotted.yaml.path: message``:
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -235,7 +236,7 @@ def plan_errors(cfg: XConfig, gpu_gib: float | None = None) -> list[str]:
     and the numbers when the configured layout does not fit its GPUs. Only where a handle is
     placed on a GPU and this process sees one (``gpu_gib``: its memory; default: the first
     GPU's, from ``nvidia-smi``): a CPU run has no GPU memory to check."""
-    from xrlhf.plan import Cluster, fit_errors, plan_input
+    from xrlhf.plan import Cluster, fit_errors, gpus_asked, plan_input
     from xrlhf.topology import on_gpu, placements
 
     placed = placements(cfg)
@@ -244,15 +245,14 @@ def plan_errors(cfg: XConfig, gpu_gib: float | None = None) -> list[str]:
     gpu_gib = gpu_gib or _gpu_total_gib()
     if not gpu_gib:
         return []
-    from xrlhf.plan.cli import _gpus_asked
-
     try:
         inp = plan_input(cfg)
     except UserError as e:
         return e.messages
-    return fit_errors(inp, Cluster(_gpus_asked(inp), 1, gpu_gib))
+    return fit_errors(inp, Cluster(gpus_asked(inp), 1, gpu_gib))
 
 
+@functools.cache
 def _gpu_total_gib() -> float | None:
     """The first GPU's total memory from ``nvidia-smi`` (no CUDA context in the driver: it
     would hold ~0.5 GiB of the GPU for the whole run); ``None`` without one."""

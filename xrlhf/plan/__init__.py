@@ -25,10 +25,11 @@ from xrlhf.plan.layouts import (
     LayoutPlan,
     candidate_layouts,
     configured_layout,
+    gpus_asked,
     plan_layout,
 )
 
-__all__ = ["Cluster", "Plan", "fit_errors", "make_plan", "plan_input"]
+__all__ = ["Cluster", "Plan", "fit_errors", "gpus_asked", "make_plan", "plan_input"]
 
 
 @dataclass

@@ -56,22 +56,15 @@ def _links(items: list[str]) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from xrlhf.plan import Cluster, make_plan, plan_input
+    from xrlhf.plan import Cluster, gpus_asked, make_plan, plan_input
     from xrlhf.plan.render import plan_png, plan_text
     from xrlhf.validation import _gpu_total_gib
 
     cfg = load_for_plan(args.config, args.overrides)
     inp = plan_input(cfg, args.prompt_tokens)
     gib = args.gpu_memory or _gpu_total_gib() or 79.2
-    plan = make_plan(inp, Cluster(args.gpus or _gpus_asked(inp), args.nodes, gib))
+    plan = make_plan(inp, Cluster(args.gpus or gpus_asked(inp), args.nodes, gib))
     print(plan_text(plan, args.config, _links(args.link)))
     if args.png:
         print(f"\n![plan]({plan_png(plan, Path(args.png))})")
     return 0 if plan.configured.fits else 2
-
-
-def _gpus_asked(inp) -> int:
-    """GPUs the configured layout places handles on (one node of that many by default)."""
-    from xrlhf.plan.layouts import Cluster, configured_layout, plan_layout
-
-    return max(1, plan_layout(inp, configured_layout(inp), Cluster(1 << 16)).gpus_needed)

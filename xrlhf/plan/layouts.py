@@ -122,6 +122,11 @@ def configured_layout(inp: PlanInput) -> Layout:
     return Layout(split, r.generator.sleep_level, inp.staleness, r.ranks * max(1, math.ceil(r.gpus)) if split else 0)
 
 
+def gpus_asked(inp: PlanInput) -> int:
+    """GPUs the configured layout places handles on (one node of that many by default)."""
+    return max(1, plan_layout(inp, configured_layout(inp), Cluster(1 << 16)).gpus_needed)
+
+
 def apply_layout(inp: PlanInput, layout: Layout) -> PlanInput:
     """``inp`` with its generators placed as ``layout`` says."""
     r, p = inp.get("rollout"), inp.get("policy")
