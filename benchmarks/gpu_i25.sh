@@ -12,39 +12,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 STAGE=i25
-source benchmarks/gpu_env.sh
-FINAL=$OUT  # at most 8 files come back from the device tool: everything goes into one archive
-OUT=$(mktemp -d /tmp/i25-XXXX)
-T0=$(date +%s)
-log() { echo "[$(date +%H:%M:%S) +$(( $(date +%s) - T0 ))s] $*"; }
-
-run() {  # run NAME LIMIT CMD...: under timeout, logged to $OUT/NAME.log, the tail shown
-  local name=$1 limit=$2 t
-  shift 2
-  t=$(date +%s)
-  log "$name: $* (limit ${limit}s)"
-  PYTHONUNBUFFERED=1 timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
-  log "$name: exit $? after $(( $(date +%s) - t ))s"
-  grep -v "^\s*$" "$OUT/$name.log" | grep -E -v "it/s\]|Loading weights|^\s+warnings.warn" | tail -${TAIL:-12} | cut -c1-260
-}
-
-stage_setup() {
-  if [ ! -d /root/site/vllm ]; then
-    log "installing the stack"
-    (cd /root/wc && cat $(ls p* | sort -V) > s.tar && tar xf s.tar && rm -f s.tar p* && \
-      python3 -m pip install -q --no-index --no-deps --no-compile --target /root/site wheels/*.whl && echo installed) \
-      2>&1 | tail -2
-    # byte-compiled like any installed stack (pip --no-compile above): `import vllm` reads .pyc,
-    # not 20-40 s of source, in every start-up measured after this
-    local t=$(date +%s)
-    python3 -m compileall -q -j 0 /root/site > /dev/null 2>&1
-    log "byte-compiled the stack in $(( $(date +%s) - t ))s"
-  fi
-  nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader
-  if [ ! -f artifacts/model-0.5b/config.json ]; then
-    run model 120 python -m xrlhf.cli make-tiny-model artifacts/model-0.5b --preset 0.5b --dtype bfloat16
-  fi
-}
+source benchmarks/gpu_lib.sh
 
 stage_smoke() {  # the co-located layout: policy, critic, reference and the generator's own actor on one GPU
   TAIL=8 run smoke 240 python -m pytest -m gpu tests/gpu/test_ppo_vllm.py -k "colocated and not async" -x -q -rA \
@@ -72,4 +40,4 @@ stage_trl16() { TAIL=8 run trl16 470 python -m benchmarks.w_vs_trl --trl-dtype b
 stage_async() { TAIL=8 run async 420 python -m benchmarks.w_vs_trl --trl-dtype none --variants sync-awake,async --out "$OUT"; }
 
 for s in "$@"; do "stage_$s"; done
-tar czf "$FINAL/i25-$(IFS=-; echo "$*")-$(date +%H%M%S).tgz" -C "$OUT" --exclude='*.safetensors' . && log "done"
+pack "$@"

@@ -84,22 +84,25 @@ GPU_FAULTS = [("rollout", 0, "SIGKILL", 2), ("policy", 0, "SIGKILL", 4)]
 """The GPU scenario's faults: (handle, rank, signal, step)."""
 
 
-def gpu_config(model: str, heartbeat_s: float = 20.0) -> dict[str, Any]:
-    """GRPO on ONE GPU in the split layout: the trainer (bf16, half the GPU in Ray's count) and
-    a vLLM generator of its own (a quarter of the GPU's memory, never asleep), weights by the
-    ``cpu`` transport with verification; a checkpoint every step. Killing the generator
-    restarts vLLM alone (in place); killing the trainer restarts everything from a checkpoint."""
+def gpu_config(model: str, heartbeat_s: float = 20.0, gpus: int = 1) -> dict[str, Any]:
+    """GRPO with vLLM in the split layout, a checkpoint every step. On ONE GPU (``gpus=1``): the
+    trainer (bf16, half the GPU in Ray's count) and a vLLM generator of its own (a quarter of the
+    GPU's memory, never asleep), weights by the ``cpu`` transport. On two (``gpus=2``, issue 29):
+    the trainer on GPU 0, vLLM alone on GPU 1, weights broadcast over NCCL. Verification on.
+    Killing the generator restarts vLLM alone (in place, and on two GPUs a new NCCL group);
+    killing the trainer restarts everything from a checkpoint."""
+    share, util, transport = (1, 0.8, "nccl") if gpus == 2 else (0.5, 0.25, "cpu")
     return {
-        "name": "healing-gpu", "seed": 0, "ray": {"num_gpus": 1},
+        "name": "healing-gpu", "seed": 0, "ray": {"num_gpus": gpus},
         "env": {"name": "reasoning", "options": {"tasks": ["add", "compare"], "max_operand": 20, "eval_size": 16}},
         "policy": {"model": model,
                    "train": {"dtype": "bfloat16", "lr": 1e-6, "micro_batch_size": 32},
                    "generate": {"engine": "vllm", "dtype": "bfloat16", "max_new_tokens": 64,
-                                "gpu_memory_utilization": 0.25, "sleep_level": 0, "max_model_len": 512,
+                                "gpu_memory_utilization": util, "sleep_level": 0, "max_model_len": 512,
                                 "max_num_seqs": 256,
-                                "resources": {"ranks": 1, "cpus_per_rank": 2, "gpus_per_rank": 0.5}},
-                   "weight_sync": {"transport": "cpu", "verify": True},
-                   "resources": {"ranks": 1, "cpus_per_rank": 2, "gpus_per_rank": 0.5}},
+                                "resources": {"ranks": 1, "cpus_per_rank": 2, "gpus_per_rank": share}},
+                   "weight_sync": {"transport": transport, "verify": True},
+                   "resources": {"ranks": 1, "cpus_per_rank": 2, "gpus_per_rank": share}},
         "algorithm": {"name": "grpo", "mini_batch_size": 128, "kl_coef": 0.0},
         "trainer": {"steps": 6, "prompts_per_step": 32, "samples_per_prompt": 4, "eval_every": 0},
         "checkpoint": {"every": 1, "keep": 2},
@@ -189,20 +192,22 @@ def gpu_main(args: argparse.Namespace) -> None:
     vLLM, and whether the killed generator's engine process left its GPU memory behind."""
     work = Path(args.work)
     faults = [Fault(h, r, sig, step=st) for h, r, sig, st in GPU_FAULTS]
-    cfg = gpu_config(args.model)
-    code, text, wall = run_with_faults(cfg, work / "gpu", faults, timeout=540, within_s=1.5)
-    (work / "gpu.log").write_text(text)
-    summary_path = work / "gpu" / "run" / "summary.json"
+    cfg = gpu_config(args.model, gpus=args.gpus)
+    name = "gpu" if args.gpus == 1 else f"gpu{args.gpus}"
+    code, text, wall = run_with_faults(cfg, work / name, faults, timeout=args.timeout, within_s=1.5)
+    (work / f"{name}.log").write_text(text)
+    summary_path = work / name / "run" / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
                           capture_output=True, text=True).stdout.strip()
-    result = {"hardware": _gpu(), "command": "python -m benchmarks.healing --gpu", "exit": code,
+    result = {"hardware": _gpu(), "command": f"python -m benchmarks.healing --gpu --gpus {args.gpus}", "exit": code,
+              "layout": "split, vLLM on GPU 1, nccl" if args.gpus == 2 else "split on one GPU, cpu transport",
               "steps": cfg["trainer"]["steps"], "wall_s_with_faults": round(wall, 1),
               "heartbeat_timeout_s": cfg["fault_tolerance"]["heartbeat_timeout_s"],
               "faults": figures(faults, summary), "gpu_processes_after_run": apps,
               "log_tail": text[-3000:] if code != 0 else ""}
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "healing_gpu.json").write_text(json.dumps(result, indent=2))
+    (Path(args.out) / f"healing_{name}.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
 
 
@@ -218,6 +223,9 @@ def main() -> None:
     ap.add_argument("--work", default="/tmp/xrlhf-healing")
     ap.add_argument("--gpu", action="store_true", help="the one-GPU scenario with vLLM (healing_gpu.json)")
     ap.add_argument("--model", default="artifacts/model-0.5b", help="--gpu: the model directory")
+    ap.add_argument("--gpus", type=int, default=1, choices=[1, 2],
+                    help="--gpu: 1 (both handles share one GPU) or 2 (vLLM on a GPU of its own, NCCL)")
+    ap.add_argument("--timeout", type=float, default=540, help="--gpu: seconds before the run is killed")
     args = ap.parse_args()
     if args.gpu:
         return gpu_main(args)

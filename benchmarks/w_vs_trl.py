@@ -11,6 +11,8 @@ Variants (``--variants``; ``name`` or ``name=key.path=value,key.path=value``):
 * ``bf16``: pure bf16 weights and AdamW states (``policy.train.mixed_precision=false``);
 * ``async``: ``rollout.max_staleness=1`` with vLLM awake (``sleep_level=0``) on the same GPU;
 * ``sync-awake``: the synchronous loop with vLLM awake (what ``async`` is compared with);
+* ``sync-split`` / ``async-split``: vLLM on a second GPU of its own (``benchmarks.async_grpo.SPLIT``,
+  weights over NCCL), synchronous or one step off (issue 29; needs a machine of two GPUs);
 * any other name with its overrides after ``=``.
 
 Writes ``<out>/w_vs_trl.json``: one object per xrlhf run with ``gpu``, ``trl_dtype``,
@@ -35,12 +37,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.async_grpo import SPLIT
+
 CONFIG = "configs/gpu/grpo_w.yaml"
 VARIANTS = {
     "default": [],
     "bf16": ["policy.train.mixed_precision=false"],
     "async": ["rollout.max_staleness=1", "policy.generate.sleep_level=0"],
     "sync-awake": ["policy.generate.sleep_level=0"],
+    "sync-split": list(SPLIT),
+    "async-split": [*SPLIT, "rollout.max_staleness=1"],
 }
 """What each named variant changes in the config."""
 
@@ -105,7 +111,7 @@ def run_xrlhf(name: str, overrides: list[str], model: str, args: argparse.Namesp
                      "algorithm.name=benchmarks.async_grpo:BusyGRPO", "algorithm.advantage_estimator=grpo",
                      "policy.weight_sync.verify=false", *overrides]
     cfg = load_config(Path(CONFIG), all_overrides)
-    used = machine[:1]
+    used = machine[:2 if "ray.num_gpus=2" in overrides else 1]  # the split layout samples both GPUs
     ag.BusyGRPO.samplers = samplers = [DeviceMemorySampler(gpu=g["index"]) for g in used]
     run_dir = Path(tempfile.mkdtemp(prefix=f"w_vs_trl-{name}-"))
     t0, error = time.time(), None
@@ -161,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, overrides in parse_variants(args.variants):
         x = run_xrlhf(name, overrides, model, args, machine)
         ratio = round(x["xrlhf_step_s"] / trl["trl_step_s"], 3) if x["xrlhf_step_s"] and trl.get("trl_step_s") else None
-        entry = {"gpu": machine[0]["name"] if machine else "none", **trl, **x, "ratio": ratio,
+        entry = {"gpu": machine[0]["name"] if machine else "none", "gpus_used": 2 if "ray.num_gpus=2" in overrides else 1, **trl, **x, "ratio": ratio,
                  "command": " ".join([Path(sys.executable).name, "-m", "benchmarks.w_vs_trl", *sys.argv[1:]]),
                  "date": time.strftime("%Y-%m-%d %H:%M:%S"), "versions": versions()}
         entries.append(entry)

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The GPU session of issue 29 on a machine of TWO GPUs (nvidia-h100-x2 / nvidia-h200-x2), stage by
+# stage; each call of the device tool runs a few stages and stays under 10 minutes. From the
+# repository root, the stack of ../shared/gpu/README.md shipped to /root/wc (parts 0..7) and
+# ../shared/bench copied to .bench (TRL's GRPOTrainer on W):
+#
+#   bash benchmarks/gpu_i29.sh setup trl_async    # install; TRL (fp32 + autocast) then W split, one step off
+#   bash benchmarks/gpu_i29.sh sync               # W split, synchronous (the async run's own baseline)
+#   bash benchmarks/gpu_i29.sh lora_ds split      # LoRA on ZeRO-3 (merged, adapter, resume); split-layout PPO tests
+#   bash benchmarks/gpu_i29.sh heal ds            # the split generator killed mid-step; DeepSpeed's GPU tests
+#
+# Logs, JSON and the runs' metrics in one archive in $OUT (the device tool's folder).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+STAGE=i29
+source benchmarks/gpu_lib.sh
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # KINDS.md: never multicast
+
+# TRL runs on GPU 0 alone; the split run then uses both (trainer GPU 0, vLLM GPU 1)
+stage_trl_async() {
+  TAIL=10 run trl_async 430 python -m benchmarks.w_vs_trl --trl-dtype float32 --trl-timeout 230 \
+    --variants async-split --steps 8 --out "$OUT"
+}
+stage_sync() { TAIL=6 run sync 230 python -m benchmarks.w_vs_trl --trl-dtype none --variants sync-split --steps 8 --out "$OUT"; }
+gpu_tests() {  # gpu_tests NAME LIMIT PYTEST-ARGS...
+  local name=$1 limit=$2
+  shift 2
+  XRLHF_LORA_OUT="$OUT/lora_gpu2.json" TAIL=${TAIL:-10} run "$name" "$limit" python -m pytest -m gpu "$@" -q -rA \
+    -p no:cacheprovider --durations=0
+}
+stage_lora_ds() { gpu_tests lora_ds 330 tests/gpu/test_lora_gpu.py -k zero3; }
+stage_split() { gpu_tests split 260 tests/gpu/test_ppo_vllm.py -k split; }
+stage_heal() {
+  TAIL=30 run heal 400 python -m benchmarks.healing --gpu --gpus 2 --timeout 380 --out "$OUT" \
+    --work "$(mktemp -d /tmp/i29-heal-XXXX)"
+}
+stage_ds() { gpu_tests ds "${DS_LIMIT:-300}" tests/gpu/test_deepspeed_gpu.py; }
+
+for s in "$@"; do "stage_$s"; done
+pack "$@"

@@ -1,0 +1,44 @@
+# Sourced by the GPU session scripts (gpu_i25.sh, gpu_i29.sh) from the repository root after
+# STAGE is set: the environment of gpu_env.sh, a step log, `run` (one command under a time limit,
+# logged to $OUT/NAME.log, its tail shown) and `stage_setup` (the stack of ../shared/gpu/README.md,
+# shipped to /root/wc as parts 0..7, installed to /root/site and byte-compiled; W's model built).
+# At most 8 files come back from the device tool, so the scripts write into a temporary $OUT and
+# pack it into one archive in $FINAL at the end.
+source benchmarks/gpu_env.sh
+FINAL=$OUT
+OUT=$(mktemp -d "/tmp/$STAGE-XXXX")
+T0=$(date +%s)
+log() { echo "[$(date +%H:%M:%S) +$(( $(date +%s) - T0 ))s] $*"; }
+
+run() {  # run NAME LIMIT CMD...: under timeout, logged to $OUT/NAME.log, the tail shown
+  local name=$1 limit=$2 t
+  shift 2
+  t=$(date +%s)
+  log "$name: $* (limit ${limit}s)"
+  PYTHONUNBUFFERED=1 timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  log "$name: exit $? after $(( $(date +%s) - t ))s"
+  grep -v "^\s*$" "$OUT/$name.log" | grep -E -v "it/s\]|Loading weights|^\s+warnings.warn" | tail -${TAIL:-12} | cut -c1-260
+}
+
+stage_setup() {
+  if [ ! -d /root/site/vllm ]; then
+    log "installing the stack"
+    (cd /root/wc && cat $(ls p* | sort -V) > s.tar && tar xf s.tar && rm -f s.tar p* && \
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /root/site wheels/*.whl && echo installed) \
+      2>&1 | tail -2
+    # byte-compiled like any installed stack (pip --no-compile above): `import vllm` reads .pyc,
+    # not 20-40 s of source, in every start-up measured after this
+    local t=$(date +%s)
+    python3 -m compileall -q -j 0 /root/site > /dev/null 2>&1
+    log "byte-compiled the stack in $(( $(date +%s) - t ))s"
+  fi
+  nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader
+  if [ ! -f artifacts/model-0.5b/config.json ]; then
+    run model 120 python -m xrlhf.cli make-tiny-model artifacts/model-0.5b --preset 0.5b --dtype bfloat16
+  fi
+}
+
+pack() {  # the archive of everything under $OUT (weights left out), named after the stages run
+  tar czf "$FINAL/$STAGE-$(IFS=-; echo "$*")-$(date +%H%M%S).tgz" -C "$OUT" --exclude='*.safetensors' \
+    --exclude='*.pt' --exclude='*.bin' . && log "done"
+}
