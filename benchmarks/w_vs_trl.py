@@ -81,7 +81,9 @@ def run_trl(dtype: str, model: str, out: Path, steps: int, timed_from: int, time
     t0 = time.time()
     with open(out / f"trl-{dtype}.log", "w") as log:
         try:
-            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout).returncode
+            # TRL's recipe is one process on one GPU: on a machine of two it gets the first alone
+            env = dict(os.environ, CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0])
+            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, env=env).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
     rows = [json.loads(x) for x in (run_dir / "steps.jsonl").read_text().splitlines()] \

@@ -75,6 +75,11 @@ class WeightRoutes:
         refs = [w.set_transport.remote(o, name) for w, o in zip(self.policy.workers, senders)]
         refs += [w.set_transport.remote(o, name) for w, o in zip(self.rollout.workers, receivers)]
         ray.get(refs)
+        if self.kind == "broadcast" and not self.plan.colocated:
+            # the group opens now, every side at once, while the GPUs are free: opened at the first
+            # sync, NCCL found the trainer's GPU full of its cached activations ("unhandled cuda error")
+            ray.get([w.connect_transport.remote() for w in self.policy.workers[:len(senders)]]
+                    + [w.connect_transport.remote() for w in self.rollout.workers])
         return name
 
     def sync(self, version: int | None = None) -> float:

@@ -435,6 +435,10 @@ class GenerateEngine(Engine):
             n += len(named)
         return n
 
+    def connect_transport(self, transport: "Transport") -> None:
+        """Open ``transport``'s receive side where ``receive_weights`` will run it (``Transport.connect``)."""
+        transport.connect(self.spec.device)
+
     def end_sync(self, version: int | None = None) -> None:
         """Called once the last bucket of a sync is loaded: ready the engine to generate.
         ``version``: the policy version just loaded (``None``: unchanged)."""

@@ -79,6 +79,14 @@ class EngineHost:
         self.transport = build_transport(name, **opts)
         return name
 
+    def connect_transport(self) -> None:
+        """Open this worker's side of the transport now (``Transport.connect``): a generator's
+        where it receives, a trainer's on its device."""
+        if self.gen is not None:
+            self.gen.connect_transport(self.transport)
+        else:
+            self.transport.connect(self.train.device)
+
     def pid(self) -> int:
         return os.getpid()
 

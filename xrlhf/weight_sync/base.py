@@ -263,6 +263,12 @@ class Transport(ABC):
             names = [n for n, _ in bucket]
             yield Message(names, self.pack(tensors, names, index), sums, self.describe(tensors))
 
+    def connect(self, device: torch.device | str | None = None, rank_offset: int = 0) -> None:
+        """Open this side's connection now rather than at the first sync (``device``: where its
+        buffers live; ``rank_offset``: a tensor-parallel worker's offset). The coordinator calls
+        it on every side at once while wiring, when the GPUs are still free: a broadcast group's
+        buffers are then allocated before the trainer's caches fill its GPU. Default: nothing."""
+
     def close(self) -> None:
         """Free this side's resources that outlive the process otherwise (shared-memory files).
         Default: nothing."""

@@ -141,12 +141,19 @@ class NCCLTransport(Transport):
     def describe(self, tensors: list[torch.Tensor]) -> dict[str, Any]:
         return flat_layout(tensors)
 
+    def connect(self, device: torch.device | str | None = None, rank_offset: int = 0) -> None:
+        """Open the group (every rank at once, else each waits up to ``timeout_s``)."""
+        self._connect(self.rank + rank_offset, self._device(device))
+
+    @staticmethod
+    def _device(device: torch.device | str | None) -> torch.device:
+        device = torch.device(device) if device is not None else torch.device("cpu")
+        return cuda_device(device) if device.type == "cuda" else device
+
     def receive_all(self, messages: Iterable[Message] | None = None, device: torch.device | str | None = None,
                     rank_offset: int = 0, checked: dict[str, int] | None = None) -> Iterator[NamedTensorList]:
         """Receive buckets until the sender's end marker (``messages`` is ignored)."""
-        device = torch.device(device) if device is not None else torch.device("cpu")
-        if device.type == "cuda":
-            device = cuda_device(device)
+        device = self._device(device)
         group = self._connect(self.rank + rank_offset, device)
         while True:
             message = group.broadcast_obj(None)

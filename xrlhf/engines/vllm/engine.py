@@ -300,6 +300,10 @@ class VLLMGenerateEngine(GenerateEngine):
             self._adapter_sent = self._adapter_sent or n > 0
             return n
 
+    def connect_transport(self, transport: Transport) -> None:
+        """Open a broadcast transport's group in vLLM's workers, where ``receive_weights`` uses it."""
+        self._rpc("xrlhf_connect", transport if self.model_in_process else to_payload(transport, None))
+
     def update_weights(self, weights: NamedTensors) -> None:
         """Load ``(HF name, tensor)`` pairs: part of a sync, which ``end_sync`` ends."""
         weights = list(weights)

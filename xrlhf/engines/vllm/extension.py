@@ -125,6 +125,19 @@ class XrlhfWorkerExtension:
 
         return get_world_group().rank_in_group
 
+    def _xrlhf_kept(self, transport: Transport) -> Transport:
+        """The transport object of ``transport``'s group kept here (a broadcast's connection
+        lives from one sync to the next), or ``transport`` itself."""
+        if transport.kind != "broadcast":
+            return transport
+        key = repr(sorted(transport.__getstate__().items()))
+        return self._xrlhf_state()["transports"].setdefault(key, transport)
+
+    def xrlhf_connect(self, payload: Any) -> None:
+        """Open a broadcast transport's group now (``Transport.connect``), kept for ``xrlhf_receive``."""
+        transport = payload if isinstance(payload, Transport) else from_payload(payload)
+        self._xrlhf_kept(transport).connect(self.device, rank_offset=self._xrlhf_tp_rank())
+
     def xrlhf_receive(self, payload: bytes | memoryview | tuple) -> int:
         """Receive weights through a transport and load them; returns the number of tensors.
 
@@ -139,11 +152,8 @@ class XrlhfWorkerExtension:
             transport, messages = payload
         else:
             transport, messages = from_payload(payload)
-        state = self._xrlhf_state()
-        if transport.kind == "broadcast":  # keep the connection: one transport object per group
-            key = repr(sorted(transport.__getstate__().items()))
-            transport = state["transports"].setdefault(key, transport)
-        record = state["record"]
+        transport = self._xrlhf_kept(transport)
+        record = self._xrlhf_state()["record"]
         n = 0
         for named in transport.receive_all(messages, self.device, rank_offset=self._xrlhf_tp_rank(),
                                            checked=record.checked):
