@@ -7,7 +7,8 @@
 #   bash benchmarks/gpu_i29.sh setup trl_async    # install; TRL (fp32 + autocast) then W split, one step off
 #   bash benchmarks/gpu_i29.sh sync               # W split, synchronous (the async run's own baseline)
 #   bash benchmarks/gpu_i29.sh lora_ds split      # LoRA on ZeRO-3 (merged, adapter, resume); split-layout PPO tests
-#   bash benchmarks/gpu_i29.sh heal ds            # the split generator killed mid-step; DeepSpeed's GPU tests
+#   bash benchmarks/gpu_i29.sh heal                # the split generator killed mid-step (alone: ~8 minutes)
+#   bash benchmarks/gpu_i29.sh ds                  # DeepSpeed's GPU tests on two GPUs
 #
 # Logs, JSON and the runs' metrics in one archive in $OUT (the device tool's folder).
 set -uo pipefail

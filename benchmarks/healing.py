@@ -196,6 +196,8 @@ def gpu_main(args: argparse.Namespace) -> None:
     name = "gpu" if args.gpus == 1 else f"gpu{args.gpus}"
     code, text, wall = run_with_faults(cfg, work / name, faults, timeout=args.timeout, within_s=1.5)
     (work / f"{name}.log").write_text(text)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / f"healing_{name}.log").write_text(text)  # whole: which fault healed how is at its start
     summary_path = work / name / "run" / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
