@@ -50,3 +50,34 @@ def test_a_generator_killed_during_a_sync_is_synced_whole_and_generates(tiny_mod
         assert len(coord.healing.events) == 1, coord.healing.events  # (held back, it is restarted again)
     finally:
         coord.shutdown()
+
+
+def test_a_broadcast_generator_killed_between_syncs_is_restarted_alone(tiny_model):
+    """Split layout, weights by broadcast (``nccl``; gloo on CPU): a generator that dies between
+    syncs is restarted in place; the group is opened anew with the new generator and the
+    trainer's weights synced whole. The next generate answers, with the trainer's version."""
+    import ray
+
+    cfg = validate_dict({
+        "name": "heal-broadcast", "seed": 0, "ray": {"num_cpus": 2},
+        "env": {"name": "reasoning", "options": {"eval_size": 8}},
+        "policy": {"model": tiny_model, "train": {"lr": 1e-3, "micro_batch_size": 8},
+                   "generate": {"max_new_tokens": 3, "resources": {"ranks": 1, "cpus_per_rank": 0.5}},
+                   "resources": {"ranks": 1, "cpus_per_rank": 0.5},
+                   "weight_sync": {"transport": "nccl", "verify": True, "bucket_mb": 1}},
+        "reference": None, "algorithm": {"name": "grpo", "mini_batch_size": 8, "kl_coef": 0.0},
+        "trainer": {"steps": 2, "prompts_per_step": 4, "samples_per_prompt": 2}})
+    coord = Coordinator(topology(cfg, tiny_model, {"policy": 2})).start()
+    try:
+        policy, rollout = coord["policy"], coord["rollout"]
+        assert coord.transport == "nccl"
+        policy.train_step(batch(load_tokenizer(tiny_model)), PolicyLoss(entropy_coef=0.01))
+        coord.sync_weights(1)
+        ray.kill(rollout.workers[0], no_restart=True)  # dies between syncs; the generate finds out
+        out = rollout.generate([[1, 20, 21]], SamplingParams(temperature=0, max_new_tokens=3), [7], wait=False)
+        got = out.get(timeout=300)
+        assert [(e["handle"], e["how"]) for e in coord.healing.events] == [("rollout", "in place")]
+        assert len(got.token_ids) == 1 and set(got.versions[0]) == {1}
+        compare_checksums(policy.weight_checksums("train")[0], rollout.weight_checksums("generate")[0])
+    finally:
+        coord.shutdown()

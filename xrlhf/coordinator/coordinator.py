@@ -223,18 +223,19 @@ class Coordinator:
 
     def in_place(self, name: str) -> bool:
         """Whether handle ``name`` is restarted on its own when a worker dies: one without training
-        state (the reference, the reward model, the teacher, the split layout's generators when the rollout is
-        synchronous and their weights come as messages: what they hold is on disk or is the
-        trainer's current weights)."""
+        state (the reference, the reward model, the teacher, the generators of a synchronous
+        rollout: what they hold is on disk or is the trainer's current weights), unless a broadcast
+        sync to the generators is under way."""
         spec = self._spec(name)
         if spec is None or "train" in spec.engines:
             return False
         if not self._receives_weights(name):
             return True  # its model is on disk (a teacher's generate engine gets no weights either)
         # an asynchronous rollout's generators may hold an older version than the trainer's; a
-        # broadcast sync is a collective with the policy's rank 0, which may be blocked in it
-        broadcast = self.weight_sync is not None and self.weight_sync.kind == "broadcast"
-        return self.topology.max_staleness == 0 and not broadcast
+        # broadcast sync is a collective with the policy's rank 0, which may be blocked in it while
+        # one runs (between syncs the group is opened anew with the new generators: setup())
+        blocked = self.weight_sync is not None and self.weight_sync.kind == "broadcast" and self.weight_sync.syncing
+        return self.topology.max_staleness == 0 and not blocked
 
     def _receives_weights(self, name: str) -> bool:
         """Whether handle ``name`` holds the policy's synced weights (the generators, ``rollout``)."""

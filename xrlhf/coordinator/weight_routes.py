@@ -50,6 +50,9 @@ class WeightRoutes:
         self.epoch = 0
         """Counts complete syncs; a sync that sees it move (a generator restarted and re-synced
         while it ran) stops: the restart's sync was whole."""
+        self.syncing = False
+        """Whether a sync is under way: a broadcast's sender may then be blocked in the collective
+        with a generator that died, so that generator cannot be restarted alone."""
 
     @property
     def transport(self) -> str:
@@ -91,11 +94,14 @@ class WeightRoutes:
         a bucket sent twice would leave the generator waiting for a sync's end) and it is done."""
         t0 = time.time()
         epoch = self.epoch
+        self.syncing = True
         try:
             self._route(epoch, version)
         except WorkerDiedError:
             if self.epoch == epoch:  # no whole re-sync happened: the run must restart
                 raise
+        finally:
+            self.syncing = False
         return time.time() - t0
 
     def _route(self, epoch: int, version: int | None) -> None:
