@@ -70,6 +70,36 @@ def ray_session():
     ray.shutdown()
 
 
+def forget_deepspeed_groups() -> None:
+    """DeepSpeed caches the communication backend and a clone of the world group
+    (``groups._WORLD_GROUP``); once a module's one-rank group is destroyed that clone is stale, and
+    the next ``deepspeed.initialize`` fails on it ("Group ... is not registered") or not, by the
+    order the modules ran in."""
+    from deepspeed import comm
+    from deepspeed.utils import groups
+
+    comm.comm.cdb = None
+    groups._WORLD_GROUP = None
+
+
+@pytest.fixture(scope="module")
+def one_rank():
+    """A one-rank process group for in-process DeepSpeed engines (made by the first one), torn
+    down after the module, DeepSpeed's caches of it forgotten before and after."""
+    pytest.importorskip("deepspeed")
+    import torch.distributed as dist
+
+    had_local_rank = "LOCAL_RANK" in os.environ
+    if not dist.is_initialized():
+        forget_deepspeed_groups()
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    forget_deepspeed_groups()
+    if not had_local_rank:
+        os.environ.pop("LOCAL_RANK", None)
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> str:
     """A 2-layer, 64-wide Llama with a char tokenizer (about 140k parameters)."""

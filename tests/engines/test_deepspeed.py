@@ -42,21 +42,6 @@ def model_dir(tmp_path_factory):
     return str(build_model(tmp_path_factory.mktemp("tiny") / "model", seed=1))
 
 
-@pytest.fixture(scope="module")
-def one_rank():
-    """A one-rank process group for the in-process engines, torn down after the module."""
-    import torch.distributed as dist
-    from deepspeed import comm
-
-    had_local_rank = "LOCAL_RANK" in os.environ
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    comm.comm.cdb = None
-    if not had_local_rank:
-        os.environ.pop("LOCAL_RANK", None)
-
-
 def train_once(name, model_dir, **opts):
     engine = build_engine(name, EngineSpec(model_path=model_dir, options={**OPTS, **opts}, seed=0,
                                          total_steps=TOTAL_STEPS), "train")

@@ -25,31 +25,6 @@ def model_dir(tmp_path_factory):
     return str(build_model(tmp_path_factory.mktemp("tiny") / "model", seed=1))
 
 
-def _forget_process_groups() -> None:
-    """DeepSpeed caches a clone of the world group (``groups._WORLD_GROUP``); once another module's
-    one-rank group is destroyed, that clone is stale, and ``deepspeed.initialize`` fails on it."""
-    from deepspeed import comm
-    from deepspeed.utils import groups
-
-    comm.comm.cdb = None
-    groups._WORLD_GROUP = None
-
-
-@pytest.fixture(scope="module")
-def one_rank():
-    import torch.distributed as dist
-
-    had_local_rank = "LOCAL_RANK" in os.environ
-    if not dist.is_initialized():
-        _forget_process_groups()
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    _forget_process_groups()
-    if not had_local_rank:
-        os.environ.pop("LOCAL_RANK", None)
-
-
 def lora_engine(name, model_dir, dist=None, **opts):
     spec = EngineSpec(model_path=model_dir, options={**OPTS, "lora": LORA, **opts}, seed=0, total_steps=TOTAL_STEPS)
     if dist is not None:

@@ -8,7 +8,6 @@ The GPU half (vLLM, every transport) is tests/gpu/test_real_archs_gpu.py."""
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
@@ -77,22 +76,6 @@ def test_train_sync_generate_and_score(arch_model):
     other = (batch["rollout_logprobs"] - base.infer(batch)["logprobs"])[mask].abs()
     assert diff.max() < 1e-4, float(diff.max())
     assert other.mean() > 100 * max(diff.mean(), 1e-7), (float(other.mean()), float(diff.mean()))
-
-
-@pytest.fixture(scope="module")
-def one_rank():
-    """A one-rank process group for the in-process DeepSpeed engine, torn down after the module."""
-    pytest.importorskip("deepspeed")
-    import torch.distributed as dist
-    from deepspeed import comm
-
-    had_local_rank = "LOCAL_RANK" in os.environ
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    comm.comm.cdb = None
-    if not had_local_rank:
-        os.environ.pop("LOCAL_RANK", None)
 
 
 @pytest.mark.parametrize("stage", [2, 3])
