@@ -141,7 +141,7 @@ def run_xrlhf(name: str, overrides: list[str], model: str, args: argparse.Namesp
             "phases": s["phases_median"], "gpu_busy": s["gpu_busy"], "peak_gib": s["peak_gib"],
             "staleness": s["staleness_observed"], "reward_mean_last": s["reward_mean_last"],
             "mismatch_mean": s["mismatch_mean"], "per_step": s["per_step"], "ready_line": ready[-1] if ready else None,
-            "xrlhf_wall_s": round(time.time() - t0, 1), "error": error, "run_dir": str(run_dir)}
+            "xrlhf_wall_s": round(time.time() - t0, 1), "error": error, "run_dir": str(run_dir), "gpus_used": len(used)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, overrides in parse_variants(args.variants):
         x = run_xrlhf(name, overrides, model, args, machine)
         ratio = round(x["xrlhf_step_s"] / trl["trl_step_s"], 3) if x["xrlhf_step_s"] and trl.get("trl_step_s") else None
-        entry = {"gpu": machine[0]["name"] if machine else "none", "gpus_used": 2 if "ray.num_gpus=2" in overrides else 1, **trl, **x, "ratio": ratio,
+        entry = {"gpu": machine[0]["name"] if machine else "none", **trl, **x, "ratio": ratio,
                  "command": " ".join([Path(sys.executable).name, "-m", "benchmarks.w_vs_trl", *sys.argv[1:]]),
                  "date": time.strftime("%Y-%m-%d %H:%M:%S"), "versions": versions()}
         entries.append(entry)

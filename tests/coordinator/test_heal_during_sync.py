@@ -17,6 +17,23 @@ from tests.conftest import policy_batch as batch
 
 pytestmark = pytest.mark.usefixtures("ray_session")  # runs handles in this process
 
+ONE_RANK = {"ranks": 1, "cpus_per_rank": 0.5}
+"""One worker on half a CPU: the policy's, and the generators' own in the split layout."""
+
+
+def started(tiny_model: str, layout: str, transport: str) -> Coordinator:
+    """A started coordinator of a small GRPO run: one policy rank, generators co-located or split,
+    weights by ``transport`` (verified, 1 MiB buckets)."""
+    gen = {"max_new_tokens": 3, **({"resources": ONE_RANK} if layout == "split" else {})}
+    cfg = validate_dict({
+        "name": "heal-sync", "seed": 0, "ray": {"num_cpus": 2},
+        "env": {"name": "reasoning", "options": {"eval_size": 8}},
+        "policy": {"model": tiny_model, "train": {"lr": 1e-3, "micro_batch_size": 8}, "generate": gen,
+                   "resources": ONE_RANK, "weight_sync": {"transport": transport, "verify": True, "bucket_mb": 1}},
+        "reference": None, "algorithm": {"name": "grpo", "mini_batch_size": 8, "kl_coef": 0.0},
+        "trainer": {"steps": 2, "prompts_per_step": 4, "samples_per_prompt": 2}})
+    return Coordinator(topology(cfg, tiny_model, {"policy": 2})).start()
+
 
 @pytest.mark.parametrize("layout", ["co-located", "split"])
 def test_a_generator_killed_during_a_sync_is_synced_whole_and_generates(tiny_model, layout):
@@ -26,17 +43,7 @@ def test_a_generator_killed_during_a_sync_is_synced_whole_and_generates(tiny_mod
     stall time-out). Its next generate answers, with the trainer's weights."""
     import ray
 
-    gen = {"max_new_tokens": 3} if layout == "co-located" else {
-        "max_new_tokens": 3, "resources": {"ranks": 1, "cpus_per_rank": 0.5}}
-    cfg = validate_dict({
-        "name": "heal-sync", "seed": 0, "ray": {"num_cpus": 2},
-        "env": {"name": "reasoning", "options": {"eval_size": 8}},
-        "policy": {"model": tiny_model, "train": {"lr": 1e-3, "micro_batch_size": 8}, "generate": gen,
-                   "resources": {"ranks": 1, "cpus_per_rank": 0.5},
-                   "weight_sync": {"transport": "cpu", "verify": True, "bucket_mb": 1}},
-        "reference": None, "algorithm": {"name": "grpo", "mini_batch_size": 8, "kl_coef": 0.0},
-        "trainer": {"steps": 2, "prompts_per_step": 4, "samples_per_prompt": 2}})
-    coord = Coordinator(topology(cfg, tiny_model, {"policy": 2})).start()
+    coord = started(tiny_model, layout, "cpu")
     try:
         policy, rollout = coord["policy"], coord["rollout"]
         policy.train_step(batch(load_tokenizer(tiny_model)), PolicyLoss(entropy_coef=0.01))
@@ -58,16 +65,7 @@ def test_a_broadcast_generator_killed_between_syncs_is_restarted_alone(tiny_mode
     trainer's weights synced whole. The next generate answers, with the trainer's version."""
     import ray
 
-    cfg = validate_dict({
-        "name": "heal-broadcast", "seed": 0, "ray": {"num_cpus": 2},
-        "env": {"name": "reasoning", "options": {"eval_size": 8}},
-        "policy": {"model": tiny_model, "train": {"lr": 1e-3, "micro_batch_size": 8},
-                   "generate": {"max_new_tokens": 3, "resources": {"ranks": 1, "cpus_per_rank": 0.5}},
-                   "resources": {"ranks": 1, "cpus_per_rank": 0.5},
-                   "weight_sync": {"transport": "nccl", "verify": True, "bucket_mb": 1}},
-        "reference": None, "algorithm": {"name": "grpo", "mini_batch_size": 8, "kl_coef": 0.0},
-        "trainer": {"steps": 2, "prompts_per_step": 4, "samples_per_prompt": 2}})
-    coord = Coordinator(topology(cfg, tiny_model, {"policy": 2})).start()
+    coord = started(tiny_model, "split", "nccl")
     try:
         policy, rollout = coord["policy"], coord["rollout"]
         assert coord.transport == "nccl"
