@@ -7,8 +7,12 @@
 #   bash benchmarks/gpu_i29.sh setup trl_async    # install; TRL (fp32 + autocast) then W split, one step off
 #   bash benchmarks/gpu_i29.sh sync               # W split, synchronous (the async run's own baseline)
 #   bash benchmarks/gpu_i29.sh lora_ds            # LoRA on ZeRO-3: merged, adapter, resume (alone: ~9 minutes)
-#   bash benchmarks/gpu_i29.sh split              # the split-layout PPO tests (NCCL, in-flight updates)
-#   bash benchmarks/gpu_i29.sh heal               # the split generator killed mid-step (alone: ~9 minutes)
+#   bash benchmarks/gpu_i29.sh lora_resume        # the resume test of those alone
+#   bash benchmarks/gpu_i29.sh split              # the split-layout PPO tests (NCCL, in-flight updates x3)
+#   bash benchmarks/gpu_i29.sh heal               # the split generator killed mid-step, twice
+#
+# The GPU tests' runs keep their metrics (memory timeline included) in runs/<test>/ of the archive
+# (XRLHF_GPU_RUNS): the plan's check against measured memory of configs/gpu/ppo_* (issue 28).
 #   bash benchmarks/gpu_i29.sh ds                 # DeepSpeed's GPU tests on two GPUs
 #
 # Measured 2026-11-25 (2 x H200): setup 40 s, trl_async 309 s, sync 162 s; lora_ds's first two
@@ -30,16 +34,17 @@ stage_sync() { TAIL=6 run sync 230 python -m benchmarks.w_vs_trl --trl-dtype non
 gpu_tests() {  # gpu_tests NAME LIMIT PYTEST-ARGS...
   local name=$1 limit=$2
   shift 2
-  XRLHF_LORA_OUT="$OUT/lora_gpu2.json" TAIL=${TAIL:-10} run "$name" "$limit" python -m pytest -m gpu "$@" -q -rA \
+  XRLHF_LORA_OUT="$OUT/lora_gpu2.json" XRLHF_GPU_RUNS="$OUT/runs" TAIL=${TAIL:-10} run "$name" "$limit" python -m pytest -m gpu "$@" -q -rA \
     -p no:cacheprovider --durations=0
 }
 stage_lora_ds() { gpu_tests lora_ds 560 tests/gpu/test_lora_gpu.py -k zero3; }
-stage_split() { gpu_tests split 260 tests/gpu/test_ppo_vllm.py -k split; }
-stage_heal() {
-  TAIL=30 run heal 570 python -m benchmarks.healing --gpu --gpus 2 --timeout 540 --out "$OUT" \
-    --work "$(mktemp -d /tmp/i29-heal-XXXX)"
+stage_lora_resume() { gpu_tests lora_resume 330 tests/gpu/test_lora_gpu.py -k "zero3 and resume"; }
+stage_split() { gpu_tests split "${SPLIT_LIMIT:-480}" tests/gpu/test_ppo_vllm.py -k split; }
+stage_heal() {  # the generator killed twice, healed in place (no checkpoints): ~4 minutes
+  TAIL=30 run heal "${HEAL_LIMIT:-300}" python -m benchmarks.healing --gpu --gpus 2 --timeout "${HEAL_TIMEOUT:-280}" \
+    --out "$OUT" --work "$(mktemp -d /tmp/i29-heal-XXXX)"
 }
-stage_ds() { gpu_tests ds "${DS_LIMIT:-300}" tests/gpu/test_deepspeed_gpu.py; }
+stage_ds() { gpu_tests ds "${DS_LIMIT:-300}" tests/gpu/test_deepspeed_gpu.py ${DS_K:+-k "$DS_K"}; }
 
 for s in "$@"; do "stage_$s"; done
 pack "$@"

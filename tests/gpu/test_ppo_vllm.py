@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +30,7 @@ def run_config(name: str, model: str, out, extra: tuple[str, ...] = ()) -> list[
     if ray.is_initialized():  # a CPU test's shared Ray (2 CPUs, no GPU): the run needs its own
         ray.shutdown()
     run(cfg, out)
+    keep_run(name, out, extra)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "reward/mean" in r]
     assert [r["step"] for r in steps] == list(range(1, cfg.trainer.steps + 1))
@@ -37,6 +41,21 @@ def run_config(name: str, model: str, out, extra: tuple[str, ...] = ()) -> list[
         # sync that left vLLM with other weights would show here as a large difference.
         assert math.isfinite(r["mismatch/logprob_abs_diff_mean"]) and r["mismatch/logprob_abs_diff_mean"] < 0.1
     return steps
+
+
+def keep_run(name: str, out, extra: tuple[str, ...]) -> None:
+    """With ``XRLHF_GPU_RUNS`` set: the run's metrics (the memory timeline among them: on by default
+    with a GPU), its resolved config and the overrides kept under ``$XRLHF_GPU_RUNS/<test>/``, for
+    the plan's check against measured memory (issue 28)."""
+    if not (root := os.environ.get("XRLHF_GPU_RUNS")):
+        return
+    test = os.environ.get("PYTEST_CURRENT_TEST", name).split(" ")[0].split("::")[-1]
+    dest = Path(root) / test.replace("[", "-").replace("]", "")
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in ("metrics.jsonl", "config.yaml", "summary.json"):
+        if (out / f).is_file():
+            shutil.copy(out / f, dest / f)
+    (dest / "overrides.json").write_text(json.dumps({"config": name, "overrides": [*SMALL, *extra]}))
 
 
 def test_ppo_colocated_on_one_gpu(model_05b, tmp_path):
@@ -60,8 +79,11 @@ def test_ppo_async_colocated_on_one_gpu(model_05b, tmp_path):
 
 
 @pytest.mark.gpus(2)
-def test_ppo_async_split_latest_in_flight_on_two_gpus(model_05b, tmp_path):
-    """Generation on its own GPU, new weights landing mid-generation (NCCL, verify on)."""
+@pytest.mark.parametrize("on_update", ["continue", "recompute", "abort"])
+def test_ppo_async_split_latest_in_flight_on_two_gpus(model_05b, tmp_path, on_update):
+    """Generation on its own GPU, new weights landing mid-generation (NCCL, verify on), each way
+    unfinished samples may take them."""
     steps = run_config("ppo_vllm_split", model_05b, tmp_path,
-                       ASYNC + ("rollout.max_staleness=2", "rollout.freshness=latest", "rollout.in_flight_updates=true"))
+                       ASYNC + ("rollout.max_staleness=2", "rollout.freshness=latest", "rollout.in_flight_updates=true",
+                                f"rollout.on_update={on_update}", "policy.generate.max_new_tokens=64"))
     assert all(0 <= r["staleness/min"] <= r["staleness/max"] <= 2 for r in steps)
