@@ -143,6 +143,8 @@ def inject(out: Path, proc: subprocess.Popen, faults: list[Fault], seed: int = 0
         time.sleep(f.delay_s)
         f.pid = json.loads((out / "workers.json").read_text())[f.handle][f.rank]
         f.at = time.time()
+        # the step under way when the signal is sent: later than f.step when steps are short
+        f.extra["landed_in_step"] = max(_done_steps(out) | {0}) + 1
         try:
             os.kill(f.pid, getattr(signal, f.signal))
         except ProcessLookupError:
@@ -186,7 +188,8 @@ def figures(faults: list[Fault], summary: dict) -> list[dict]:
     events = summary.get("healed", [])
     rows = []
     for f, e in zip(faults, events):
-        rows.append({"handle": f.handle, "rank": f.rank, "signal": f.signal, "step": f.step,
+        rows.append({"handle": f.handle, "rank": f.rank, "signal": f.signal,
+                     "step": f.extra.get("landed_in_step", f.step),
                      "delay_into_step_s": round(f.delay_s, 3), "healed": e["how"], "redone": e["redone"],
                      "recover_s": e["recover_s"], "error": e["error"]})
     return rows

@@ -514,17 +514,25 @@ def healing(r: dict | None) -> list[str]:
     for f in r["faults"]:
         out.append(f"| {f['handle']} | {f['rank']} | {f['signal']} | {f['healed']} | {fmt(f['recover_s'], 1)} | "
                    f"{f['redone']} |")
-    g = r.get("gpu")
-    if g is None:
+    if r.get("gpu") is None:
         return out + ["", "A vLLM generator's restart on a GPU has not been measured yet.", ""]
-    out += ["", f"With vLLM on a GPU ({g['hardware']}; `{g['command']}`): {g['scenario']}; heartbeat timeout "
-            f"{g['heartbeat_timeout_s']:g} s; run finished (exit {g['exit']}) in {g['wall_s_with_faults']:.0f} s with "
-            f"the faults. {g['note']}.", "",
-            "| handle | rank | fault | step | healed | recover (s) | redone |", "|---|---|---|---|---|---|---|"]
+    for key, where in (("gpu", "on a GPU"), ("gpu2", "on two GPUs")):
+        if (g := r.get(key)) is not None:
+            out += healing_gpu(g, where)
+    return out + [""]
+
+
+def healing_gpu(g: dict, where: str) -> list[str]:
+    """One GPU scenario of ``benchmarks.healing --gpu``: its sentence and its faults' table."""
+    date = f", {g['date']}" if g.get("date") else ""
+    out = ["", f"With vLLM {where} ({g['hardware']}{date}; `{g['command']}`): {g['scenario']}; heartbeat timeout "
+           f"{g['heartbeat_timeout_s']:g} s; run finished (exit {g['exit']}) in {g['wall_s_with_faults']:.0f} s with "
+           f"the faults. {g['note']}.", "",
+           "| handle | rank | fault | step | healed | recover (s) | redone |", "|---|---|---|---|---|---|---|"]
     for f in g["faults"]:
         out.append(f"| {f['handle']} | {f['rank']} | {f['signal']} | {f['step']} | {f['healed']} | "
                    f"{fmt(f['recover_s'], 1)} | {f['redone']} |")
-    return out + [""]
+    return out
 
 
 def main() -> None:

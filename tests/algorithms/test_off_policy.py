@@ -135,15 +135,16 @@ def test_staleness_metrics():
     # |old - rollout|: row 0 [0.1, 0.3, 0.5], row 1 [0.2, 0.6]
     old = rollout + T([[0.1, -0.3, 0.5, 7.0], [-0.2, 0.6, 9.0, 9.0]])
     m = staleness_metrics(old, rollout, versions, MASK, policy_version=5)
-    assert set(m) == {"staleness/min", "staleness/mean", "staleness/max", "mismatch/abs_diff_s0",
-                      "mismatch/abs_diff_s1", "mismatch/abs_diff_s2"}
+    assert set(m) == {"staleness/min", "staleness/mean", "staleness/max", "staleness/mixed_frac",
+                      "mismatch/abs_diff_s0", "mismatch/abs_diff_s1", "mismatch/abs_diff_s2"}
     assert (m["staleness/min"], m["staleness/max"]) == (0.0, 2.0)
+    assert m["staleness/mixed_frac"] == 0.5  # row 0 was sampled by versions 5 and 4, row 1 by 3 alone
     close(m["staleness/mean"], 1.2)
     close(m["mismatch/abs_diff_s0"], 0.1)  # one token
     close(m["mismatch/abs_diff_s1"], 0.4)  # (0.3 + 0.5) / 2
     close(m["mismatch/abs_diff_s2"], 0.4)  # (0.2 + 0.6) / 2
     empty = staleness_metrics(old, rollout, versions, torch.zeros(2, 4), policy_version=5)
-    assert empty == {"staleness/min": 0.0, "staleness/mean": 0.0, "staleness/max": 0.0}
+    assert empty == {"staleness/min": 0.0, "staleness/mean": 0.0, "staleness/max": 0.0, "staleness/mixed_frac": 0.0}
 
 
 # -- PolicyLoss --------------------------------------------------------------------------------

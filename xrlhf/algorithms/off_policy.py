@@ -139,13 +139,20 @@ def is_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask:
 
 def staleness_stats(token_versions: torch.Tensor, mask: torch.Tensor, policy_version: int) -> dict[str, float]:
     """``staleness/min|mean|max`` of ``policy_version - token_versions`` over the response tokens
-    (``[B, R]`` each); zeros for an all-padding batch."""
+    (``[B, R]`` each), and ``staleness/mixed_frac``: the fraction of sequences whose tokens were
+    sampled by more than one version (an in-flight update landed while they generated, and they
+    went on: ``on_update`` continue or recompute); zeros for an all-padding batch."""
     real = mask != 0
     if not bool(real.any()):
-        return {"staleness/min": 0.0, "staleness/mean": 0.0, "staleness/max": 0.0}
-    stale = (policy_version - token_versions.long())[real]
+        return {"staleness/min": 0.0, "staleness/mean": 0.0, "staleness/max": 0.0, "staleness/mixed_frac": 0.0}
+    versions = token_versions.long()
+    stale = (policy_version - versions)[real]
+    rows = real.any(dim=1)
+    newest = torch.where(real, versions, torch.full_like(versions, torch.iinfo(torch.long).min)).amax(dim=1)
+    oldest = torch.where(real, versions, torch.full_like(versions, torch.iinfo(torch.long).max)).amin(dim=1)
+    mixed = ((newest != oldest) & rows).sum() / rows.sum()
     return {"staleness/min": float(stale.min()), "staleness/mean": float(stale.double().mean()),
-            "staleness/max": float(stale.max())}
+            "staleness/max": float(stale.max()), "staleness/mixed_frac": float(mixed)}
 
 
 def staleness_metrics(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, token_versions: torch.Tensor,
