@@ -7,7 +7,12 @@ peaks within 15%, vLLM's memory within 10% (issue 28). Which runs, and why these
   ``kv_cache_tokens: batch`` (its log: ``kv_cache_memory_bytes`` 26,575,110,144);
 * ``train_efficiency_matrix.json``: W's train step alone (policy + reference in one process) at
   set and derived token budgets, mixed precision and pure bf16 (H100);
-* ``deepspeed.json``: ZeRO-2, ZeRO-3 and ZeRO-3 with offload, 1.5b preset on two H200s.
+* ``deepspeed.json``: ZeRO-2, ZeRO-3 and ZeRO-3 with offload, 1.5b preset on two H200s;
+* ``lora_gpu.json``: W with LoRA (``configs/gpu/grpo_w_lora.yaml``, merged sync), the policy
+  workers' peak allocation during the update (one H200, 2026-11-23);
+* ``gpu_i29/2026-11-26/runs/<test>``: the GPU tests' PPO runs of ``configs/gpu/ppo_*`` on two H200s
+  (3 steps of 32 prompts, 32 new tokens; the reasoning env's prompts are ~5 tokens), their memory
+  timelines.
 
 Step 1 is left out of the timeline's means: AdamW's states do not exist before the first step.
 W's prompts are 28 tokens on average (145,334 tokens in 512 sequences of ~256 new tokens).
@@ -111,3 +116,41 @@ def test_deepspeed_zero_peaks(setting, tmp_path):
     planned = sum(trainer_state(s, t).values()) + tokens * train_bytes_per_token(s, t) + head_working(
         s, "causal_lm", 1024, True)
     assert planned / GIB == pytest.approx(row["peak_gpu_mem_gib"], rel=0.15)
+
+
+H200X2 = Cluster(2, 1, 140.4)  # 143,771 MiB per GPU
+GPU_RUNS = RESULTS / "gpu_i29" / "2026-11-26" / "runs"
+
+
+@pytest.mark.parametrize(("test", "config"), [("test_ppo_split_on_two_gpus", "ppo_vllm_split"),
+                                              ("test_ppo_deepspeed_split_nccl", "ppo_deepspeed_split"),
+                                              ("test_ppo_zero3_policy_with_colocated_vllm", "ppo_deepspeed_zero3")])
+def test_gpu_config_runs_on_two_gpus(test, config):
+    """Each trainer's peak (policy, critic: train; reference: infer) within 15%; vLLM within 10%:
+    split, the generator GPU's use (vLLM alone there); co-located, what its sleep frees."""
+    run = GPU_RUNS / test
+    kept = json.loads((run / "overrides.json").read_text())
+    assert kept["config"] == config
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if r.get("step", 0) >= 2 and "memory/train/policy_gib" in r]
+    assert len(rows) == 2
+    cfg = load_for_plan(str(ROOT / "configs" / "gpu" / f"{config}.yaml"), [f"policy.model={W_MODEL}", *kept["overrides"]])
+    layout = make_plan(plan_input(cfg, prompt_tokens=5), H200X2).configured
+    trainers = layout.groups[0]
+    for phase, handle in (("train", "policy"), ("train", "critic"), ("infer", "reference")):
+        measured = mean(r[f"memory/{phase}/{handle}_gib"] for r in rows)
+        assert trainers.alloc[(phase, handle)] / GIB == pytest.approx(measured, rel=0.15), (phase, handle)
+    if layout.layout.split:
+        measured = mean(r["memory/generate/device_gib"] for r in rows)  # the fuller GPU: vLLM's
+        assert layout.groups[1].device("generate") / GIB == pytest.approx(measured, rel=0.10)
+    else:
+        freed = mean(r["memory/generate/device_gib"] - r["memory/sleep/device_gib"] for r in rows)
+        planned = trainers.alloc[("generate", "rollout")] - trainers.alloc[("sleep", "rollout")]
+        assert planned / GIB == pytest.approx(freed, rel=0.10)
+
+
+def test_w_lora_policy_peak():
+    measured = json.loads((RESULTS / "lora_gpu.json").read_text())["grpo_w_lora_merged"]["train_peak_gib_lora"]
+    cfg = load_for_plan(str(ROOT / "configs" / "gpu" / "grpo_w_lora.yaml"), [f"policy.model={W_MODEL}"])
+    g = make_plan(plan_input(cfg, prompt_tokens=28), Cluster(1, 1, 139.8)).configured.groups[0]
+    assert g.alloc[("train", "policy")] / GIB == pytest.approx(measured, rel=0.15)  # 1.83 GiB
