@@ -11,6 +11,8 @@ BIN := $(VENV)/bin
 # A CPU build of torch. Elsewhere, e.g.:  make TORCH="torch --index-url https://download.pytorch.org/whl/cpu"
 TORCH ?= torch==2.13.0
 EXTRAS ?= test
+# make test's pytest workers (pytest-xdist, a test file per worker at a time; 0: one process)
+TEST_WORKERS ?= 2
 MODEL ?= artifacts/tiny-char
 SMALL ?= artifacts/small-char
 
@@ -40,7 +42,7 @@ data: install $(MODEL)/config.json $(SMALL)/config.json
 	$(BIN)/xrlhf prepare-data
 
 test: install
-	$(BIN)/python -m pytest -q --durations=40
+	$(BIN)/python -m pytest -q --durations=40 -n $(TEST_WORKERS) --dist loadfile
 
 test-quick: install
 	$(BIN)/python -m pytest -q -m "not slow and not gpu" --durations=10

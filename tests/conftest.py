@@ -177,7 +177,8 @@ def pytest_unconfigure(config):
     2026-11-25: 808 passed, then ``make: Segmentation fault``), in C extensions' exit handlers
     (Ray, torch, wandb are all loaded by then); the tests' results are already final there.
     ``XRLHF_TEST_CLEAN_EXIT=0`` lets the interpreter finish normally (to chase that crash)."""
-    if _EXIT_STATUS and os.environ.get("XRLHF_TEST_CLEAN_EXIT", "1") == "1":
+    # not in a pytest-xdist worker: it reports to the main process while it shuts down
+    if _EXIT_STATUS and os.environ.get("XRLHF_TEST_CLEAN_EXIT", "1") == "1" and "PYTEST_XDIST_WORKER" not in os.environ:
         import sys
 
         sys.stdout.flush()
