@@ -7,6 +7,7 @@
 #   bash benchmarks/gpu_i25.sh eff                   # the train step and logprob phase (train_efficiency --matrix)
 #   bash benchmarks/gpu_i25.sh trl32                 # TRL (fp32 + autocast) and xrlhf W as shipped, one call
 #   bash benchmarks/gpu_i25.sh trl16 async           # TRL pure bf16 and xrlhf pure bf16; sync-awake vs async
+#   bash benchmarks/gpu_i25.sh inflight              # vLLM's in-flight updates, each on_update (never seen on a GPU)
 #
 # Logs and JSON in $OUT/<stage>/ (OUT: the device tool's folder; ./gpu-out otherwise).
 set -uo pipefail
@@ -15,7 +16,8 @@ STAGE=i25
 source benchmarks/gpu_lib.sh
 
 stage_smoke() {  # the co-located layout: policy, critic, reference and the generator's own actor on one GPU
-  TAIL=8 run smoke 240 python -m pytest -m gpu tests/gpu/test_ppo_vllm.py -k "colocated and not async" -x -q -rA \
+  # its run's metrics kept in runs/ (memory timeline: the plan's check of ppo_vllm_colocate, issue 28)
+  XRLHF_GPU_RUNS="$OUT/runs" TAIL=8 run smoke 240 python -m pytest -m gpu tests/gpu/test_ppo_vllm.py -k "colocated and not async" -x -q -rA \
     -p no:cacheprovider
 }
 
@@ -33,6 +35,10 @@ stage_gen() {  # vLLM's ceiling on W's shape against xrlhf's keyed generate, wit
 stage_eff() {
   TAIL=20 run eff 420 python -m benchmarks.train_efficiency --matrix --compile --out "$OUT"
   TAIL=6 run packing 150 python -m pytest -m gpu tests/gpu/test_packing_gpu.py -x -q -rA -p no:cacheprovider
+}
+
+stage_inflight() {  # vLLM's in-flight weight updates, each on_update mode (engine level, one GPU)
+  TAIL=12 run inflight 300 python -m pytest -m gpu tests/gpu/test_vllm_inflight.py -q -rA -s -p no:cacheprovider
 }
 
 stage_trl32() { TAIL=8 run trl32 590 python -m benchmarks.w_vs_trl --trl-dtype float32 --variants default --out "$OUT"; }

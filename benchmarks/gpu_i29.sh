@@ -10,6 +10,7 @@
 #   bash benchmarks/gpu_i29.sh lora_resume        # the resume test of those alone
 #   bash benchmarks/gpu_i29.sh split              # the split-layout PPO tests (NCCL, in-flight updates x3)
 #   bash benchmarks/gpu_i29.sh heal               # the split generator killed mid-step, twice
+#   bash benchmarks/gpu_i29.sh setup inflight     # the in-flight tests alone (each on_update; ~8 minutes)
 #
 # The GPU tests' runs keep their metrics (memory timeline included) in runs/<test>/ of the archive
 # (XRLHF_GPU_RUNS): the plan's check against measured memory of configs/gpu/ppo_* (issue 28).
@@ -39,6 +40,7 @@ gpu_tests() {  # gpu_tests NAME LIMIT PYTEST-ARGS...
 }
 stage_lora_ds() { gpu_tests lora_ds 560 tests/gpu/test_lora_gpu.py -k zero3; }
 stage_lora_resume() { gpu_tests lora_resume 330 tests/gpu/test_lora_gpu.py -k "zero3 and resume"; }
+stage_inflight() { gpu_tests inflight 480 tests/gpu/test_ppo_vllm.py -k in_flight; }  # 256 tokens: syncs land mid-sample
 stage_split() { gpu_tests split "${SPLIT_LIMIT:-480}" tests/gpu/test_ppo_vllm.py -k split; }
 stage_heal() {  # the generator killed twice, healed in place (no checkpoints): ~4 minutes
   TAIL=30 run heal "${HEAL_LIMIT:-300}" python -m benchmarks.healing --gpu --gpus 2 --timeout "${HEAL_TIMEOUT:-280}" \
