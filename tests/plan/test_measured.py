@@ -10,7 +10,7 @@ peaks within 15%, vLLM's memory within 10% (issue 28). Which runs, and why these
 * ``deepspeed.json``: ZeRO-2, ZeRO-3 and ZeRO-3 with offload, 1.5b preset on two H200s;
 * ``lora_gpu.json``: W with LoRA (``configs/gpu/grpo_w_lora.yaml``, merged sync), the policy
   workers' peak allocation during the update (one H200, 2026-11-23);
-* ``gpu_i29/2026-11-26/runs/<test>``: the GPU tests' PPO runs of ``configs/gpu/ppo_*`` on two H200s
+* ``gpu_i29/2026-11-26/gpu_tests/<test>``: the GPU tests' PPO runs of ``configs/gpu/ppo_*`` on two H200s
   (3 steps of 32 prompts, 32 new tokens; the reasoning env's prompts are ~5 tokens), their memory
   timelines.
 
@@ -119,7 +119,7 @@ def test_deepspeed_zero_peaks(setting, tmp_path):
 
 
 H200X2 = Cluster(2, 1, 140.4)  # 143,771 MiB per GPU
-GPU_RUNS = RESULTS / "gpu_i29" / "2026-11-26" / "runs"
+GPU_RUNS = RESULTS / "gpu_i29" / "2026-11-26" / "gpu_tests"
 
 
 @pytest.mark.parametrize(("test", "config"), [("test_ppo_split_on_two_gpus", "ppo_vllm_split"),
