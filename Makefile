@@ -2,7 +2,9 @@
 #   make quickstart   create .venv, install, build a tiny model, run configs/quickstart.yaml
 #   make test         create .venv, install with test extras, run the test suite
 #   make test-quick   the suite without the tests marked slow (end-to-end runs, Ray start-ups, compiles)
-#                     and the GPU tests: the inner loop (CI runs make test)
+#                     and the GPU tests: the inner loop
+#   make test-all     the whole suite, the tests marked long included (learning claims, the healing
+#                     scenario: ~10 minutes more): what CI runs (.ci/run); make test-long runs those alone
 #   make data         build the tiny model and the datasets the offline configs read (dpo, kto_offline, rm, qa_ppo),
 #                     and the 4M-parameter char model configs/tool_calc.yaml trains
 PYTHON ?= python3
@@ -11,12 +13,10 @@ BIN := $(VENV)/bin
 # A CPU build of torch. Elsewhere, e.g.:  make TORCH="torch --index-url https://download.pytorch.org/whl/cpu"
 TORCH ?= torch==2.13.0
 EXTRAS ?= test
-# make test's pytest workers (pytest-xdist, a test file per worker at a time; 0: one process)
-TEST_WORKERS ?= 2
 MODEL ?= artifacts/tiny-char
 SMALL ?= artifacts/small-char
 
-.PHONY: install quickstart test test-quick data clean
+.PHONY: install quickstart test test-quick test-long test-all data clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,7 +42,13 @@ data: install $(MODEL)/config.json $(SMALL)/config.json
 	$(BIN)/xrlhf prepare-data
 
 test: install
-	$(BIN)/python -m pytest -q --durations=40 -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q -m "not long" --durations=40
+
+test-long: install
+	$(BIN)/python -m pytest -q -m long --durations=10
+
+test-all: install
+	$(BIN)/python -m pytest -q --durations=40
 
 test-quick: install
 	$(BIN)/python -m pytest -q -m "not slow and not gpu" --durations=10

@@ -15,6 +15,7 @@ from xrlhf.validation import load_config
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.long  # a learning claim of the docs, ~4 minutes
 @pytest.mark.usefixtures("ray_session")
 def test_grpo_async_learns_within_ten_minutes(tmp_path):
     model = build_model(tmp_path / "tiny-char")  # what `xrlhf make-tiny-model artifacts/tiny-char` builds

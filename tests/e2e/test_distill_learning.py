@@ -21,6 +21,7 @@ from xrlhf.validation import load_config
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.long  # a learning claim of the docs, ~4.5 minutes
 @pytest.mark.usefixtures("ray_session")
 @pytest.mark.timeout(1800)  # the teacher is built first (300 warm-up steps of `small`); 10 minutes: the student
 def test_distilled_student_learns_from_the_teacher_within_ten_minutes(tmp_path):

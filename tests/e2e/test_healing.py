@@ -20,6 +20,7 @@ from xrlhf.runner import run
 from xrlhf.validation import validate_dict
 
 
+@pytest.mark.long  # the scenario of benchmarks/healing.py (its figures: docs/benchmarks.md), ~2.5 minutes
 @pytest.mark.usefixtures("ray_session")
 def test_every_role_killed_or_frozen_mid_step_heals_to_the_same_weights(tiny_model, tmp_path):
     cfg = scenario_config(tiny_model)
