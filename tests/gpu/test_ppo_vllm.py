@@ -83,11 +83,11 @@ def test_ppo_async_colocated_on_one_gpu(model_05b, tmp_path):
 def test_ppo_async_split_latest_in_flight_on_two_gpus(model_05b, tmp_path, on_update):
     """Generation on its own GPU, new weights landing mid-generation (NCCL, verify on), each way
     unfinished samples may take them. 256 new tokens (the random model never stops early) make a
-    batch's generation (~1 s on an H200) longer than a train step (~0.15 s), so syncs land while
+    batch's generation (~1 s on an H200: four times the 0.25 s measured with 64) longer than a train step (~0.15 s), so syncs land while
     it runs; with 64 (2026-11-26) only one run of three showed a sample of two versions."""
     steps = run_config("ppo_vllm_split", model_05b, tmp_path,
                        ASYNC + ("rollout.max_staleness=2", "rollout.freshness=latest", "rollout.in_flight_updates=true",
                                 f"rollout.on_update={on_update}", "policy.generate.max_new_tokens=256"))
     assert all(0 <= r["staleness/min"] <= r["staleness/max"] <= 2 for r in steps)
     if on_update != "abort":  # abort restarts the samples a sync finds unfinished: one version each
-        assert max(r["staleness/mixed_frac"] for r in steps) > 0
+        assert max(r.get("staleness/mixed_frac", 0.0) for r in steps) > 0
