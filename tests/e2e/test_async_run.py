@@ -100,7 +100,9 @@ def test_a_dead_generator_is_found_within_seconds_and_the_run_heals_exactly(base
     assert time.time() - t0 < 30, log.read_text()[-3000:]
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out
-    assert "restarting every worker from checkpoint step-" in out and "Traceback" not in out
+    # from the step-1 checkpoint, or from the start when the kill came between step 1's metrics row
+    # and its checkpoint (2026-11-26, twice in a row): every worker either way, never in place
+    assert "restarting every worker from " in out and "in place" not in out and "Traceback" not in out
     a, b = final_weights(tmp_path / "straight"), final_weights(tmp_path / "run")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert_no_leftovers(proc.pid)
