@@ -58,8 +58,12 @@ def test_cancel_stops_the_wait_at_once(gate):
     assert time.monotonic() - start < 5
 
 
+# The child takes Ctrl-C as a terminal gives it to Python: a suite started in the background by a
+# shell without job control (`cmd &` in a script) has SIGINT ignored, which children inherit and
+# Python then leaves ignored (2026-11-26: this test hung there for its 60 s).
 SCRIPT = textwrap.dedent("""
-    import sys, threading
+    import signal, sys, threading
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from xrlhf.utils.bounded import UserCodeTimeout, call_bounded
     forever = threading.Event()
     print("waiting", flush=True)
