@@ -11,10 +11,10 @@
 #   bash benchmarks/gpu_i29.sh split              # the split-layout PPO tests (NCCL, in-flight updates x3)
 #   bash benchmarks/gpu_i29.sh heal               # the split generator killed mid-step, twice
 #   bash benchmarks/gpu_i29.sh setup inflight     # the in-flight tests alone (each on_update; ~8 minutes)
+#   bash benchmarks/gpu_i29.sh ds                 # DeepSpeed's GPU tests on two GPUs
 #
 # The GPU tests' runs keep their metrics (memory timeline included) in runs/<test>/ of the archive
 # (XRLHF_GPU_RUNS): the plan's check against measured memory of configs/gpu/ppo_* (issue 28).
-#   bash benchmarks/gpu_i29.sh ds                 # DeepSpeed's GPU tests on two GPUs
 #
 # Measured 2026-11-25 (2 x H200): setup 40 s, trl_async 309 s, sync 162 s; lora_ds's first two
 # tests ~300 s; heal ran past 350 s (the one-GPU scenario took 485 s).
