@@ -4,7 +4,9 @@
 # shipped to /root/wc (parts 0..7) and, for the TRL stages, ../shared/bench copied to .bench:
 #
 #   bash benchmarks/gpu_i25.sh setup smoke w gen     # install, model, the co-located PPO test, W, vLLM's ceiling
-#   bash benchmarks/gpu_i25.sh eff                   # the train step and logprob phase (train_efficiency --matrix)
+#   bash benchmarks/gpu_i25.sh eff                   # the train step and logprob phase (train_efficiency --matrix), kernel tables
+#   bash benchmarks/gpu_i25.sh packing               # tests/gpu/test_packing_gpu.py
+#   bash benchmarks/gpu_i25.sh wvar                  # W as shipped / compiled layers / vLLM in-process (start-up too)
 #   bash benchmarks/gpu_i25.sh trl32                 # TRL (fp32 + autocast) and xrlhf W as shipped, one call
 #   bash benchmarks/gpu_i25.sh trl16 async           # TRL pure bf16 and xrlhf pure bf16; sync-awake vs async
 #   bash benchmarks/gpu_i25.sh inflight              # vLLM's in-flight updates, each on_update (never seen on a GPU)
@@ -32,9 +34,15 @@ stage_gen() {  # vLLM's ceiling on W's shape against xrlhf's keyed generate, wit
     --variants raw_no_logprobs,raw_logprobs,engine_keyed,engine_keyed_no_logprobs,worker_keyed
 }
 
-stage_eff() {
-  TAIL=20 run eff 420 python -m benchmarks.train_efficiency --matrix --compile --out "$OUT"
-  TAIL=6 run packing 150 python -m pytest -m gpu tests/gpu/test_packing_gpu.py -x -q -rA -p no:cacheprovider
+stage_eff() {  # precisions x budgets, then the fastest compiled; each derived row's kernel table in kernels/
+  TAIL=24 run eff "${EFF_LIMIT:-480}" python -m benchmarks.train_efficiency --matrix --compile --profile --out "$OUT"
+}
+
+stage_packing() { TAIL=6 run packing 150 python -m pytest -m gpu tests/gpu/test_packing_gpu.py -x -q -rA -p no:cacheprovider; }
+
+stage_wvar() {  # W as shipped, with compiled layers, and with vLLM's engine core in the generator's process
+  TAIL=12 run wvar "${WVAR_LIMIT:-540}" python -m benchmarks.w_vs_trl --trl-dtype none --steps 6 --out "$OUT" \
+    --variants "default;compiled=policy.train.compile=true|reference.infer.compile=true;inprocess=policy.generate.multiprocessing=false"
 }
 
 stage_inflight() {  # vLLM's in-flight weight updates, each on_update mode (engine level, one GPU)

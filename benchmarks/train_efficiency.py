@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 import tempfile
 import time
 from dataclasses import dataclass
@@ -356,9 +357,27 @@ def set_budgets(engine: Any, fields: dict[str, int] | None, rows: int) -> None:
         setattr(o, k, v)
 
 
-def gpu_busy(call, device: str) -> float | None:
+KERNEL_KINDS = (("matmul", ("gemm", "cutlass", "xmma", "nvjet", "cublas")), ("attention", ("flash", "fmha", "attention")),
+                ("optimizer", ("adam", "multi_tensor", "foreach")), ("triton (compiled)", ("triton_",)))
+"""Kernel name fragments by kind, for where a step's GPU time goes (the rest: ``elementwise/other``)."""
+
+
+def kernel_kinds(events: Any) -> dict[str, float]:
+    """Seconds of CUDA kernel time per kind of ``KERNEL_KINDS`` in a profiler's ``key_averages()``."""
+    kinds: dict[str, float] = {}
+    for e in events:
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        name = e.key.lower()
+        kind = next((k for k, parts in KERNEL_KINDS if any(p in name for p in parts)), "elementwise/other")
+        kinds[kind] = kinds.get(kind, 0.0) + e.self_device_time_total / 1e6
+    return {k: round(v, 4) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])}
+
+
+def gpu_busy(call, device: str, table: Path | None = None) -> float | None:
     """The fraction of ``call()``'s wall time the GPU ran kernels (torch's profiler, CUDA activity
-    only: kernel times summed); ``None`` off a GPU."""
+    only: kernel times summed); ``None`` off a GPU. With ``table``, the 40 kernels that took the
+    most and the time per kind of kernel (``kernel_kinds``) are written there."""
     if device != "cuda":
         return None
     from torch.profiler import ProfilerActivity, profile as torch_profile
@@ -369,13 +388,19 @@ def gpu_busy(call, device: str) -> float | None:
         call()
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
-    kernel_us = sum(e.self_device_time_total for e in prof.key_averages()
-                    if e.device_type == torch.autograd.DeviceType.CUDA)
+    events = prof.key_averages()
+    kernel_us = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+    if table is not None:
+        table.parent.mkdir(parents=True, exist_ok=True)
+        kinds = kernel_kinds(events)
+        table.write_text(f"wall {wall:.3f} s, kernels {kernel_us / 1e6:.3f} s, by kind {kinds}\n\n"
+                         + events.table(sort_by="self_cuda_time_total", row_limit=40))
+        print(f"{table.name}: wall {wall:.3f} s, kernels {kernel_us / 1e6:.3f} s, by kind {kinds}", flush=True)
     return kernel_us / 1e6 / wall
 
 
 def measure_variant(label: str, policy: HFTrainEngine, reference: HFInferEngine, batch: Batch, steps: int,
-                    device: str, busy: bool) -> dict[str, Any]:
+                    device: str, busy: bool, tables: str | None = None) -> dict[str, Any]:
     """One row of the matrix: the logprob phase with the old-logprob forward (policy + reference)
     and without it (the reference alone: ``reuses_train_forward``), the train step with W's loss
     as W now runs it (``on_policy``: the old logprobs are the train forward's own), peaks, GPU busy."""
@@ -390,8 +415,10 @@ def measure_variant(label: str, policy: HFTrainEngine, reference: HFInferEngine,
     tokens = int(batch["attention_mask"].sum())
     row = {"variant": label, "train_s": train_s, "infer_s": infer_s, "infer_s_without_old_logprobs": ref_s,
            "peak_gib": train_peak, "infer_peak_gib": infer_peak, "tokens_per_s": tokens / train_s,
-           "gpu_busy": gpu_busy(lambda: policy.train_step(batch, loss), device) if busy else None,
-           "gpu_busy_infer": gpu_busy(lambda: (policy.infer(inputs), reference.infer(inputs)), device) if busy else None,
+           "gpu_busy": gpu_busy(lambda: policy.train_step(batch, loss), device, _table(tables, label, "train"))
+           if busy else None,
+           "gpu_busy_infer": gpu_busy(lambda: (policy.infer(inputs), reference.infer(inputs)), device,
+                                      _table(tables, label, "infer")) if busy else None,
            "micro_batches": metrics["micro_batches"], "train_budget": policy.micro_batch_limits(False)[1],
            "infer_budget": policy.micro_batch_limits(True)[1], "reference_budget": reference.micro_batch_limits(True)[1],
            "loss": metrics["loss"], "attention": sorted(attention.TAKEN)}
@@ -399,6 +426,11 @@ def measure_variant(label: str, policy: HFTrainEngine, reference: HFInferEngine,
           f"({ref_s:.3f} s without the old forward), peak {train_peak} GiB, busy {row['gpu_busy']}, "
           f"{row['attention']}", flush=True)
     return row
+
+
+def _table(tables: str | None, label: str, phase: str) -> Path | None:
+    """Where ``gpu_busy`` writes the kernel table of ``label``'s ``phase`` (``None``: nowhere)."""
+    return None if tables is None else Path(tables, f"kernels_{re.sub(r'[^a-z0-9]+', '_', label.lower())}_{phase}.txt")
 
 
 def guarded(label: str, device: str, measure) -> dict[str, Any]:
@@ -425,7 +457,7 @@ def timed(call, steps: int, device: str) -> float:
 
 
 def matrix(model: str, device: str, batch: Batch, steps: int, budgets: dict[str, dict[str, int]],
-           compile: bool) -> list[dict[str, Any]]:
+           compile: bool, tables: str | None = None) -> list[dict[str, Any]]:
     """W's train step and logprob phase for each of ``PRECISIONS`` with derived budgets and with
     W's hand-set ones (engines built once per precision, derived first: a budget is derived at
     first use); then, with ``compile``, the fastest of them again with compiled layers (its first
@@ -439,7 +471,7 @@ def matrix(model: str, device: str, batch: Batch, steps: int, budgets: dict[str,
             set_budgets(policy, fields and fields["policy"], 8)
             set_budgets(reference, fields and fields["reference"], 32)
             row = guarded(f"{precision}, {name} budgets", device, lambda label: measure_variant(
-                label, policy, reference, batch, steps, device, busy=name == "derived"))
+                label, policy, reference, batch, steps, device, busy=name == "derived", tables=tables))
             rows.append({**row, "precision": precision, "budgets": name, "compile": False})
         del policy
         _reset(device)
@@ -447,13 +479,14 @@ def matrix(model: str, device: str, batch: Batch, steps: int, budgets: dict[str,
         best = min((r for r in rows if "error" not in r),
                    key=lambda r: r["train_s"] + r["infer_s_without_old_logprobs"])
         row = guarded(f"{best['variant']}, compiled", device, lambda label: compiled_variant(
-            label, model, device, best["precision"], budgets if best["budgets"] == "W" else None, batch, steps))
+            label, model, device, best["precision"], budgets if best["budgets"] == "W" else None, batch, steps,
+            tables))
         rows.append({**row, "precision": best["precision"], "budgets": best["budgets"], "compile": True})
     return rows
 
 
 def compiled_variant(label: str, model: str, device: str, precision: str, fields: dict[str, dict[str, int]] | None,
-                     batch: Batch, steps: int) -> dict[str, Any]:
+                     batch: Batch, steps: int, tables: str | None = None) -> dict[str, Any]:
     """``measure_variant`` with compiled layers (policy and reference); the first train step and
     logprob phase, which compile, timed apart (``first_call_s``)."""
     policy = precision_policy(model, device, precision, compile=True)
@@ -467,7 +500,8 @@ def compiled_variant(label: str, model: str, device: str, precision: str, fields
     reference.infer(inputs)
     _sync(device)
     first = time.perf_counter() - t0
-    return {**measure_variant(label, policy, reference, batch, steps, device, busy=True), "first_call_s": first}
+    return {**measure_variant(label, policy, reference, batch, steps, device, busy=True, tables=tables),
+            "first_call_s": first}
 
 
 def run_matrix(args: argparse.Namespace, device: str) -> dict[str, Any]:
@@ -481,7 +515,7 @@ def run_matrix(args: argparse.Namespace, device: str) -> dict[str, Any]:
     from transformers import AutoConfig
 
     batch = make_batch(w, AutoConfig.from_pretrained(model).vocab_size)
-    rows = matrix(model, device, batch, steps, budgets, args.compile)
+    rows = matrix(model, device, batch, steps, budgets, args.compile, str(Path(args.out, "kernels")) if args.profile else None)
     data = {"gpu": gpu_name(), "device": device, "model": model, "steps": steps, "sequences": w.sequences,
             "tokens": int(batch["attention_mask"].sum()), "precisions": PRECISIONS, "rows": rows,
             "targets": {"train_s": 1.0, "infer_s": 0.5, "gpu_busy": 0.8}}
@@ -499,7 +533,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--steps", type=int, default=None, help="timed repetitions per path (default 3; smoke 1)")
     ap.add_argument("--budget", type=int, default=None, help="W's token budget of the new path (default 6144)")
     ap.add_argument("--variants", action="store_true", help="also W on variations of the new path (budgets, heads)")
-    ap.add_argument("--profile", action="store_true", help="also one train step of each path under torch's profiler")
+    ap.add_argument("--profile", action="store_true", help="also one train step of each path under torch's profiler "
+                    "(with --matrix: the kernel table of each measured train step and logprob phase, OUT/kernels/)")
     ap.add_argument("--compile", action="store_true", help="also W with compile: true (compiled decoder layers)")
     ap.add_argument("--matrix", action="store_true", help="issue 25 only: precisions x budgets (x compile with "
                     "--compile), the logprob phase without the old forward; train_efficiency_matrix.json")
