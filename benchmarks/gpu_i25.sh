@@ -53,5 +53,13 @@ stage_trl32() { TAIL=8 run trl32 590 python -m benchmarks.w_vs_trl --trl-dtype f
 stage_trl16() { TAIL=8 run trl16 470 python -m benchmarks.w_vs_trl --trl-dtype bfloat16 --variants bf16 --out "$OUT"; }
 stage_async() { TAIL=8 run async 420 python -m benchmarks.w_vs_trl --trl-dtype none --variants sync-awake,async --out "$OUT"; }
 
+stage_trlc() {  # TRL pure bf16 then TRL's default, each beside xrlhf with compiled layers (same precision as TRL's)
+  local c="policy.train.compile=true|reference.infer.compile=true"
+  TAIL=4 run trl16c 290 python -m benchmarks.w_vs_trl --trl-dtype bfloat16 --trl-timeout 170 --steps 6 --out "$OUT/bf16" \
+    --variants "bf16-compiled=policy.train.mixed_precision=false|$c"
+  TAIL=4 run trl32c 290 python -m benchmarks.w_vs_trl --trl-dtype float32 --trl-timeout 170 --steps 6 --out "$OUT/fp32" \
+    --variants "compiled=$c"
+}
+
 for s in "$@"; do "stage_$s"; done
 pack "$@"

@@ -94,3 +94,18 @@ def test_the_compile_cache_goes_under_the_runs_cache_directory(tiny_model, tmp_p
     assert f"cache {cache}" in compiled.hf.prepare()
     compiled.train_step(rl_batch(12, seed=1), PolicyLoss(kl_coef=0.05))
     assert any(p.is_file() for p in cache.rglob("*"))  # the compiled graphs were written there
+
+
+def test_compile_defaults_to_on_for_a_gpus_full_weight_engines():
+    from xrlhf.engines.deepspeed import DeepSpeedTrainOptions
+    from xrlhf.engines.hf import HFInferOptions
+
+    train = HFTrainOptions(micro_batch_size=4)
+    assert train.compile is None and train.compiles("cuda") and train.compiles("cuda:0")
+    assert not train.compiles("cpu")  # CPU: compiling costs more than the fused kernels save
+    assert HFInferOptions().compiles("cuda") and not HFInferOptions().compiles("cpu")
+    assert not HFTrainOptions(micro_batch_size=4, gradient_checkpointing=True).compiles("cuda")
+    assert not HFTrainOptions(micro_batch_size=4, lora={"rank": 4}).compiles("cuda")  # not measured on a GPU yet
+    assert not DeepSpeedTrainOptions(micro_batch_size=4).compiles("cuda")
+    assert HFTrainOptions(micro_batch_size=4, compile=True).compiles("cpu")  # what is set wins
+    assert not HFTrainOptions(micro_batch_size=4, compile=False).compiles("cuda")

@@ -102,6 +102,10 @@ class DeepSpeedTrainOptions(HFTrainOptions):
     def _conflicts(self, info: ValidationInfo):
         return _without_conflicts(self, info, "train")
 
+    def compiles(self, device: str) -> bool:
+        """Only where ``compile: true`` is set: compiled layers under DeepSpeed are not measured yet."""
+        return bool(self.compile)
+
 
 class DeepSpeedInferOptions(HFInferOptions):
     """``<handle>.infer`` with ``engine: deepspeed``: a frozen model, replicated or ZeRO-3 partitioned."""
@@ -113,6 +117,10 @@ class DeepSpeedInferOptions(HFInferOptions):
     @model_validator(mode="after")
     def _conflicts(self, info: ValidationInfo):
         return _without_conflicts(self, info, "infer")
+
+    def compiles(self, device: str) -> bool:
+        """Only where ``compile: true`` is set (as for training)."""
+        return bool(self.compile)
 
 
 def _offload(flag: bool) -> dict[str, Any]:

@@ -103,9 +103,19 @@ class HFModelOptions(BaseModel):
                                       "this many tokens at a time (fp32 logits of one chunk at once); 0: the "
                                       "model's full logits at once")
 
-    compile: bool = Field(False, description="torch.compile each decoder layer (regional compilation, dynamic "
-                          "shapes): fuses the many small operations of a layer, which bound a small model's step "
-                          "on a GPU by the host; the first train and infer call compile (once for all layers)")
+    compile: bool | None = Field(
+        None, description="torch.compile each decoder layer (regional compilation, dynamic shapes): fuses the "
+        "many small operations of a layer (norms, rotary, activations), which otherwise take half a small model's "
+        "GPU time; the first train and infer call compile (once for all layers). Default: on for a GPU's "
+        "full-weight training and inference (W on one H200: train 1.58 -> 1.06 s), off on CPU, with "
+        "gradient_checkpointing, LoRA (not measured on a GPU yet) and DeepSpeed")
+
+    def compiles(self, device: str) -> bool:
+        """Whether the layers are compiled on ``device``: ``compile`` where set, else the default above."""
+        if self.compile is not None:
+            return self.compile
+        return (device.startswith("cuda") and not getattr(self, "gradient_checkpointing", False)
+                and getattr(self, "lora", None) is None)
 
     @field_validator("packing", mode="before")
     @classmethod
@@ -138,7 +148,8 @@ class HFModel:
         self.device = torch.device(spec.device)
         if not keep_dropout:
             disable_dropout(self.model)
-        self.options = spec.options if isinstance(spec.options, HFModelOptions) else HFModelOptions(packing="off")
+        self.options = (spec.options if isinstance(spec.options, HFModelOptions)
+                        else HFModelOptions(packing="off", compile=False))  # a generate engine: eager
         self.attention_path = "padded"
         self.logprob_chunk = 0
         self.budgets: dict[bool, int] = {}
@@ -159,7 +170,7 @@ class HFModel:
         self.attention_path, detail = choose_path(self, o.packing)
         line = f"{self.spec.model_path} ({self.spec.head}): {self.attention_path} micro-batches ({detail})"
         line += f"; {head}" if self.spec.head == "causal_lm" else ""
-        if o.compile:
+        if o.compiles(self.spec.device):
             cache = use_cache_dir(self.spec.cache_dir)
             line += f"; {compile_layers(self.module)}" + (f", cache {cache}" if cache else "")
         logger.info(line)
