@@ -5,8 +5,10 @@ peaks within 15%, vLLM's memory within 10% (issue 28). Which runs, and why these
   ``gpu_memory_utilization: 0.3``; its log shows no ``kv_cache_memory_bytes``), the memory timeline
   of 10 steps on an H100; ``gpu_i25/w_async``: one-step-off with vLLM awake and
   ``kv_cache_tokens: batch`` (its log: ``kv_cache_memory_bytes`` 26,575,110,144);
-* ``train_efficiency_matrix.json``: W's train step alone (policy + reference in one process) at
-  set and derived token budgets, mixed precision and pure bf16 (H100);
+* ``gpu_i25/train_efficiency_matrix_2026-11-25_h100.json``: W's train step alone (policy + reference
+  in one process) at set and derived token budgets, mixed precision and pure bf16, eager (H100; the
+  H200 matrix of 2026-11-26 is a known gap of docs/plan.md: at its 61k-token budgets the plan
+  over-states the peak by 15-20%);
 * ``deepspeed.json``: ZeRO-2, ZeRO-3 and ZeRO-3 with offload, 1.5b preset on two H200s;
 * ``lora_gpu.json``: W with LoRA (``configs/gpu/grpo_w_lora.yaml``, merged sync), the policy
   workers' peak allocation during the update (one H200, 2026-11-23);
@@ -90,7 +92,7 @@ def test_w_one_step_off_trainer_peak_beside_an_awake_vllm():
 @pytest.mark.parametrize("variant", ["mixed, derived budgets", "mixed, W budgets", "bf16, derived budgets",
                                      "bf16, W budgets"])
 def test_w_train_step_alone(variant):
-    row = next(r for r in json.loads((RESULTS / "train_efficiency_matrix.json").read_text())["rows"]
+    row = next(r for r in json.loads((RESULTS / "gpu_i25" / "train_efficiency_matrix_2026-11-25_h100.json").read_text())["rows"]
                if r["variant"] == variant)
     s = model_shape(W_MODEL)
     t = Trainer(precision=row["precision"], tokens=row["train_budget"])
@@ -120,22 +122,25 @@ def test_deepspeed_zero_peaks(setting, tmp_path):
 
 H200X2 = Cluster(2, 1, 140.4)  # 143,771 MiB per GPU
 GPU_RUNS = RESULTS / "gpu_i29" / "2026-11-26" / "gpu_tests"
+ONE_GPU_RUNS = RESULTS / "gpu_i25" / "2026-11-26" / "smoke_inflight" / "gpu_tests"  # one H200
 
 
-@pytest.mark.parametrize(("test", "config"), [("test_ppo_split_on_two_gpus", "ppo_vllm_split"),
-                                              ("test_ppo_deepspeed_split_nccl", "ppo_deepspeed_split"),
-                                              ("test_ppo_zero3_policy_with_colocated_vllm", "ppo_deepspeed_zero3")])
-def test_gpu_config_runs_on_two_gpus(test, config):
+@pytest.mark.parametrize(("runs", "test", "config"), [
+    (GPU_RUNS, "test_ppo_split_on_two_gpus", "ppo_vllm_split"),
+    (GPU_RUNS, "test_ppo_deepspeed_split_nccl", "ppo_deepspeed_split"),
+    (GPU_RUNS, "test_ppo_zero3_policy_with_colocated_vllm", "ppo_deepspeed_zero3"),
+    (ONE_GPU_RUNS, "test_ppo_colocated_on_one_gpu", "ppo_vllm_colocate")])
+def test_gpu_config_runs(runs, test, config):
     """Each trainer's peak (policy, critic: train; reference: infer) within 15%; vLLM within 10%:
     split, the generator GPU's use (vLLM alone there); co-located, what its sleep frees."""
-    run = GPU_RUNS / test
+    run = runs / test
     kept = json.loads((run / "overrides.json").read_text())
     assert kept["config"] == config
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if r.get("step", 0) >= 2 and "memory/train/policy_gib" in r]
     assert len(rows) == 2
     cfg = load_for_plan(str(ROOT / "configs" / "gpu" / f"{config}.yaml"), [f"policy.model={W_MODEL}", *kept["overrides"]])
-    layout = make_plan(plan_input(cfg, prompt_tokens=5), H200X2).configured
+    layout = make_plan(plan_input(cfg, prompt_tokens=5), H200X2 if runs == GPU_RUNS else Cluster(1, 1, 140.4)).configured
     trainers = layout.groups[0]
     for phase, handle in (("train", "policy"), ("train", "critic"), ("infer", "reference")):
         measured = mean(r[f"memory/{phase}/{handle}_gib"] for r in rows)
