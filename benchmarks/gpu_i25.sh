@@ -9,7 +9,12 @@
 #   bash benchmarks/gpu_i25.sh wvar                  # W as shipped / compiled layers / vLLM in-process (start-up too)
 #   bash benchmarks/gpu_i25.sh trl32                 # TRL (fp32 + autocast) and xrlhf W as shipped, one call
 #   bash benchmarks/gpu_i25.sh trl16 async           # TRL pure bf16 and xrlhf pure bf16; sync-awake vs async
-#   bash benchmarks/gpu_i25.sh inflight              # vLLM's in-flight updates, each on_update (never seen on a GPU)
+#   bash benchmarks/gpu_i25.sh inflight              # vLLM's in-flight updates, each on_update
+#   bash benchmarks/gpu_i25.sh trlc                  # TRL bf16 / fp32, each beside xrlhf with compiled layers
+#   bash benchmarks/gpu_i25.sh setup shipped inflight  # W as shipped vs TRL's default (6 steps), then in-flight
+#
+# Measured 2026-11-26 (one H200): setup 31 s, eff 141 s, wvar 334 s, smoke 160 s, inflight 54-77 s,
+# trlc 490 s, shipped 234 s.
 #
 # Logs and JSON in $OUT/<stage>/ (OUT: the device tool's folder; ./gpu-out otherwise).
 set -uo pipefail
@@ -59,6 +64,11 @@ stage_trlc() {  # TRL pure bf16 then TRL's default, each beside xrlhf with compi
     --variants "bf16-compiled=policy.train.mixed_precision=false|$c"
   TAIL=4 run trl32c 290 python -m benchmarks.w_vs_trl --trl-dtype float32 --trl-timeout 170 --steps 6 --out "$OUT/fp32" \
     --variants "compiled=$c"
+}
+
+stage_shipped() {  # W as shipped against TRL's default, short (6 steps): a fresh machine's run is a cold start too
+  TAIL=6 run shipped 250 python -m benchmarks.w_vs_trl --trl-dtype float32 --trl-timeout 140 --steps 6 --variants default \
+    --out "$OUT"
 }
 
 for s in "$@"; do "stage_$s"; done
