@@ -103,7 +103,7 @@ def gpu_config(model: str, heartbeat_s: float = 20.0, gpus: int = 1) -> dict[str
                    "train": {"dtype": "bfloat16", "lr": 1e-6, "micro_batch_size": 32},
                    "generate": {"engine": "vllm", "dtype": "bfloat16", "max_new_tokens": 64,
                                 "gpu_memory_utilization": util, "sleep_level": 0, "max_model_len": 512,
-                                "max_num_seqs": 256,
+                                "max_num_seqs": 256, "multiprocessing": gpus == 2,  # two GPUs: as measured
                                 "resources": {"ranks": 1, "cpus_per_rank": 2, "gpus_per_rank": share}},
                    "weight_sync": {"transport": transport, "verify": True},
                    "resources": {"ranks": 1, "cpus_per_rank": 2, "gpus_per_rank": share}},
