@@ -109,3 +109,30 @@ def test_compile_defaults_to_on_for_a_gpus_full_weight_engines():
     assert not DeepSpeedTrainOptions(micro_batch_size=4).compiles("cuda")
     assert HFTrainOptions(micro_batch_size=4, compile=True).compiles("cpu")  # what is set wins
     assert not HFTrainOptions(micro_batch_size=4, compile=False).compiles("cuda")
+
+
+@pytest.mark.slow  # torch.compile: tens of seconds
+def test_a_compiled_critic_gives_the_eager_step_and_values(tiny_model):
+    """The value head (PPO's critic, a GPU default since compile turned on there) compiled: the
+    same step, gradients and values as eager."""
+    from tests.engines.test_packing import ValueLoss
+    from xrlhf.engines.hf import HFInferEngine
+
+    batch = rl_batch(12, seed=1)
+
+    def critic(compile: bool):
+        return HFTrainEngine(EngineSpec(tiny_model, head="value", seed=0, options={
+            "micro_batch_size": 5, "lr": 1e-3, "max_tokens_per_micro_batch": 30, "compile": compile}))
+
+    want, want_grads = grads_of_step(critic(False), batch, ValueLoss())
+    got, grads = grads_of_step(critic(True), batch, ValueLoss())
+    for k in want:
+        if k.endswith("_frac"):
+            assert abs(got[k] - want[k]) <= 2 / int(batch["response_mask"].sum()) + 1e-6, k
+        else:
+            assert got[k] == pytest.approx(want[k], rel=1e-5, abs=1e-6), k
+    for n in want_grads:
+        torch.testing.assert_close(grads[n], want_grads[n], atol=1e-6, rtol=1e-4, msg=n)
+    values = [HFInferEngine(EngineSpec(tiny_model, head="value", options={"micro_batch_size": 4, "compile": c}))
+              .infer(batch)["values"] for c in (False, True)]
+    torch.testing.assert_close(values[1], values[0], atol=1e-5, rtol=1e-5)
