@@ -72,10 +72,30 @@ def main(argv: list[str] | None = None) -> int:
             rows = read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
             results.append({"run": name, "config": config, "seed": seed, **r, **episode_curves(rows)})
             print(f"   eval {r['eval_initial']} -> {r['eval_final']} in {time.time() - t0:.0f}s", flush=True)
-    data = {"machine": "CPU (2 cores)", "command": "python -m benchmarks.episodes_learning " + " ".join(argv or sys.argv[1:]),
-            "runs": results}
-    print(write_json(Path(args.out), "episodes_cpu.json", data))
+            data = {"machine": "CPU (2 cores)", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                    "command": "python -m benchmarks.episodes_learning " + " ".join(argv or sys.argv[1:]),
+                    "runs": results, "summary": summary(results)}
+            write_json(Path(args.out), "episodes_cpu.json", data)  # after every run: a cut-off sweep keeps its runs
+    print(Path(args.out) / "episodes_cpu.json")
     return 0 if all(r["error"] is None for r in results) else 1
+
+
+def summary(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per run name over its seeds: eval before and after RL (mean, sample std, each seed's) and the gain."""
+    import statistics
+
+    out: dict[str, dict[str, Any]] = {}
+    for name in dict.fromkeys(r["run"] for r in results):
+        runs = [r for r in results if r["run"] == name and r.get("eval_final") is not None]
+        if not runs:
+            continue
+        before, after = [r["eval_initial"] for r in runs], [r["eval_final"] for r in runs]
+        gain = [b - a for a, b in zip(before, after)]
+        sd = (lambda v: statistics.stdev(v) if len(v) > 1 else 0.0)  # noqa: E731
+        out[name] = {"seeds": [r["seed"] for r in runs], "before_mean": statistics.mean(before), "before": before,
+                     "after_mean": statistics.mean(after), "after_std": sd(after), "after": after,
+                     "gain_mean": statistics.mean(gain), "gain_min": min(gain)}
+    return out
 
 
 if __name__ == "__main__":

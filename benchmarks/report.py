@@ -370,17 +370,22 @@ def episodes_cpu(r: dict | None) -> list[str]:
             f"start included in wall). Eval: greedy, on the env's held-out problems, after the warm-up (before RL) "
             f"and after the last RL step. Command: `{r.get('command', '')}`."
             + (f" Note: {r['note']}." if r.get("note") else ""), "",
-            "| run | config | RL steps | eval before RL | eval after | tool calls / episode (eval, before → after) "
-            "| first-try accuracy (before → after) | wall s | RL s |", "|---|---|---|---|---|---|---|---|---|"]
+            "| run | config | seed | RL steps | eval before RL | eval after | tool calls / episode (eval, before → after) "
+            "| first-try accuracy (before → after) | wall s | RL s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for x in r["runs"]:
         ev = x.get("eval") or [{}]
 
         def span(key: str) -> str:
             a, b = ev[0].get(key), ev[-1].get(key)
             return "—" if a is None else f"{fmt(a, 2)} → {fmt(b, 2)}"
-        out.append(f"| {x['run']} | `{x['config']}` | {x['steps']} | {fmt(x['eval_initial'])} | {fmt(x['eval_final'])} "
-                   f"| {span('tool_calls_mean')} | {span('first_turn_correct_mean')} | {fmt(x['wall_s'], 0)} "
-                   f"| {fmt(x['rl_s'], 0)} |")
+        out.append(f"| {x['run']} | `{x['config']}` | {x.get('seed', 0)} | {x['steps']} | {fmt(x['eval_initial'])} "
+                   f"| {fmt(x['eval_final'])} | {span('tool_calls_mean')} | {span('first_turn_correct_mean')} "
+                   f"| {fmt(x['wall_s'], 0)} | {fmt(x['rl_s'], 0)} |")
+    seeds = [f"* **{name}**, seeds {', '.join(map(str, m['seeds']))}: eval {fmt(m['before_mean'])} → "
+             f"**{fmt(m['after_mean'])} ± {fmt(m['after_std'])}** (after: {', '.join(fmt(v) for v in m['after'])}); "
+             f"gain {fmt(m['gain_mean'])} on average, {fmt(m['gain_min'])} at the least."
+             for name, m in (r.get("summary") or {}).items() if len(m["seeds"]) > 1]
+    out += [""] + seeds if seeds else []
     return out + ["", "Per-step rows (train reward, tool calls, turns, truncation) and the eval curves are in "
                   "`benchmarks/results/episodes_cpu.json`; docs/algorithms.md reads them.", ""]
 
