@@ -12,6 +12,7 @@
 #   bash benchmarks/gpu_i25.sh inflight              # vLLM's in-flight updates, each on_update
 #   bash benchmarks/gpu_i25.sh trlc                  # TRL bf16 / fp32, each beside xrlhf with compiled layers
 #   bash benchmarks/gpu_i25.sh setup shipped inflight  # W as shipped vs TRL's default (6 steps), then in-flight
+#   bash benchmarks/gpu_i25.sh sweep                 # W's train-step peak per token budget, eager and compiled (issue 28)
 #
 # Measured 2026-11-26 (one H200): setup 31 s, eff 141 s, wvar 334 s, smoke 160 s, inflight 54-77 s,
 # trlc 490 s, shipped 234 s.
@@ -64,6 +65,10 @@ stage_trlc() {  # TRL pure bf16 then TRL's default, each beside xrlhf with compi
     --variants "bf16-compiled=policy.train.mixed_precision=false|$c"
   TAIL=4 run trl32c 290 python -m benchmarks.w_vs_trl --trl-dtype float32 --trl-timeout 170 --steps 6 --out "$OUT/fp32" \
     --variants "compiled=$c"
+}
+
+stage_sweep() {  # the train step's peak per token budget, eager and compiled (the plan's activation model, issue 28)
+  TAIL=16 run sweep 300 python -m benchmarks.memory_sweep --out "$OUT"
 }
 
 stage_shipped() {  # W as shipped against TRL's default, short (6 steps): a fresh machine's run is a cold start too

@@ -49,3 +49,15 @@ def test_smoke_matrix_has_every_variant(tmp_path):
     # under autocast q reaches the attention in fp32 (a GPU: no flash kernel); with bf16 weights in bf16
     assert any("(fp32" in a for a in rows[0]["attention"]) and not any("(fp32" in a for a in rows[2]["attention"])
     assert data["tokens"] > 0
+
+
+@pytest.mark.slow  # two engines, one compiled: about 40 s
+def test_memory_sweep_smoke_has_each_budget_eager_and_compiled(tmp_path):
+    from benchmarks import memory_sweep
+
+    memory_sweep.main(["--smoke", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "memory_sweep.json").read_text())["rows"]
+    assert [(r["compile"], r["budget"]) for r in rows] == [(c, b) for c in (False, True) for b in (64, 128)]
+    for r in rows:  # the budget binds: the largest micro-batch fits it, and a smaller budget cuts more
+        assert 0 < r["largest_micro_batch_tokens"] <= r["budget"] and r["train_s"] > 0
+    assert rows[0]["micro_batches"] > rows[1]["micro_batches"]
