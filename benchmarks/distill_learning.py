@@ -7,6 +7,11 @@ share of the teacher's, the reverse KL at the start and the end, and the wall ti
 
     python -m benchmarks.distill_learning --seeds 0 1 2 --out benchmarks/results   # ~25 min on 2 cores
     python -m benchmarks.distill_learning --steps 2 --teacher-warmup-steps 2 --out /tmp/d  # smoke
+
+Dotted overrides after the options apply to every student and name the JSON after ``--name``, e.g.
+top-k distillation (issue 27; the recipe's character vocabulary has 128 tokens)::
+
+    python -m benchmarks.distill_learning --name topk32 algorithm.topk_coef=1.0 teacher.infer.topk_logprobs=32
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from typing import Any
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("overrides", nargs="*", help="dotted config overrides for every student run")
+    p.add_argument("--name", default=None, help="write distill_cpu_<name>.json (default: distill_cpu.json)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="the student's seeds")
     p.add_argument("--steps", type=int, default=None, help="the student's steps (default: the config's)")
     p.add_argument("--teacher-warmup-steps", type=int, default=None, help="default: the teacher config's")
@@ -60,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed in args.seeds:
         overrides = [f"policy.model={tiny}", f"teacher.model={runs / 'teacher' / 'final'}", f"seed={seed}",
                      "trainer.save_final=false"] + ([f"trainer.steps={args.steps}"] if args.steps else [])
+        overrides += args.overrides
         print(f"[{time.strftime('%H:%M:%S')}] student seed {seed}", flush=True)
         r = run_one(ROOT / "configs" / "distill.yaml", overrides, runs / f"student-s{seed}")
         r["seed"], r["kl_first20"], r["kl_last20"] = seed, *kl_ends(runs / f"student-s{seed}")
@@ -74,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
             "teacher": {k: teacher[k] for k in ("eval_initial", "eval_final", "eval_before_warmup", "wall_s")},
             "students": students, "student_final_mean": mean, "student_final_std": std,
             "share_of_teacher_mean": round(mean / teacher["eval_final"], 3) if mean and teacher["eval_final"] else None}
-    print(write_json(Path(args.out), "distill_cpu.json", data))
+    data["student_overrides"] = args.overrides
+    print(write_json(Path(args.out), f"distill_cpu{'_' + args.name if args.name else ''}.json", data))
     return 0 if all(r["error"] is None for r in students) else 1
 
 

@@ -37,16 +37,18 @@ def models(tmp_path_factory):
     return student, str(root / "teacher")
 
 
-def make_trainer(models, algorithm: dict | None = None, extra: dict | None = None, generate: bool = False, log=None):
+def make_trainer(models, algorithm: dict | None = None, extra: dict | None = None, generate: bool = False, log=None,
+                 topk: int = 0):
     student, teacher = models
     cfg = validate_dict({"env": {"name": "reasoning", "options": {"eval_size": 8}},
                          "policy": {"model": student, "train": {"lr": 3e-3}, "generate": {"max_new_tokens": 6}},
-                         "reference": None, "teacher": {"model": teacher, "evaluate": False},
+                         "reference": None, "teacher": {"model": teacher, "evaluate": False,
+                                                        **({"infer": {"topk_logprobs": topk}} if topk else {})},
                          "algorithm": {"name": "distill", "mini_batch_size": 8, **(algorithm or {})},
                          "trainer": {"prompts_per_step": 4, "samples_per_prompt": 2}, **(extra or {})})
     spec = EngineSpec(model_path=student, options={"lr": 3e-3, "micro_batch_size": 32}, seed=0)
     gen = HFGenerateEngine(EngineSpec(student, options={"micro_batch_size": 32}, seed=0)) if generate else None
-    scorer = HFInferEngine(EngineSpec(model_path=teacher, seed=0))
+    scorer = HFInferEngine(EngineSpec(model_path=teacher, seed=0, options={"topk_logprobs": topk}))
     handles = LocalHandles(LocalHandle.of("policy", train=HFTrainEngine(spec), generate=gen),
                            teacher=LocalHandle.of("teacher", infer=scorer))
     env = build_env(cfg.env.name, cfg.env.options, cfg.seed)
@@ -141,3 +143,23 @@ def test_a_teacher_for_another_algorithm_is_refused(models):
         validate_dict({"env": {"name": "reasoning"}, "policy": {"model": models[0]}, "teacher": {"model": models[1]},
                        "algorithm": {"name": "grpo", "mini_batch_size": 8}, "trainer": {"samples_per_prompt": 2}})
     assert any(m.startswith("teacher: algorithm 'grpo' uses no teacher") for m in e.value.messages)
+
+
+def test_the_topk_term_pulls_the_student_toward_the_teachers_topk(models):
+    """``topk_coef``: the teacher's top-k reach the loss, whose top-k reverse KL (the divergence
+    itself, not a sampled cost) falls over updates on the same rows, and moves the weights
+    beyond what the sampled-token advantages alone do."""
+    with_topk, plain = make_trainer(models, {"topk_coef": 1.0}, topk=8), make_trainer(models)
+    kls = [with_topk.update(rollout(), {})["distill/topk_kl"]]
+    plain.update(rollout(), {})  # the same start, rows and sampled-token advantages: only the top-k term differs
+    a, b = (dict(t.policy.hosts[0].train.named_weights()) for t in (with_topk, plain))
+    assert any(not torch.equal(a[n], b[n]) for n in a)
+    kls += [with_topk.update(rollout(), {})["distill/topk_kl"] for _ in range(3)]
+    assert all(k > 0 for k in kls) and kls[-1] < kls[0], kls
+
+
+def test_topk_options_come_in_pairs(models):
+    with pytest.raises(UserError, match="algorithm.topk_coef: needs the teacher's top-k tokens"):
+        make_trainer(models, {"topk_coef": 1.0})
+    with pytest.raises(UserError, match="teacher.infer.topk_logprobs: only used with algorithm.topk_coef"):
+        make_trainer(models, topk=4)

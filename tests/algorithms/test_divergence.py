@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from xrlhf.algorithms import divergence as D
 from xrlhf.algorithms.divergence import distill_advantages, divergence_estimate, split_by_correct, token_cost
 
 LN = math.log
@@ -87,3 +88,37 @@ def test_split_by_correct_token_means():
     out = split_by_correct(per_token, mask, torch.tensor([True, False, True]))
     assert out == pytest.approx({"mean": 22 / 5, "right": 12 / 4, "wrong": 10.0})
     assert "wrong" not in split_by_correct(per_token, mask, torch.tensor([True, True, True]))
+
+
+def test_topk_reverse_kl_by_hand():
+    # a 3-token vocabulary, top-2 of the teacher: {0, 1}; student p = (0.5, 0.3, 0.2), teacher q = (0.6, 0.3, 0.1)
+    s = torch.tensor([[[math.log(0.5), math.log(0.3)]]])
+    t = torch.tensor([[[math.log(0.6), math.log(0.3)]]])
+    want = 0.5 * math.log(0.5 / 0.6) + 0.3 * math.log(1.0) + 0.2 * math.log(0.2 / 0.1)
+    got = D.topk_reverse_kl(s, t, torch.ones(1, 1))
+    assert got.item() == pytest.approx(want, rel=1e-6)
+    assert D.topk_reverse_kl(s, t, torch.zeros(1, 1)).item() == 0.0
+
+
+def test_topk_reverse_kl_is_the_full_kl_at_k_equal_v_and_a_lower_bound_below():
+    torch.manual_seed(0)
+    logp, logq = torch.log_softmax(torch.randn(2, 3, 8), -1), torch.log_softmax(torch.randn(2, 3, 8), -1)
+    full = (logp.exp() * (logp - logq)).sum(-1)
+    mask = torch.ones(2, 3)
+    torch.testing.assert_close(D.topk_reverse_kl(logp, logq, mask), full, atol=1e-5, rtol=1e-5)
+    top = torch.topk(logq, 3, -1).indices
+    part = D.topk_reverse_kl(torch.gather(logp, -1, top), torch.gather(logq, -1, top), mask)
+    assert (part <= full + 1e-6).all() and (part >= -1e-6).all()
+
+
+def test_topk_reverse_kl_gradient_is_the_full_kls_at_k_equal_v_and_finite():
+    torch.manual_seed(1)
+    z = torch.randn(1, 2, 6, requires_grad=True)
+    logq = torch.log_softmax(torch.randn(1, 2, 6), -1)
+    D.topk_reverse_kl(torch.log_softmax(z, -1), logq, torch.ones(1, 2)).sum().backward()
+    got = z.grad.clone()
+    z.grad = None
+    logp = torch.log_softmax(z, -1)
+    (logp.exp() * (logp - logq)).sum().backward()
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, z.grad, atol=1e-5, rtol=1e-4)

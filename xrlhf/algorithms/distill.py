@@ -58,6 +58,9 @@ class DistillConfig(CriticFreeConfig):
                                                 "/ parquet) mixed into every batch (GKD's off-policy data)")
     offline_fraction: float = Field(0.0, ge=0, lt=1, description="the share of each update's rows taken from "
                                     "offline_dataset (the rollout keeps its size; these rows are added)")
+    topk_coef: float = Field(0.0, ge=0, description="add this times the top-k reverse KL to the teacher (over the "
+                             "teacher's k most likely tokens and a tail bucket; differentiated directly, not "
+                             "sampled) to the loss of every token; needs teacher.infer.topk_logprobs: k")
 
 
 def teacher_errors(cfg: XConfig) -> list[str]:
@@ -124,6 +127,13 @@ class DistillTrainer(CriticFreeTrainer):
         if o.offline_dataset is not None and _episode_env_name(cfg.env.name):
             errors.append("algorithm.offline_dataset: teacher completions are one-turn rows; env "
                           f"{cfg.env.name!r} runs episodes: remove it")
+        topk = cfg.teacher.infer.engine_fields().get("topk_logprobs", 0) if cfg.teacher is not None else 0
+        if o.topk_coef > 0 and not topk:
+            errors.append("algorithm.topk_coef: needs the teacher's top-k tokens: set teacher.infer.topk_logprobs "
+                          "(e.g. 32)")
+        if topk and o.topk_coef == 0:
+            errors.append("teacher.infer.topk_logprobs: only used with algorithm.topk_coef > 0; set it or remove "
+                          "topk_logprobs")
         return errors + teacher_errors(cfg)
 
     @classmethod
@@ -134,6 +144,12 @@ class DistillTrainer(CriticFreeTrainer):
     def reuses_train_forward(self, batch: Batch) -> bool:
         """Never: the advantages need the student's logprobs before the update."""
         return False
+
+    def policy_loss(self, on_policy: bool = False, staleness_bins: tuple[int, ...] = ()):
+        """The GRPO family's loss, plus the top-k reverse KL to the teacher with ``topk_coef``."""
+        loss = super().policy_loss(on_policy, staleness_bins)
+        loss.topk_coef = self.options.topk_coef
+        return loss
 
     # -- the update -----------------------------------------------------------------------
     def update(self, rollout: Rollout, timings: dict[str, float]) -> dict[str, float]:
@@ -170,6 +186,8 @@ class DistillTrainer(CriticFreeTrainer):
         with self.timeline.span("trainer", "teacher"):
             out = self.teacher.infer(batch.select("input_ids", "attention_mask", "response_mask"))
         batch["teacher_logprobs"] = out["logprobs"]
+        if "topk_ids" in out:  # teacher.infer.topk_logprobs: read by the loss (PolicyLoss.topk_coef)
+            batch["teacher_topk_ids"], batch["teacher_topk_logprobs"] = out["topk_ids"], out["topk_logprobs"]
         seconds = time.time() - t0
         timings["time/teacher_s"] = seconds
         tokens = float(batch["response_mask"].sum())

@@ -35,7 +35,12 @@ MAX_LOG_RATIO = 20.0
 """``log q - log p`` is clamped to ``[-20, 20]`` before ``exp`` in the JSD estimate (as the IS
 weights of ``off_policy``): the weight only keeps a 0 * inf from becoming nan on padding."""
 
-__all__ = ["Divergence", "token_cost", "divergence_estimate", "distill_advantages", "split_by_correct"]
+__all__ = ["Divergence", "token_cost", "divergence_estimate", "distill_advantages", "split_by_correct",
+           "topk_reverse_kl"]
+
+TAIL_FLOOR = 1e-8
+"""The tail masses ``1 - sum_K`` are floored here before their logs: a top-k that holds all the
+mass (to float precision) would otherwise make the tail term or its gradient infinite."""
 
 
 def _real(logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -140,3 +145,36 @@ def split_by_correct(per_token: torch.Tensor, mask: torch.Tensor, correct: torch
         if bool((m != 0).any()):
             out[name] = float(masked_mean(per_token, m))
     return out
+
+
+def topk_reverse_kl(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, mask: torch.Tensor
+                    ) -> torch.Tensor:
+    """The reverse KL ``KL(p || q)`` of student ``p`` to teacher ``q`` per position, over the
+    teacher's top-k tokens ``K`` and one bucket for the rest of the vocabulary::
+
+        sum_{y in K} p_y (log p_y - log q_y) + p_tail (log p_tail - log q_tail),
+        p_tail = 1 - sum_K p_y,  q_tail = 1 - sum_K q_y
+
+    It is a lower bound of the full reverse KL (the tail bucket merges tokens, the data-processing
+    inequality) and equals it when ``K`` is the whole vocabulary. Unlike ``token_cost`` it is the
+    divergence itself, differentiable in the student's logprobs: no score function, no sampling
+    noise (docs/design/distill-divergence.md, "Top-k: the plan").
+
+    Args:
+        student_logprobs: ``[B, R, k]`` the student's logprobs at the teacher's top-k ids
+            (``ForwardOutput.gathered``), with gradients.
+        teacher_logprobs: ``[B, R, k]`` the teacher's top-k logprobs (``topk_logprobs``).
+        mask: ``[B, R]`` 1 on the tokens the student wrote.
+    Returns:
+        ``[B, R]`` nats, 0 where ``mask`` is 0.
+    """
+    if student_logprobs.shape != teacher_logprobs.shape or tuple(student_logprobs.shape[:2]) != tuple(mask.shape):
+        raise ValueError(f"student {tuple(student_logprobs.shape)} and teacher {tuple(teacher_logprobs.shape)} "
+                         f"logprobs must be [B, R, k] of the mask's [B, R] {tuple(mask.shape)}")
+    p, q = student_logprobs.exp(), teacher_logprobs.exp()
+    head = (p * (student_logprobs - teacher_logprobs)).sum(-1)
+    p_tail = (1 - p.sum(-1)).clamp(min=0)
+    q_tail = (1 - q.sum(-1)).clamp(min=TAIL_FLOOR)
+    tail = p_tail * (p_tail.clamp(min=TAIL_FLOOR).log() - q_tail.log())  # finite gradient at p_tail = 0
+    kl = head + tail
+    return torch.where(mask != 0, kl, torch.zeros_like(kl))

@@ -13,6 +13,7 @@ from typing import Literal
 import torch
 
 from xrlhf.algorithms import functional as F
+from xrlhf.algorithms.divergence import topk_reverse_kl
 from xrlhf.algorithms.off_policy import OffPolicy, is_weights
 from xrlhf.data.batch import Batch
 from xrlhf.engines.base import ForwardOutput
@@ -25,7 +26,9 @@ class PolicyLoss:
 
     Reads ``old_logprobs``, ``advantages`` and ``response_mask`` from the batch; with
     ``kl_coef > 0`` also ``ref_logprobs``; with ``tis_cap`` or ``off_policy`` also
-    ``rollout_logprobs``.
+    ``rollout_logprobs``; with ``topk_coef > 0`` (top-k distillation) also ``teacher_topk_ids``
+    and ``teacher_topk_logprobs`` ``[B, R, k]``, adding ``topk_coef`` times the top-k reverse KL
+    to the teacher (``divergence.topk_reverse_kl``) summed over the tokens.
 
     ``tis_cap``: token TIS, each token's policy-gradient term times
     ``min(exp(old - rollout), tis_cap)`` (unchanged since before ``off_policy``).
@@ -70,6 +73,7 @@ class PolicyLoss:
     log_entropy: bool = False
     on_policy: bool = False
     staleness_bins: tuple[int, ...] = ()
+    topk_coef: float = 0.0
 
     def __post_init__(self):
         if self.tis_cap is not None and self.off_policy is not None:
@@ -79,6 +83,12 @@ class PolicyLoss:
     def needs_entropy(self) -> bool:
         """The forward must compute the entropy: a bonus term or the metric asks for it."""
         return self.entropy_coef != 0 or self.log_entropy
+
+    @property
+    def gather_key(self) -> str | None:
+        """With ``topk_coef``: the batch key of a distillation teacher's top-k ids ``[B, R, k]``,
+        at which the forward gathers the student's logprobs (``ForwardOutput.gathered``)."""
+        return "teacher_topk_ids" if self.topk_coef else None
 
     def __call__(self, out: ForwardOutput, mb: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask = mb["response_mask"]
@@ -108,6 +118,10 @@ class PolicyLoss:
             kl = F.masked_sum(F.kl_estimate(out.logprobs, mb["ref_logprobs"], self.kl_estimator), mask)
             loss = loss + self.kl_coef * kl
             metrics["policy/kl_loss"] = kl.detach() / mask.sum().clamp(min=1)
+        if self.topk_coef:  # top-k distillation: the divergence itself, differentiated directly
+            kl = F.masked_sum(topk_reverse_kl(out.gathered, mb["teacher_topk_logprobs"], mask), mask)
+            loss = loss + self.topk_coef * kl
+            metrics["distill/topk_kl"] = kl.detach() / mask.sum().clamp(min=1)
         return loss, metrics
 
 

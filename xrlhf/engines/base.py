@@ -163,8 +163,10 @@ class InferEngine(Engine):
     packed: bool = False
 
     @abstractmethod
-    def forward(self, batch: Batch, need_entropy: bool = False) -> ForwardOutput:
-        """Forward pass over ``batch`` (with autograd enabled if the caller enables it)."""
+    def forward(self, batch: Batch, need_entropy: bool = False, gather: torch.Tensor | None = None) -> ForwardOutput:
+        """Forward pass over ``batch`` (with autograd enabled if the caller enables it); ``gather``
+        ``[B, R, k]``: token ids whose logprobs the forward also returns (``ForwardOutput.gathered``;
+        a backend without a causal LM head ignores it)."""
 
     def micro_batches(self, batch: Batch, group: int = 1, infer: bool = False
                       ) -> list[tuple[torch.Tensor | slice | None, Batch]]:
@@ -217,10 +219,12 @@ class InferEngine(Engine):
         outs = [(rows, self.forward(mb)) for rows, mb in self.micro_batches(batch, infer=True)]
         outs = [(rows, o) for rows, o in outs if rows is not None]
         result = {}
-        for key in ("logprobs", "values", "scores"):
+        for key in ("logprobs", "values", "scores", "topk_logprobs", "topk_ids"):
             parts = [(rows, getattr(o, key)) for rows, o in outs]
             if parts and parts[0][1] is not None:
                 result[key] = in_row_order(parts, len(batch))
+        if "topk_ids" in result:
+            result["topk_ids"] = result["topk_ids"].round().long()
         return Batch(result)
 
 
@@ -256,7 +260,9 @@ class TrainEngine(InferEngine):
         records: list[tuple[float, dict[str, Any]]] = []
         for i, (rows, mb) in enumerate(parts):
             last = i == len(parts) - 1
-            out = self.forward(mb, need_entropy=loss_fn.needs_entropy and rows is not None)
+            key = getattr(loss_fn, "gather_key", None)
+            out = self.forward(mb, need_entropy=loss_fn.needs_entropy and rows is not None,
+                               gather=mb[key] if key else None)
             if rows is None:  # an empty micro-batch keeping the ranks in step: no loss, no metrics
                 self.backward(sum(t.sum() for t in vars(out).values() if t is not None) * 0.0, last=last)
                 continue

@@ -381,8 +381,8 @@ class _DSModel:
     def packed(self) -> bool:
         return self.hf.attention_path != "padded"
 
-    def forward(self, batch: Batch, need_entropy: bool = False) -> ForwardOutput:
-        return self.hf.forward(batch, need_entropy)
+    def forward(self, batch: Batch, need_entropy: bool = False, gather: torch.Tensor | None = None) -> ForwardOutput:
+        return self.hf.forward(batch, need_entropy, gather)
 
     def release_gathered(self) -> None:
         """ZeRO-3 keeps parameters gathered after a no-grad forward (they are "reused soon"

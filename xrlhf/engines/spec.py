@@ -98,12 +98,19 @@ class ForwardOutput:
         entropy: ``[B, R]`` entropy of the next-token distribution, when asked for.
         values: ``[B, R]`` value of the state before each response token (value head).
         scores: ``[B]`` one score per sequence (score head).
+        gathered: ``[B, R, k]`` logprobs of the ids a forward was asked to gather at each
+            response position (``gather``: a teacher's top-k ids), differentiable.
+        topk_logprobs, topk_ids: ``[B, R, k]`` each position's ``k`` most likely tokens and their
+            logprobs (an infer engine's ``topk_logprobs`` option: a top-k distillation teacher).
     """
 
     logprobs: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
     values: torch.Tensor | None = None
     scores: torch.Tensor | None = None
+    gathered: torch.Tensor | None = None
+    topk_logprobs: torch.Tensor | None = None
+    topk_ids: torch.Tensor | None = None
 
 
 class LossFn(Protocol):
@@ -117,6 +124,8 @@ class LossFn(Protocol):
     Attributes:
         unit: ``"token"`` (units are ``response_mask`` ones) or ``"sequence"`` (rows).
         needs_entropy: whether the forward must compute the entropy.
+        gather_key (optional, default none): a batch key of ``[B, R, k]`` token ids whose logprobs
+            the forward must also return (``ForwardOutput.gathered``).
         row_weighted: a sequence-unit loss that leaves out the rows whose ``row_weight`` ``[B]``
             is 0 (padding copies a data-parallel split adds; ``data.dispatch``), so a batch its
             ranks do not divide can be padded. The engines count ``row_weight``'s sum as the rows.

@@ -28,41 +28,71 @@ def chunked_token_logprobs(hidden: torch.Tensor, head: Callable[[torch.Tensor], 
                            temperature: float = 1.0, chunk: int = 1024, need_entropy: bool = False
                            ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token logprob (and entropy) of ``softmax(head(hidden) / temperature)``, ``chunk``
-    tokens at a time, so at most one chunk's ``[chunk, V]`` logits exist at once.
-
-    Each chunk is the plain computation (``head`` in the model's dtype, then fp32: divide by
-    the temperature, ``log_softmax``, gather; ``entropy_from_logits``). With autograd on, a
-    chunk runs under non-reentrant activation checkpointing: the graph keeps only the chunk's
-    ``hidden`` rows, and the backward recomputes its logits, one chunk at a time. That is the
-    point: a forward over ``[B, T]`` tokens with a ``V``-word vocabulary otherwise keeps
-    ``B * T * V`` fp32 values (logits, log-softmax, softmax) alive until the backward.
+    tokens at a time: ``chunked_head_columns`` for one target per token.
 
     Args:
         hidden: ``[N, H]`` the hidden states that predict each token.
         head: ``[c, H] -> [c, V]`` (the model's output layer, called as it is).
         targets: ``[N]`` token ids.
-        temperature: logits are divided by it (> 0).
-        chunk: tokens per chunk; 0: all at once without recomputation (the logits of every
-            token are kept for the backward: the layout before chunking, for comparison).
-        need_entropy: also return the entropy of each token's distribution.
+        temperature, chunk, need_entropy: as in ``chunked_head_columns``.
 
     Returns:
         ``(logprobs [N], entropy [N] or None)``, fp32.
     """
+    out = chunked_head_columns(hidden, head, targets, temperature, chunk, need_entropy)
+    return out[:, 0], (out[:, 1] if need_entropy else None)
+
+
+def chunked_head_columns(hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor], targets: torch.Tensor,
+                         temperature: float = 1.0, chunk: int = 1024, need_entropy: bool = False,
+                         topk: int = 0) -> torch.Tensor:
+    """What the logprob head computes per token, ``chunk`` tokens at a time, so at most one
+    chunk's ``[chunk, V]`` logits exist at once, as columns of one ``[N, C]`` fp32 tensor.
+
+    Each chunk is the plain computation (``head`` in the model's dtype, then fp32: divide by
+    the temperature, ``log_softmax``, gather; ``entropy_from_logits``; ``topk``). With autograd
+    on, a chunk runs under non-reentrant activation checkpointing: the graph keeps only the
+    chunk's ``hidden`` rows, and the backward recomputes its logits, one chunk at a time. That
+    is the point: a forward over ``[B, T]`` tokens with a ``V``-word vocabulary otherwise keeps
+    ``B * T * V`` fp32 values (logits, log-softmax, softmax) alive until the backward.
+
+    Args:
+        hidden: ``[N, H]`` the hidden states that predict each token.
+        head: ``[c, H] -> [c, V]``.
+        targets: ``[N]`` or ``[N, m]`` token ids whose logprobs are gathered (several per token:
+            the sampled one and a teacher's top-k ids, for top-k distillation).
+        temperature: logits are divided by it (> 0).
+        chunk: tokens per chunk; 0: all at once without recomputation (the logits of every
+            token are kept for the backward: the layout before chunking, for comparison).
+        need_entropy: also the entropy of each token's distribution.
+        topk: also the ``topk`` largest logprobs of each token's distribution and their ids (as
+            floats: exact for ids below 2**24; no gradient flows through the ids).
+
+    Returns:
+        ``[N, m + e + 2 * topk]``: the ``m`` gathered logprobs (``m = 1`` for ``[N]`` targets),
+        the entropy (``e = 1`` with ``need_entropy``), the top-k logprobs, the top-k ids.
+    """
     from torch.utils.checkpoint import checkpoint
+
+    cols = targets.unsqueeze(-1) if targets.dim() == 1 else targets
 
     def one(h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         z = head(h).float() / temperature
-        lp = torch.gather(torch.log_softmax(z, -1), -1, t.unsqueeze(-1))
-        return torch.cat([lp, entropy_from_logits(z).unsqueeze(-1)], -1) if need_entropy else lp
+        logp = torch.log_softmax(z, -1)
+        parts = [torch.gather(logp, -1, t)]
+        if need_entropy:
+            parts.append(entropy_from_logits(z).unsqueeze(-1))
+        if topk:
+            values, ids = torch.topk(logp, topk, dim=-1)
+            parts += [values, ids.float()]
+        return torch.cat(parts, -1) if len(parts) > 1 else parts[0]
 
     n = hidden.shape[0]
     if chunk <= 0 or n <= chunk and not torch.is_grad_enabled():
-        out = one(hidden, targets)
-    else:
-        recompute = torch.is_grad_enabled()
-        parts = [checkpoint(one, hidden[s:s + chunk], targets[s:s + chunk], use_reentrant=False,
-                            preserve_rng_state=False)  # nothing random to replay; saves a device sync per chunk
-                 if recompute else one(hidden[s:s + chunk], targets[s:s + chunk]) for s in range(0, n, chunk)]
-        out = torch.cat(parts) if parts else hidden.new_zeros((0, 2 if need_entropy else 1), dtype=torch.float32)
-    return out[:, 0], (out[:, 1] if need_entropy else None)
+        return one(hidden, cols)
+    recompute = torch.is_grad_enabled()
+    parts = [checkpoint(one, hidden[s:s + chunk], cols[s:s + chunk], use_reentrant=False,
+                        preserve_rng_state=False)  # nothing random to replay; saves a device sync per chunk
+             if recompute else one(hidden[s:s + chunk], cols[s:s + chunk]) for s in range(0, n, chunk)]
+    width = cols.shape[1] + int(need_entropy) + 2 * topk
+    return torch.cat(parts) if parts else hidden.new_zeros((0, width), dtype=torch.float32)

@@ -3,7 +3,8 @@ reward model)."""
 
 from __future__ import annotations
 
-from pydantic import ConfigDict
+import torch
+from pydantic import ConfigDict, Field
 
 from xrlhf.data.batch import Batch
 from xrlhf.engines.base import ENGINES, EngineSpec, ForwardOutput, InferEngine, InferOptions
@@ -14,6 +15,10 @@ class HFInferOptions(InferOptions, HFModelOptions):
     """``<handle>.infer`` of the Transformers and DeepSpeed infer engines."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    topk_logprobs: int = Field(0, ge=0, description="also return each response position's k most likely tokens "
+                               "and their logprobs (topk_ids, topk_logprobs [B, R, k]): a teacher for top-k "
+                               "distillation (algorithm.topk_coef); 0: none")
 
 
 @ENGINES.register("hf.infer")
@@ -36,5 +41,5 @@ class HFInferEngine(InferEngine):
     def derived_budget(self, infer: bool) -> int | None:
         return self.hf.derived_budget(training=False)
 
-    def forward(self, batch: Batch, need_entropy: bool = False) -> ForwardOutput:
-        return self.hf.forward(batch, need_entropy)
+    def forward(self, batch: Batch, need_entropy: bool = False, gather: torch.Tensor | None = None) -> ForwardOutput:
+        return self.hf.forward(batch, need_entropy, gather)

@@ -26,7 +26,7 @@ from xrlhf.engines.hf.attention import unreported
 from xrlhf.engines.hf.compiling import compile_layers, use_cache_dir
 from xrlhf.engines.hf.packing import Packed, Padded, pack_rows, pad_rows
 from xrlhf.engines.hf.probe import choose_path, probe_chunked
-from xrlhf.utils.tensors import chunked_token_logprobs, entropy_from_logits
+from xrlhf.utils.tensors import chunked_head_columns, entropy_from_logits
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -198,38 +198,61 @@ class HFModel:
         self.budgets[training] = b.tokens
         return self.budgets[training]
 
-    def forward(self, batch: Batch, need_entropy: bool = False) -> ForwardOutput:
+    def forward(self, batch: Batch, need_entropy: bool = False, gather: torch.Tensor | None = None) -> ForwardOutput:
         """Forward over ``batch`` (layout of ``xrlhf.data.batch``); response part only, ``[B, R]``
         (``scores``: ``[B]``), zero where no response token is. An attention kernel this process
-        had not run before is logged (``attention.TAKEN``)."""
-        out = self._forward(batch, need_entropy)
+        had not run before is logged (``attention.TAKEN``).
+
+        ``gather`` ``[B, R, k]``: token ids whose logprobs each response position also returns
+        (``ForwardOutput.gathered``, differentiable: a teacher's top-k ids in top-k distillation).
+        With the options' ``topk_logprobs`` (an infer engine's), each position's most likely
+        tokens and their logprobs come back too (``topk_logprobs``, ``topk_ids``)."""
+        out = self._forward(batch, need_entropy, gather)
         for line in unreported():
             logger.info(f"{self.spec.model_path} ({self.spec.head}): attention ran {line}")
         return out
 
-    def _forward(self, batch: Batch, need_entropy: bool) -> ForwardOutput:
+    def _forward(self, batch: Batch, need_entropy: bool, gather: torch.Tensor | None = None) -> ForwardOutput:
         ids, attn, r = batch["input_ids"], batch["attention_mask"], response_width(batch)
-        layout = (pad_rows if self.attention_path == "padded" else pack_rows)(ids, attn, r).to(self.device)
+        layout = (pad_rows if self.attention_path == "padded" else pack_rows)(ids, attn, r)
+        extra = None if gather is None else layout.from_rows(gather.to(ids.device))  # built on the host, as the layout
+        layout = layout.to(self.device)
         if self.spec.head == "causal_lm":
-            return self._logprobs(layout, need_entropy)
+            return self._logprobs(layout, need_entropy, extra if extra is None else extra.to(self.device))
         if self.spec.head == "value":
             out = self.model(**layout.inputs, use_cache=False)
             return ForwardOutput(values=layout.to_rows(out.logits[:, layout.keep, 0].float()))
         return ForwardOutput(scores=self._scores(layout))
 
-    def _logprobs(self, layout: Packed | Padded, need_entropy: bool) -> ForwardOutput:
+    def _logprobs(self, layout: Packed | Padded, need_entropy: bool, extra: torch.Tensor | None = None
+                  ) -> ForwardOutput:
+        """``extra`` ``[b, n, k]``: more ids to gather at each predicted position (``forward``'s
+        ``gather`` in the layout)."""
         temperature = max(self.spec.temperature, 1e-6)
         call = dict(layout.inputs, logits_to_keep=layout.keep, use_cache=False)
+        targets = layout.targets.unsqueeze(-1) if extra is None else torch.cat([layout.targets.unsqueeze(-1), extra], -1)
+        topk = getattr(self.options, "topk_logprobs", 0)
         if self.logprob_chunk:
-            with logprob_head(self.module.get_output_embeddings(), layout.targets, temperature, self.logprob_chunk,
-                              need_entropy):
-                out = self.model(**call).logits  # [b, n, 1 or 2]: what the head returned
-            lp, ent = out[..., 0], (out[..., 1] if need_entropy else None)
+            with logprob_head(self.module.get_output_embeddings(), targets, temperature, self.logprob_chunk,
+                              need_entropy, topk):
+                out = self.model(**call).logits  # [b, n, C]: the head's columns (utils.tensors.chunked_head_columns)
         else:
             logits = self.model(**call).logits.float() / temperature
-            lp = torch.gather(F.log_softmax(logits, -1), -1, layout.targets.unsqueeze(-1)).squeeze(-1)
-            ent = entropy_from_logits(logits) if need_entropy else None
-        return ForwardOutput(logprobs=layout.to_rows(lp), entropy=None if ent is None else layout.to_rows(ent))
+            logp = F.log_softmax(logits, -1)
+            parts = [torch.gather(logp, -1, targets)] + ([entropy_from_logits(logits).unsqueeze(-1)]
+                                                          if need_entropy else [])
+            if topk:
+                values, ids = torch.topk(logp, topk, dim=-1)
+                parts += [values, ids.float()]
+            out = torch.cat(parts, -1)
+        m = targets.shape[-1]
+        col = m + int(need_entropy)
+        return ForwardOutput(
+            logprobs=layout.to_rows(out[..., 0]),
+            entropy=layout.to_rows(out[..., m]) if need_entropy else None,
+            gathered=layout.to_rows(out[..., 1:m]) if extra is not None else None,
+            topk_logprobs=layout.to_rows(out[..., col:col + topk]) if topk else None,
+            topk_ids=layout.to_rows(out[..., col + topk:]).round().long() if topk else None)
 
     def _scores(self, layout: Packed | Padded) -> torch.Tensor:
         if not layout.packed:
@@ -245,12 +268,12 @@ class HFModel:
 
 @contextmanager
 def logprob_head(lm_head: torch.nn.Module, targets: torch.Tensor, temperature: float, chunk: int,
-                 need_entropy: bool) -> Iterator[None]:
-    """Within the block, ``lm_head`` returns logprobs (and entropy) instead of logits.
+                 need_entropy: bool, topk: int = 0) -> Iterator[None]:
+    """Within the block, ``lm_head`` returns logprobs (and entropy, top-k) instead of logits.
 
-    ``lm_head``'s forward becomes ``[b, n, H] -> [b, n, 1 or 2]``: the fp32 logprob of
-    ``targets`` ``[b, n]`` (and the entropy) computed chunk by chunk from the original
-    forward (``utils.tensors.chunked_token_logprobs``). The model calls its head as it always
+    ``lm_head``'s forward becomes ``[b, n, H] -> [b, n, C]``: the fp32 logprobs of ``targets``
+    ``[b, n]`` or ``[b, n, m]`` (and the entropy, the top-k logprobs and ids) computed chunk by
+    chunk from the original forward (``utils.tensors.chunked_head_columns``). The model calls its head as it always
     does, so whatever wraps the head still runs around it: DeepSpeed ZeRO-3 gathers the
     weight once per forward and once per backward, on every rank alike, however many chunks a
     rank has. ``HFModel.prepare`` checks that the model returns the head's output unchanged.
@@ -259,9 +282,9 @@ def logprob_head(lm_head: torch.nn.Module, targets: torch.Tensor, temperature: f
     had_own = "forward" in vars(lm_head)
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
-        lp, ent = chunked_token_logprobs(hidden.flatten(0, 1), original, targets.reshape(-1), temperature, chunk,
-                                         need_entropy)
-        return (lp.unsqueeze(-1) if ent is None else torch.stack((lp, ent), -1)).view(*hidden.shape[:2], -1)
+        cols = chunked_head_columns(hidden.flatten(0, 1), original, targets.reshape(-1, targets.shape[-1]),
+                                    temperature, chunk, need_entropy, topk)
+        return cols.view(*hidden.shape[:2], -1)
 
     lm_head.forward = forward
     try:

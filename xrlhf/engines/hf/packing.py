@@ -70,9 +70,13 @@ class Packed:
                 "max_length_q": self.max_len, "max_length_k": self.max_len}
 
     def to_rows(self, values: torch.Tensor) -> torch.Tensor:
-        """``[1, N]`` values at ``keep`` -> ``[B, R]`` (zeros elsewhere; differentiable)."""
-        out = values.new_zeros(self.shape)
-        return out.index_put((self.rows, self.cols), values.reshape(-1))
+        """``[1, N, ...]`` values at ``keep`` -> ``[B, R, ...]`` (zeros elsewhere; differentiable)."""
+        out = values.new_zeros((*self.shape, *values.shape[2:]))
+        return out.index_put((self.rows, self.cols), values.reshape(-1, *values.shape[2:]))
+
+    def from_rows(self, values: torch.Tensor) -> torch.Tensor:
+        """``[B, R, ...]`` per response position -> ``[1, N, ...]`` at the predicted positions."""
+        return values[self.rows, self.cols].unsqueeze(0)
 
     def last_token(self, per_token: torch.Tensor) -> torch.Tensor:
         """``[1, T]`` per-token values -> ``[B]``: each row's value at its last token (0 if empty)."""
@@ -108,8 +112,12 @@ class Padded:
                 "position_ids": self.position_ids}
 
     def to_rows(self, values: torch.Tensor) -> torch.Tensor:
-        """``[B, R']`` -> ``[B, R]``, zeros on the trimmed columns (differentiable)."""
-        return torch.nn.functional.pad(values, (0, self.shape[1] - values.shape[1]))
+        """``[B, R', ...]`` -> ``[B, R, ...]``, zeros on the trimmed columns (differentiable)."""
+        return torch.nn.functional.pad(values, (0, 0) * (values.dim() - 2) + (0, self.shape[1] - values.shape[1]))
+
+    def from_rows(self, values: torch.Tensor) -> torch.Tensor:
+        """``[B, R, ...]`` per response position -> ``[B, R', ...]``, the kept columns."""
+        return values[:, :self.targets.shape[1]]
 
 
 def _to(layout: Any, device: torch.device) -> Any:

@@ -30,7 +30,8 @@ class Probed(Protocol):
     attention_path: str
     logprob_chunk: int
 
-    def forward(self, batch: Batch, need_entropy: bool = False) -> ForwardOutput: ...
+    def forward(self, batch: Batch, need_entropy: bool = False, gather: torch.Tensor | None = None
+                ) -> ForwardOutput: ...
 
 
 def choose_path(hf: Probed, mode: str) -> tuple[str, str]:

@@ -117,8 +117,8 @@ class HFTrainEngine(LoraTraining, TrainEngine):
             for t in self.model.state_dict().values():
                 dist.broadcast(t, src=0)
 
-    def forward(self, batch: Batch, need_entropy: bool = False) -> ForwardOutput:
-        return self.hf.forward(batch, need_entropy)
+    def forward(self, batch: Batch, need_entropy: bool = False, gather: torch.Tensor | None = None) -> ForwardOutput:
+        return self.hf.forward(batch, need_entropy, gather)
 
     def derived_budget(self, infer: bool) -> int | None:
         """``HFModel.derived_budget``; a train budget counts the AdamW states (and, without mixed
