@@ -22,7 +22,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

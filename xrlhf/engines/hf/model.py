@@ -230,7 +230,8 @@ class HFModel:
         ``gather`` in the layout)."""
         temperature = max(self.spec.temperature, 1e-6)
         call = dict(layout.inputs, logits_to_keep=layout.keep, use_cache=False)
-        targets = layout.targets.unsqueeze(-1) if extra is None else torch.cat([layout.targets.unsqueeze(-1), extra], -1)
+        targets = layout.targets.unsqueeze(-1)
+        targets = targets if extra is None else torch.cat([targets, extra], -1)  # [b, n, 1 + k]
         topk = getattr(self.options, "topk_logprobs", 0)
         if self.logprob_chunk:
             with logprob_head(self.module.get_output_embeddings(), targets, temperature, self.logprob_chunk,
