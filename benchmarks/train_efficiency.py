@@ -324,9 +324,9 @@ def as_before_issue_25(policy: HFTrainEngine) -> None:
     attention in fp32) and torch's default AdamW (not fused) over the fp32 weights."""
     forward = policy.hf.forward
 
-    def autocast_forward(batch: Batch, need_entropy: bool = False):
+    def autocast_forward(batch: Batch, need_entropy: bool = False, gather: torch.Tensor | None = None):
         with torch.autocast(policy.hf.device.type, dtype=torch.bfloat16):
-            return forward(batch, need_entropy)
+            return forward(batch, need_entropy, gather)
 
     policy.hf.forward = autocast_forward
     o = policy.options

@@ -260,9 +260,9 @@ class TrainEngine(InferEngine):
         records: list[tuple[float, dict[str, Any]]] = []
         for i, (rows, mb) in enumerate(parts):
             last = i == len(parts) - 1
-            key = getattr(loss_fn, "gather_key", None)
+            key = getattr(loss_fn, "gather_key", None)  # passed only when set: an own engine's forward may not take it
             out = self.forward(mb, need_entropy=loss_fn.needs_entropy and rows is not None,
-                               gather=mb[key] if key else None)
+                               **({"gather": mb[key]} if key else {}))
             if rows is None:  # an empty micro-batch keeping the ranks in step: no loss, no metrics
                 self.backward(sum(t.sum() for t in vars(out).values() if t is not None) * 0.0, last=last)
                 continue
