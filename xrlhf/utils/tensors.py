@@ -43,6 +43,25 @@ def chunked_token_logprobs(hidden: torch.Tensor, head: Callable[[torch.Tensor], 
     return out[:, 0], (out[:, 1] if need_entropy else None)
 
 
+def head_columns(z: torch.Tensor, targets: torch.Tensor, need_entropy: bool = False, topk: int = 0) -> torch.Tensor:
+    """The columns of ``chunked_head_columns`` from fp32 logits already divided by the temperature.
+
+    Args:
+        z: ``[..., V]`` logits.
+        targets: ``[..., m]`` token ids to gather.
+    Returns:
+        ``[..., m + e + 2 * topk]``: gathered logprobs, the entropy, the top-k logprobs and ids.
+    """
+    logp = torch.log_softmax(z, -1)
+    parts = [torch.gather(logp, -1, targets)]
+    if need_entropy:
+        parts.append(entropy_from_logits(z).unsqueeze(-1))
+    if topk:
+        values, ids = torch.topk(logp, topk, dim=-1)
+        parts += [values, ids.float()]
+    return torch.cat(parts, -1) if len(parts) > 1 else parts[0]
+
+
 def chunked_head_columns(hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor], targets: torch.Tensor,
                          temperature: float = 1.0, chunk: int = 1024, need_entropy: bool = False,
                          topk: int = 0) -> torch.Tensor:
@@ -77,15 +96,7 @@ def chunked_head_columns(hidden: torch.Tensor, head: Callable[[torch.Tensor], to
     cols = targets.unsqueeze(-1) if targets.dim() == 1 else targets
 
     def one(h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        z = head(h).float() / temperature
-        logp = torch.log_softmax(z, -1)
-        parts = [torch.gather(logp, -1, t)]
-        if need_entropy:
-            parts.append(entropy_from_logits(z).unsqueeze(-1))
-        if topk:
-            values, ids = torch.topk(logp, topk, dim=-1)
-            parts += [values, ids.float()]
-        return torch.cat(parts, -1) if len(parts) > 1 else parts[0]
+        return head_columns(head(h).float() / temperature, t, need_entropy, topk)
 
     n = hidden.shape[0]
     if chunk <= 0 or n <= chunk and not torch.is_grad_enabled():

@@ -26,7 +26,7 @@ from xrlhf.engines.hf.attention import unreported
 from xrlhf.engines.hf.compiling import compile_layers, use_cache_dir
 from xrlhf.engines.hf.packing import Packed, Padded, pack_rows, pad_rows
 from xrlhf.engines.hf.probe import choose_path, probe_chunked
-from xrlhf.utils.tensors import chunked_head_columns, entropy_from_logits
+from xrlhf.utils.tensors import chunked_head_columns, head_columns
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -238,14 +238,7 @@ class HFModel:
                               need_entropy, topk):
                 out = self.model(**call).logits  # [b, n, C]: the head's columns (utils.tensors.chunked_head_columns)
         else:
-            logits = self.model(**call).logits.float() / temperature
-            logp = F.log_softmax(logits, -1)
-            parts = [torch.gather(logp, -1, targets)] + ([entropy_from_logits(logits).unsqueeze(-1)]
-                                                          if need_entropy else [])
-            if topk:
-                values, ids = torch.topk(logp, topk, dim=-1)
-                parts += [values, ids.float()]
-            out = torch.cat(parts, -1)
+            out = head_columns(self.model(**call).logits.float() / temperature, targets, need_entropy, topk)
         m = targets.shape[-1]
         col = m + int(need_entropy)
         return ForwardOutput(
