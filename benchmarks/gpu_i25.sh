@@ -13,6 +13,10 @@
 #   bash benchmarks/gpu_i25.sh trlc                  # TRL bf16 / fp32, each beside xrlhf with compiled layers
 #   bash benchmarks/gpu_i25.sh setup shipped inflight  # W as shipped vs TRL's default (6 steps), then in-flight
 #   bash benchmarks/gpu_i25.sh sweep                 # W's train-step peak per token budget, eager and compiled (issue 28)
+#   bash benchmarks/gpu_i25.sh setup startup         # start-up: vLLM's import by module, the engine alone
+#   bash benchmarks/gpu_i25.sh startupw              # W's handles cold / warm / without vLLM's torch.compile
+#   bash benchmarks/gpu_i25.sh async2 distill        # W sync vs one step off (this build); distillation with vLLM
+#   bash benchmarks/gpu_i25.sh trl16b packing        # TRL pure bf16 beside xrlhf pure bf16; the packing GPU tests
 #
 # Measured 2026-11-26 (one H200): setup 31 s, eff 141 s, wvar 334 s, smoke 160 s, inflight 54-77 s,
 # trlc 490 s, shipped 234 s.
@@ -74,6 +78,40 @@ stage_sweep() {  # the train step's peak per token budget, eager and compiled (t
 stage_shipped() {  # W as shipped against TRL's default, short (6 steps): a fresh machine's run is a cold start too
   TAIL=6 run shipped 250 python -m benchmarks.w_vs_trl --trl-dtype float32 --trl-timeout 140 --steps 6 --variants default \
     --out "$OUT"
+}
+
+stage_startup() {  # where W's start-up goes: vLLM's import module by module (twice: the second is what a
+  # warm machine sees), vLLM's engine alone (cold, warm, without torch.compile; generation timed),
+  # then W's handles cold / warm / without vLLM's torch.compile (the coordinator's timeline in each)
+  mkdir -p "$OUT/startup"
+  for i in 1 2; do
+    run "importtime_$i" 120 python -X importtime -c "import vllm; from vllm import LLM"
+    sort -t'|' -k2 -n -r "$OUT/importtime_$i.log" | head -40 > "$OUT/startup/importtime_top_$i.txt"
+  done
+  TAIL=6 run startup_engine 300 python -m benchmarks.startup --engine --variants cold,warm,nocompile-inprocess \
+    --generate 512 --generate-for warm,nocompile-inprocess --cache-dir /tmp/xrlhf-i25-cache --out "$OUT/startup"
+}
+
+stage_startupw() {  # W's handles cold / warm / without vLLM's torch.compile (the coordinator's timeline in each)
+  mkdir -p "$OUT/startup"
+  TAIL=8 run startup_w 420 python -m benchmarks.startup --variants cold,warm,warm-nocompile,cold-nocompile \
+    --steps 2 --last-steps 2 --timeout 150 --work /tmp/xrlhf-startup --out "$OUT/startup"
+  cp /tmp/xrlhf-startup/*.log "$OUT/startup/" 2>/dev/null
+}
+
+stage_async2() {  # one GPU: W as shipped (synchronous) then one step off with vLLM awake, same build, same call
+  TAIL=8 run async2 480 python -m benchmarks.w_vs_trl --trl-dtype none --steps 8 --out "$OUT/async2" \
+    --variants default,async
+}
+
+stage_distill() {  # on-policy distillation with the student sampling through vLLM (issue 27)
+  XRLHF_GPU_RUNS="$OUT/runs" TAIL=8 run distill 420 python -m pytest -m gpu tests/gpu/test_distill_vllm.py -x -q -rA \
+    -p no:cacheprovider
+}
+
+stage_trl16b() {  # TRL pure bf16 beside xrlhf pure bf16 (compiled layers: the default since)
+  TAIL=6 run trl16b 420 python -m benchmarks.w_vs_trl --trl-dtype bfloat16 --trl-timeout 200 --steps 8 \
+    --out "$OUT/trl16b" --variants bf16
 }
 
 for s in "$@"; do "stage_$s"; done

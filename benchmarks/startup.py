@@ -12,10 +12,13 @@ a process of its own, and reads from its log and its metrics:
 
 Variants (``--variants``, in order; caches are directories of their own, so "cold" is cold):
 
-* ``cold``: empty vLLM/Inductor/Triton caches, engines built side by side, vLLM last (the default);
+* ``cold``: empty vLLM/Inductor/Triton caches (a fresh machine's first run), W as shipped;
 * ``warm``: the same caches again (what a second run on the machine sees);
-* ``warm-inprocess``: warm, vLLM's engine core in the generator's process
-  (``policy.generate.multiprocessing=false``: no engine process to spawn and import).
+* ``warm-nocompile`` / ``cold-nocompile``: vLLM without torch.compile
+  (``policy.generate.torch_compile=false``: whole-step CUDA graphs for decoding, nothing compiled);
+* ``warm-multiprocess``: vLLM's engine core in a process of its own (the default before issue 25).
+
+A name starting with ``cold`` empties the caches first.
 
 (The order "vLLM's handle whole and alone first", 102 s against 89 s on an H100, is in
 startup.json's history; the switch that ran it left the production code.)
@@ -61,7 +64,7 @@ from typing import Any
 from benchmarks.common import gpu_name, write_json
 
 CONFIG = "configs/gpu/grpo_w.yaml"
-VARIANTS = ("cold", "warm", "warm-inprocess")
+VARIANTS = ("cold", "warm", "warm-nocompile", "cold-nocompile", "warm-multiprocess")
 
 _VLLM = {
     "engine_init_s": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s",
@@ -116,13 +119,15 @@ def _rows(run_dir: Path) -> list[dict]:
 def run_variant(name: str, work: Path, steps: int, model: str, timeout: float) -> dict[str, Any]:
     """One ``xrlhf run`` of W for variant ``name``; its figures."""
     caches = work / "caches"  # one set for all variants: "cold" empties it
-    if name == "cold" and caches.exists():
+    if name.startswith("cold") and caches.exists():
         shutil.rmtree(caches)
     env = dict(os.environ, VLLM_CACHE_ROOT=str(caches / "vllm"), TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"),
                TRITON_CACHE_DIR=str(caches / "triton"))
     overrides = [f"trainer.steps={steps}", f"policy.model={model}", "logging.tensorboard=false"]
-    if name.endswith("inprocess"):
-        overrides.append("policy.generate.multiprocessing=false")
+    if name.endswith("multiprocess"):
+        overrides.append("policy.generate.multiprocessing=true")
+    if "nocompile" in name:
+        overrides.append("policy.generate.torch_compile=false")
     run_dir = work / f"run-{name}"
     shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [sys.executable, "-m", "xrlhf.cli", "run", CONFIG, *overrides, "--output-dir", str(run_dir)]
@@ -140,6 +145,8 @@ def run_variant(name: str, work: Path, steps: int, model: str, timeout: float) -
     text = (work / f"{name}.log").read_text(errors="replace")
     out = {"variant": name, "exit": proc.returncode, "wall_s": round(wall, 1),
            "first_step_s": None if first is None else round(first, 1), **parse_log(text)}
+    if (run_dir / "summary.json").is_file():  # the coordinator's timeline: each handle up, built; ready
+        out["timeline"] = json.loads((run_dir / "summary.json").read_text()).get("startup")
     rows = [r for r in _rows(run_dir) if "time/step_s" in r]
     out["steps"] = [{k: v for k, v in r.items() if k.startswith(("time/", "memory/"))} for r in rows]
     device = [v for r in rows for k, v in r.items() if k.startswith("memory/") and k.endswith("/device_gib")]

@@ -160,3 +160,18 @@ def test_handles_that_train_on_one_gpu_share_its_memory_for_their_budgets(base_c
     own = with_(base_config, critic={"resources": {"ranks": 1, "gpus_per_rank": 1}}, **gpu)
     specs = {s.name: s for s in handle_specs(XConfig.model_validate(own), "m", {})}
     assert specs["policy"].engines["train"][1].memory_share == specs["critic"].engines["train"][1].memory_share == 1.0
+
+
+def test_the_distill_gpu_config_validates(tiny_model):
+    """configs/gpu/distill_vllm.yaml (its teacher: the tiny model here; the same char tokenizer)."""
+    path = ROOT / "configs" / "gpu" / "distill_vllm.yaml"
+    overrides = [f"policy.model={tiny_model}", f"teacher.model={tiny_model}"]
+    if not HAS_VLLM:
+        with pytest.raises(UserError) as e:
+            load_config(path, overrides)
+        assert e.value.messages == ["policy.generate.engine: 'vllm' needs the vllm package; install it with "
+                                    "pip install -e '.[gpu]'"]
+        return
+    cfg = load_config(path, overrides)
+    assert cfg.algorithm.name == "distill" and cfg.policy.generate.engine == "vllm"
+    assert cfg.policy.generate.dtype == cfg.policy.train.dtype == "float32"

@@ -39,5 +39,25 @@ def test_engines_that_start_alone_are_built_when_nothing_else_is(tiny_model, tmp
         assert set(t) == {"alone-start", "alone-end", "infer-start", "infer-end"}
         assert len(coord.pids["policy"]) == 1 and len(coord.pids["rollout"]) == 1 and len(coord.pids["reference"]) == 1
         assert t["alone-start"] > t["infer-end"], "the alone engine was built while the reference was"
+        # the start-up's timeline: every handle up, then built, then all ready
+        up = coord.startup
+        assert 0 <= up["ray_s"] < up["ready_s"]  # 0: the test session's Ray runs already
+        for name in ("policy", "rollout", "reference"):
+            assert up["ray_s"] <= up[f"{name}/up_s"] <= up[f"{name}/built_s"] <= up["ready_s"], (name, up)
+        assert up["rollout/built_s"] >= up["reference/built_s"]  # the alone engine last
+        assert up["policy/train_s"] > 0 and up["rollout/generate_s"] > 0
     finally:
         coord.shutdown()
+
+
+def test_handles_that_preload_start_first_and_the_start_up_line():
+    from xrlhf.coordinator.coordinator import _preloads, _startup_line
+    from xrlhf.engines.base import EngineSpec
+
+    spec = EngineSpec("m")
+    assert _preloads({"generate": ("vllm", spec)})  # vLLM imports itself at preload: its workers start first
+    assert not _preloads({"train": ("hf", spec), "infer": ("hf", spec)})
+    line = _startup_line({"ray_s": 2.04, "policy/up_s": 5.0, "policy/train_s": 7.25, "policy/built_s": 12.5,
+                          "rollout/up_s": 4.5, "rollout/imports_s": 8.0, "rollout/built_s": 20.0, "ready_s": 20.3})
+    assert line == ("Ray 2.0; policy: up 5.0 (train 7.2), built 12.5; "
+                    "rollout: up 4.5 (imports 8.0), built 20.0; ready 20.3")

@@ -25,7 +25,7 @@ from xrlhf.coordinator.resources import Slot, place
 from xrlhf.coordinator.spec import HandleSpec, Topology
 from xrlhf.coordinator.weight_routes import WeightRoutes
 from xrlhf.coordinator.worker import EngineWorker
-from xrlhf.engines.base import DistInfo, EngineSpec, engine_class
+from xrlhf.engines.base import DistInfo, Engine, EngineSpec, engine_class
 from xrlhf.utils.errors import WorkerDiedError
 from xrlhf.utils.faults import Healing
 
@@ -54,6 +54,24 @@ def init_ray(options: RayConfig) -> bool:
         ray.init(address="local", num_cpus=options.num_cpus or os.cpu_count(), num_gpus=options.num_gpus,
                  include_dashboard=False, **kwargs)
     return True
+
+
+def _preloads(engines: dict[str, tuple[str, EngineSpec]]) -> bool:
+    """Whether any engine of ``engines`` imports something at ``preload`` (vLLM)."""
+    base = Engine.preload.__func__  # type: ignore[attr-defined]
+    return any(engine_class(name, role).preload.__func__ is not base for role, (name, _) in engines.items())
+
+
+def _startup_line(times: dict[str, float]) -> str:
+    """``Coordinator.startup`` as one line: Ray, then per handle its workers up, what its rank 0's
+    imports and engines took, and when its engines were built."""
+    parts = [f"Ray {times['ray_s']:.1f}"]
+    for name in dict.fromkeys(k.split("/")[0] for k in times if "/" in k):
+        own = {k.split("/", 1)[1]: v for k, v in times.items() if k.startswith(name + "/")}
+        inner = ", ".join(f"{k.removesuffix('_s')} {v:.1f}" for k, v in own.items() if k not in ("up_s", "built_s"))
+        parts.append(f"{name}: up {own.get('up_s', 0):.1f}" + (f" ({inner})" if inner else "")
+                     + f", built {own.get('built_s', 0):.1f}")
+    return "; ".join(parts) + f"; ready {times['ready_s']:.1f}"
 
 
 def _alone(engines: dict[str, tuple[str, EngineSpec]]) -> dict[str, tuple[str, EngineSpec]]:
@@ -89,6 +107,9 @@ class Coordinator:
         self.slots: dict[str, Slot] = {}
         self.weight_sync: WeightRoutes | None = None
         self.transport: str | None = None
+        self.startup: dict[str, float] = {}
+        """Seconds from Ray's start: ``ray_s``, per handle ``<name>/up_s`` (its first worker up),
+        ``<name>/built_s`` (its engines built) and what rank 0 timed (``EngineHost.setup``), ``ready_s``."""
         self._owns_ray = False
         self._heal_lock = threading.Lock()
 
@@ -97,41 +118,46 @@ class Coordinator:
         logger.info("starting Ray and the workers (" + ", ".join(f"{s.name} x{s.resources.ranks}" for s in self.specs)
                     + "); this takes 20-40 s on a laptop CPU")
         self._owns_ray = init_ray(self.topology.ray)
+        times: dict[str, Any] = {"ray_s": time.time() - t0}
         slots = self.slots = place({s.name: s.resources for s in self.specs})
         self.placement_groups = list({id(s.pg): s.pg for s in slots.values()}.values())
-        # Every handle's workers start at once and build their engines side by side, except the
-        # engines that size themselves from the GPU memory they see free (``starts_alone``: vLLM's
-        # KV cache): those start after all the others, while no other worker allocates or frees
-        # GPU memory.
+        # Every handle's workers are created before any is waited for, those that preload (vLLM's
+        # import, the longest path to ready) first, so their processes start and import side by side.
+        # Every handle's engines then build at once, except the engines that size themselves from
+        # the GPU memory they see free (``starts_alone``: vLLM's KV cache): those start after all the
+        # others, while no other worker allocates or frees GPU memory.
+        first = sorted(self.specs, key=lambda s: not _preloads(s.engines))
+        handles = {s.name: self._spawn(s, slots[s.name]) for s in first}
         steps: list[tuple[ModelHandle, list, dict, list[DistInfo]]] = []
         for s in self.specs:
+            handle = self.handles[s.name] = handles[s.name]
             alone = _alone(s.engines)
-            others = {r: e for r, e in s.engines.items() if r not in alone}
-            handle, refs, dists = self._create(s, slots[s.name], engines=others)
-            self.handles[s.name] = handle
+            refs, dists = self._setup(s, handle, engines={r: e for r, e in s.engines.items() if r not in alone})
+            times[f"{s.name}/up_s"] = time.time() - t0
             steps.append((handle, refs, alone, dists))
         for handle, refs, _, _ in steps:
-            self._finish(handle, refs, {}, [])
+            self._finish(handle, refs, {}, [], times, t0)
         for handle, _, alone, dists in steps:
             if alone:
-                self._finish(handle, [], alone, dists)
+                self._finish(handle, [], alone, dists, times, t0)
         self._wire_weight_sync()
         ft = self.topology.fault_tolerance
         monitor = Heartbeat(lambda: self.handles, ft.heartbeat_timeout_s) if ft.heartbeat_timeout_s > 0 else None
         for h in self.handles.values():
             h.monitor, h.healer = monitor, self
-        logger.info(f"Ray handles ready in {time.time() - t0:.1f}s: " + ", ".join(
+        times["ready_s"] = time.time() - t0
+        self.startup = {k: round(v, 2) for k, v in times.items()}
+        logger.info(f"Ray handles ready in {times['ready_s']:.1f}s: " + ", ".join(
             f"{h.name} x{h.world_size}" for h in self.handles.values()))
+        logger.info("start-up (s from the start of Ray): " + _startup_line(self.startup))
         if self.reference_from_policy:
             logger.info("reference: the policy's base with its LoRA adapters off (computed by the policy's workers; "
                         "no model of its own)")
         return self
 
-    def _create(self, s: HandleSpec, slot: Slot, timeout: float | None = None,
-                engines: dict | None = None) -> tuple[ModelHandle, list, list[DistInfo]]:
-        """New workers of handle ``s`` in ``slot``, building ``engines`` (default: all of the
-        handle's; none: no call). Returns the handle, the ``setup`` calls under way, and each
-        rank's ``DistInfo`` (for a later ``_finish``)."""
+    def _spawn(self, s: HandleSpec, slot: Slot) -> ModelHandle:
+        """New workers of handle ``s`` in ``slot`` (not waited for); each starts importing what its
+        engines need (``EngineHost.preload``) as soon as its process is up."""
         # a generator runs generate calls beside each other (the parts of a batch, an evaluation,
         # episode turns) and beside a weight sync (in-flight updates)
         concurrent = "generate" in s.engines
@@ -142,26 +168,42 @@ class Coordinator:
         workers = [actor.options(**slot.options(rank), max_restarts=0,
                                  name=None).remote(s.name, rank, slot.threads)
                    for rank in range(s.resources.ranks)]
-        handle = ModelHandle(s.name, workers, trainable="train" in s.engines, concurrent=concurrent)
-        gpu = s.resources.gpus_per_rank > 0
         for w in workers:  # imports that take long (vLLM) start now, beside everything else
             w.preload.remote(s.engines)
-        master, port = handle._get([workers[0].address.remote()], [0], timeout)[0]
-        dists = [DistInfo(rank, len(workers), master, port, "nccl" if gpu else "gloo",
-                          self.topology.fault_tolerance.collective_timeout_s) for rank in range(len(workers))]
-        engines = s.engines if engines is None else engines
-        refs = [w.setup.remote(engines, d) for w, d in zip(workers, dists)] if engines else []
-        return handle, refs, dists
+        return ModelHandle(s.name, workers, trainable="train" in s.engines, concurrent=concurrent)
 
-    def _finish(self, handle: ModelHandle, refs: list, engines: dict, dists: list[DistInfo]) -> None:
+    def _setup(self, s: HandleSpec, handle: ModelHandle, timeout: float | None = None,
+               engines: dict | None = None) -> tuple[list, list[DistInfo]]:
+        """Wait for ``handle``'s first worker to be up, then start building ``engines`` (default:
+        all of the handle's; none: no call) on every worker. Returns the ``setup`` calls under way
+        and each rank's ``DistInfo`` (for a later ``_finish``)."""
+        master, port = handle._get([handle.workers[0].address.remote()], [0], timeout)[0]
+        backend = "nccl" if s.resources.gpus_per_rank > 0 else "gloo"
+        dists = [DistInfo(rank, handle.world_size, master, port, backend,
+                          self.topology.fault_tolerance.collective_timeout_s) for rank in range(handle.world_size)]
+        engines = s.engines if engines is None else engines
+        refs = [w.setup.remote(engines, d) for w, d in zip(handle.workers, dists)] if engines else []
+        return refs, dists
+
+    def _create(self, s: HandleSpec, slot: Slot, timeout: float | None = None) -> tuple[ModelHandle, list]:
+        """New workers of handle ``s`` in ``slot`` building all its engines: the handle and the
+        ``setup`` calls under way (a restart in place)."""
+        handle = self._spawn(s, slot)
+        refs, _ = self._setup(s, handle, timeout)
+        return handle, refs
+
+    def _finish(self, handle: ModelHandle, refs: list, engines: dict, dists: list[DistInfo],
+                times: dict[str, Any], t0: float) -> None:
         """Wait for ``handle``'s ``setup`` calls ``refs``, then build ``engines`` on every worker
-        (with ``dists``) and wait; records the workers' pids."""
+        (with ``dists``) and wait; records the workers' pids, and in ``times`` when the handle's
+        engines were built (s after ``t0``) and what rank 0 says its build took."""
         ranks = list(range(handle.world_size))
-        if refs:
-            self.pids[handle.name] = [r["pid"] for r in handle._get(refs, ranks)]
-        if engines:
-            refs = [w.setup.remote(engines, d) for w, d in zip(handle.workers, dists)]
-            self.pids[handle.name] = [r["pid"] for r in handle._get(refs, ranks)]
+        for calls in (refs, [w.setup.remote(engines, d) for w, d in zip(handle.workers, dists)] if engines else []):
+            if calls:
+                results = handle._get(calls, ranks)
+                self.pids[handle.name] = [r["pid"] for r in results]
+                times[f"{handle.name}/built_s"] = time.time() - t0
+                times.update({f"{handle.name}/{k}": v for k, v in results[0].get("seconds", {}).items()})
 
     def _wire_weight_sync(self) -> None:
         plan = self.topology.weight_sync
@@ -261,7 +303,7 @@ class Coordinator:
             old.kill()
             spec = self._spec(name)
             # a worker that cannot be placed again (its node is gone) fails here, not in a hang
-            new, setup, _ = self._create(spec, self.slots[name], timeout=300)
+            new, setup = self._create(spec, self.slots[name], timeout=300)
             self.pids[name] = [r["pid"] for r in new._get(setup, list(range(new.world_size)), timeout=600)]
             old.workers = new.workers  # the trainer's handle objects stay valid
             synced = ""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Any
 
 import torch
@@ -43,28 +44,38 @@ class EngineHost:
         self.gen: GenerateEngine | None = None
         self.transport = None
         self._outbox = None  # the buckets of a sync under way (``begin_send``)
+        self._preload_s: float | None = None  # how long ``preload``'s imports took, once done
 
     # -- set-up ---------------------------------------------------------------------------
     def setup(self, engines: dict[str, tuple[str, EngineSpec]], dist: DistInfo) -> dict[str, Any]:
-        """Build the engines: ``engines`` maps a role (train / infer / generate) to (name, spec)."""
+        """Build the engines: ``engines`` maps a role (train / infer / generate) to (name, spec).
+        Returns this process's id, the device, and ``seconds``: each role's build and, once done,
+        the ``preload`` imports (for the coordinator's start-up line)."""
+        seconds: dict[str, float] = {}
         for role, (name, spec) in engines.items():
             spec.dist = dist
             if spec.device == "cuda" and not torch.cuda.is_available():
                 raise RuntimeError(f"{self.handle} rank {self.rank}: a GPU was asked for but CUDA is not available")
+            t0 = time.perf_counter()
             engine = build_engine(name, spec, role)  # type: ignore[arg-type]
+            seconds[f"{role}_s"] = round(time.perf_counter() - t0, 2)
             setattr(self, {"train": "train", "infer": "infer_engine", "generate": "gen"}[role], engine)
-        return {"pid": os.getpid(), "device": str(next(iter(engines.values()))[1].device)}
+        if self._preload_s:  # engines that import nothing at preload take ~0 s: not worth a word
+            seconds["imports_s"] = self._preload_s
+        return {"pid": os.getpid(), "device": str(next(iter(engines.values()))[1].device), "seconds": seconds}
 
     def preload(self, engines: dict[str, tuple[str, EngineSpec]]) -> None:
         """Start importing what ``engines`` will need (``Engine.preload``: vLLM's ~10 s import) in a
         thread, so that it overlaps whatever this worker waits for before ``setup`` builds them;
         a failure here is left for ``setup`` to report."""
         def run() -> None:
+            t0 = time.perf_counter()
             for role, (name, spec) in engines.items():
                 try:
                     engine_class(name, role).preload(spec.options)  # type: ignore[arg-type]
                 except Exception:  # noqa: BLE001 - the build raises it with its context
                     pass
+            self._preload_s = round(time.perf_counter() - t0, 2)
 
         threading.Thread(target=run, name="xrlhf-preload", daemon=True).start()
 
