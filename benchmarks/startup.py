@@ -14,8 +14,9 @@ Variants (``--variants``, in order; caches are directories of their own, so "col
 
 * ``cold``: empty vLLM/Inductor/Triton caches (a fresh machine's first run), W as shipped;
 * ``warm``: the same caches again (what a second run on the machine sees);
-* ``warm-nocompile`` / ``cold-nocompile``: vLLM without torch.compile
-  (``policy.generate.torch_compile=false``: whole-step CUDA graphs for decoding, nothing compiled);
+* ``warm-compile`` / ``cold-compile``: vLLM with torch.compile (``policy.generate.torch_compile=true``,
+  vLLM's default; off in xrlhf since 2026-11-26), ``-nocompile``: without it (the run of that day
+  when it was still on);
 * ``warm-multiprocess``: vLLM's engine core in a process of its own (the default before issue 25).
 
 A name starting with ``cold`` empties the caches first.
@@ -64,7 +65,10 @@ from typing import Any
 from benchmarks.common import gpu_name, write_json
 
 CONFIG = "configs/gpu/grpo_w.yaml"
-VARIANTS = ("cold", "warm", "warm-nocompile", "cold-nocompile", "warm-multiprocess")
+VARIANTS = ("cold", "warm", "warm-compile", "cold-compile", "warm-nocompile", "cold-nocompile", "warm-multiprocess")
+FLAGS = {"compile": "policy.generate.torch_compile=true", "nocompile": "policy.generate.torch_compile=false",
+         "multiprocess": "policy.generate.multiprocessing=true"}
+"""What a variant's words after cold/warm override."""
 
 _VLLM = {
     "engine_init_s": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s",
@@ -88,6 +92,7 @@ FEW_GRAPHS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512]
 
 ENGINE_VARIANTS = {"cold": (True, {}), "warm": (False, {}), "warm-inprocess": (False, {"multiprocessing": False}),
                    "nocompile-inprocess": (False, {"torch_compile": False, "multiprocessing": False}),
+                   "compile-inprocess": (False, {"torch_compile": True, "multiprocessing": False}),
                    "fewgraphs": (False, {"cudagraph_capture_sizes": FEW_GRAPHS}),
                    "fewgraphs-inprocess": (False, {"cudagraph_capture_sizes": FEW_GRAPHS, "multiprocessing": False})}
 """name -> (empty the cache first, options over ``W_VLLM``)."""
@@ -124,10 +129,7 @@ def run_variant(name: str, work: Path, steps: int, model: str, timeout: float) -
     env = dict(os.environ, VLLM_CACHE_ROOT=str(caches / "vllm"), TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"),
                TRITON_CACHE_DIR=str(caches / "triton"))
     overrides = [f"trainer.steps={steps}", f"policy.model={model}", "logging.tensorboard=false"]
-    if name.endswith("multiprocess"):
-        overrides.append("policy.generate.multiprocessing=true")
-    if "nocompile" in name:
-        overrides.append("policy.generate.torch_compile=false")
+    overrides += [FLAGS[word] for word in name.split("-")[1:]]
     run_dir = work / f"run-{name}"
     shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [sys.executable, "-m", "xrlhf.cli", "run", CONFIG, *overrides, "--output-dir", str(run_dir)]

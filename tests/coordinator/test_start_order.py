@@ -61,3 +61,23 @@ def test_handles_that_preload_start_first_and_the_start_up_line():
                           "rollout/up_s": 4.5, "rollout/imports_s": 8.0, "rollout/built_s": 20.0, "ready_s": 20.3})
     assert line == ("Ray 2.0; policy: up 5.0 (train 7.2), built 12.5; "
                     "rollout: up 4.5 (imports 8.0), built 20.0; ready 20.3")
+
+
+def test_workers_of_a_local_ray_see_the_variables_and_the_driver_keeps_its_own():
+    """``init_ray`` starts a local Ray with its variables in this process's environment (its
+    workers inherit it: no runtime environment to wait for), then puts this process's back."""
+    import os
+
+    import ray
+
+    @ray.remote(num_cpus=0.1)
+    def seen() -> dict:
+        return {k: os.environ.get(k) for k in ("PYTHONPATH", "TOKENIZERS_PARALLELISM", "HF_HUB_OFFLINE")}
+
+    env = ray.get(seen.remote(), timeout=120)
+    assert os.getcwd() in env["PYTHONPATH"].split(os.pathsep)
+    assert env["TOKENIZERS_PARALLELISM"] == "false" and env["HF_HUB_OFFLINE"] == "1"
+    assert os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS") == ORIGINAL.get("HF_HUB_DISABLE_PROGRESS_BARS")
+
+
+ORIGINAL = dict(__import__("os").environ)  # this process's variables before the session's Ray started

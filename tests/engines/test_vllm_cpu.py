@@ -375,11 +375,20 @@ def vllm_module():
     sampling.RequestOutputKind = SimpleNamespace(CUMULATIVE="CUMULATIVE", DELTA="DELTA", FINAL_ONLY="FINAL_ONLY")
     sampler = types.ModuleType("vllm.v1.worker.gpu.sample.sampler")
     sampler.Sampler = FakeSampler
+    registry = types.ModuleType("vllm.model_executor.models.registry")
+
+    def in_a_subprocess(fn):  # vLLM's: a new Python process runs ``fn`` (the engine replaces it)
+        raise AssertionError("vLLM's model inspection ran in a subprocess")
+
+    registry._run_in_subprocess = in_a_subprocess
+    models = types.ModuleType("vllm.model_executor.models")
+    models.registry = registry
     fakes = {"vllm": fake, "vllm.distributed": types.ModuleType("vllm.distributed"),
              "vllm.distributed.parallel_state": parallel_state, "vllm.inputs": inputs, "vllm.sampling_params": sampling,
              **{m: types.ModuleType(m) for m in ("vllm.v1", "vllm.v1.worker", "vllm.v1.worker.gpu",
                                                  "vllm.v1.worker.gpu.sample")},
-             "vllm.v1.worker.gpu.sample.sampler": sampler}
+             "vllm.v1.worker.gpu.sample.sampler": sampler, "vllm.model_executor": types.ModuleType("vllm.model_executor"),
+             "vllm.model_executor.models": models, "vllm.model_executor.models.registry": registry}
     saved = {k: sys.modules.get(k) for k in fakes}
     sys.modules.update(fakes)
     import xrlhf.engines.vllm as module

@@ -26,9 +26,10 @@ def test_speed_options_reach_vllm_only_when_set(tiny_model):
     assert (kwargs["async_scheduling"], kwargs["enable_prefix_caching"], kwargs["max_num_batched_tokens"],
             kwargs["cudagraph_capture_sizes"]) == (False, False, 32768, [1, 8, 64, 512])
     assert env == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # ours: the engine core in the generator's process
-    assert "compilation_config" not in kwargs
-    kwargs, _ = llm_kwargs(engine_spec(tiny_model, torch_compile=False))
+    # ours: no torch.compile, the decode steps whole CUDA graphs
     assert kwargs["compilation_config"] == {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
+    kwargs, _ = llm_kwargs(engine_spec(tiny_model, torch_compile=True))
+    assert "compilation_config" not in kwargs  # vLLM's default: compiled
     kwargs, _ = llm_kwargs(engine_spec(tiny_model, torch_compile=False, enforce_eager=True))
     assert "compilation_config" not in kwargs and kwargs["enforce_eager"]  # eager: no graphs either
     kwargs, _ = llm_kwargs(engine_spec(tiny_model, enable_prefix_caching=False,
@@ -90,3 +91,5 @@ def test_preload_sets_the_environment_and_imports_vllm(vllm_module, monkeypatch,
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and os.environ["VLLM_CACHE_ROOT"] == f"{tmp_path}/vllm"
     assert os.environ["VLLM_NO_USAGE_STATS"] == "1" and os.environ["VLLM_HOST_IP"] == "10.0.0.1"
     assert sys.modules["vllm"].LLM is FakeLLM
+    # vLLM's model inspection now runs in this process (a fresh machine's cache miss: no new Python)
+    assert sys.modules["vllm.model_executor.models.registry"]._run_in_subprocess(lambda: 7) == 7

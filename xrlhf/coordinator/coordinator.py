@@ -44,15 +44,27 @@ def init_ray(options: RayConfig) -> bool:
            "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     # Ray's notice that token authentication is on (it stays on) is not the user's business here.
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
-    kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env}, "log_to_driver": options.log_to_driver,
-                              "logging_level": "WARNING", "configure_logging": True}
-    if options.address:
-        ray.init(address=options.address, **kwargs)
-    else:
-        # "local": a Ray of this run's own, even where a cluster started by `ray start` runs on
-        # this machine (ray.init would join it, and refuse num_cpus); joining one is ray.address
+    kwargs: dict[str, Any] = {"log_to_driver": options.log_to_driver, "logging_level": "WARNING",
+                              "configure_logging": True}
+    if options.address:  # a cluster's workers get the variables through the job's runtime environment
+        ray.init(address=options.address, runtime_env={"env_vars": env}, **kwargs)
+        return True
+    # "local": a Ray of this run's own, even where a cluster started by `ray start` runs on this
+    # machine (ray.init would join it, and refuse num_cpus); joining one is ray.address. Its
+    # processes inherit this one's environment, so the variables are set here for the start: a
+    # runtime environment would make every worker wait for Ray's runtime-env agent (actors up
+    # 2.8 s against 4.2-5.2 s for three on the 2-core box).
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
         ray.init(address="local", num_cpus=options.num_cpus or os.cpu_count(), num_gpus=options.num_gpus,
                  include_dashboard=False, **kwargs)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     return True
 
 

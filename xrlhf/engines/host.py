@@ -45,6 +45,7 @@ class EngineHost:
         self.transport = None
         self._outbox = None  # the buckets of a sync under way (``begin_send``)
         self._preload_s: float | None = None  # how long ``preload``'s imports took, once done
+        self._preloading: threading.Thread | None = None
 
     # -- set-up ---------------------------------------------------------------------------
     def setup(self, engines: dict[str, tuple[str, EngineSpec]], dist: DistInfo) -> dict[str, Any]:
@@ -52,6 +53,10 @@ class EngineHost:
         Returns this process's id, the device, and ``seconds``: each role's build and, once done,
         the ``preload`` imports (for the coordinator's start-up line)."""
         seconds: dict[str, float] = {}
+        if self._preloading is not None:
+            # The imports finish on their own thread: importing the same package from two threads at
+            # once (the build's imports beside preload's) interleaves them under the GIL, slower than one
+            self._preloading.join()
         for role, (name, spec) in engines.items():
             spec.dist = dist
             if spec.device == "cuda" and not torch.cuda.is_available():
@@ -77,7 +82,8 @@ class EngineHost:
                     pass
             self._preload_s = round(time.perf_counter() - t0, 2)
 
-        threading.Thread(target=run, name="xrlhf-preload", daemon=True).start()
+        self._preloading = threading.Thread(target=run, name="xrlhf-preload", daemon=True)
+        self._preloading.start()
 
     def set_transport(self, options: dict[str, Any], name: str) -> str:
         """Build this worker's side of the weight-sync transport ``name`` (chosen by the

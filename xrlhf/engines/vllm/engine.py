@@ -86,6 +86,8 @@ class VLLMGenerateEngine(GenerateEngine):
         import vllm  # noqa: F401
         from vllm import LLM  # noqa: F401 - the lazy attribute imports the engine's modules
 
+        inspect_models_in_process()
+
     @classmethod
     def placement_errors(cls, options: BaseModel, where: str, gpus_per_rank: float, split: bool) -> list[str]:
         tp, errors = options.tensor_parallel_size, []
@@ -144,6 +146,7 @@ class VLLMGenerateEngine(GenerateEngine):
         set_environment(self.options)
         from vllm import LLM
 
+        inspect_models_in_process()
         self.sleep_level = self.options.sleep_level
         self.frees_memory_when_asleep = self.sleep_level > 0
         self.llm = LLM(**kwargs)
@@ -405,6 +408,22 @@ def set_environment(options: VLLMOptions) -> None:
     os.environ.update(engine_env(options))
     for k, v in ENV_DEFAULTS.items():
         os.environ.setdefault(k, v)
+
+
+def inspect_models_in_process() -> None:
+    """Let vLLM inspect a model class in this process, not in a new Python process.
+
+    Before it builds a model, vLLM asks its registry what the architecture's class supports; the
+    answer is cached under ``VLLM_CACHE_ROOT``, and on a miss (every fresh machine) it is computed in
+    a subprocess that imports vLLM again, to keep CUDA uninitialised in the caller
+    (model_executor/models/registry.py, ``_run_in_subprocess``): 16 s of W's cold start on an H100.
+    The generator's process initialises CUDA for vLLM anyway and has vLLM imported, so here the
+    same function runs in-process (the answer still goes to vLLM's cache). A vLLM without that
+    function is left as it is."""
+    from vllm.model_executor.models import registry
+
+    if callable(getattr(registry, "_run_in_subprocess", None)):
+        registry._run_in_subprocess = lambda fn: fn()
 
 
 def _eos_ids(model_path: str) -> list[int]:
