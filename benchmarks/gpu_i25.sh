@@ -14,7 +14,8 @@
 #   bash benchmarks/gpu_i25.sh setup shipped inflight  # W as shipped vs TRL's default (6 steps), then in-flight
 #   bash benchmarks/gpu_i25.sh sweep                 # W's train-step peak per token budget, eager and compiled (issue 28)
 #   bash benchmarks/gpu_i25.sh setup startup         # start-up: vLLM's import by module, the engine alone
-#   bash benchmarks/gpu_i25.sh startupw              # W's handles cold / warm / without vLLM's torch.compile
+#   bash benchmarks/gpu_i25.sh startupw              # W's handles cold / warm / with vLLM's torch.compile
+#                                                    #   (STARTUP_VARIANTS=cold,warm,warm-nocompile,cold-nocompile: 2026-11-26's first)
 #   bash benchmarks/gpu_i25.sh async2 distill        # W sync vs one step off (this build); distillation with vLLM
 #   bash benchmarks/gpu_i25.sh trl16b packing        # TRL pure bf16 beside xrlhf pure bf16; the packing GPU tests
 #
@@ -92,9 +93,9 @@ stage_startup() {  # where W's start-up goes: vLLM's import module by module (tw
     --generate 512 --generate-for warm,nocompile-inprocess --cache-dir /tmp/xrlhf-i25-cache --out "$OUT/startup"
 }
 
-stage_startupw() {  # W's handles cold / warm / without vLLM's torch.compile (the coordinator's timeline in each)
+stage_startupw() {  # W's handles cold / warm / with vLLM's torch.compile (the coordinator's timeline in each)
   mkdir -p "$OUT/startup"
-  TAIL=8 run startup_w 420 python -m benchmarks.startup --variants cold,warm,warm-nocompile,cold-nocompile \
+  TAIL=8 run startup_w 420 python -m benchmarks.startup --variants "${STARTUP_VARIANTS:-cold,warm,warm-compile}" \
     --steps 2 --last-steps 2 --timeout 150 --work /tmp/xrlhf-startup --out "$OUT/startup"
   cp /tmp/xrlhf-startup/*.log "$OUT/startup/" 2>/dev/null
 }

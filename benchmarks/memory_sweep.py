@@ -34,6 +34,8 @@ SMOKE_BUDGETS = (64, 128)
 
 def sweep(model: str, device: str, budgets: tuple[int, ...], compile: bool, batch) -> list[dict[str, Any]]:
     """One row per budget for one policy engine (``compile``: compiled layers); see the module docstring."""
+    import torch
+
     from xrlhf.engines.base import EngineSpec
     from xrlhf.engines.hf import HFInferEngine
 
@@ -45,12 +47,21 @@ def sweep(model: str, device: str, budgets: tuple[int, ...], compile: bool, batc
         policy.options.micro_batch_size = len(batch)
         policy.options.max_tokens_per_micro_batch = budget
         tokens = [int(part["attention_mask"].sum()) for _, part in policy.micro_batches(batch)]
-        policy.train_step(batch, w_loss())  # warm-up: compiles (a new shape) and allocates
-        _sync(device)
-        _reset(device)
-        t0 = time.perf_counter()
-        policy.train_step(batch, w_loss())
-        _sync(device)
+        try:
+            policy.train_step(batch, w_loss())  # warm-up: compiles (a new shape) and allocates
+            _sync(device)
+            _reset(device)
+            t0 = time.perf_counter()
+            policy.train_step(batch, w_loss())
+            _sync(device)
+        except torch.OutOfMemoryError:  # the card's limit (an H100 at the H200's budgets): larger ones fail too
+            policy.optimizer.zero_grad(set_to_none=True)
+            for param in policy.model.parameters():
+                param.grad = None
+            print({"compile": compile, "budget": budget, "oom": True}, flush=True)
+            rows.append({"compile": compile, "budget": budget, "largest_micro_batch_tokens": max(tokens),
+                         "micro_batches": len(tokens), "oom": True})
+            break
         row = {"compile": compile, "budget": budget, "largest_micro_batch_tokens": max(tokens),
                "micro_batches": len(tokens), "train_s": time.perf_counter() - t0, "peak_gib": _peak(device)}
         print(row, flush=True)
@@ -80,8 +91,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     data = {"gpu": gpu_name(), "device": device, "model": model, "sequences": w.sequences,
             "tokens": int(batch["attention_mask"].sum()), "rows": rows,
             "command": "python -m benchmarks.memory_sweep" + (" --smoke" if args.smoke else "")}
-    print(table([[r["compile"], r["budget"], r["largest_micro_batch_tokens"], r["micro_batches"], r["train_s"],
-                  r["peak_gib"]] for r in rows], ["compiled", "budget", "largest", "micro-batches", "train s", "peak GiB"]))
+    print(table([[r["compile"], r["budget"], r["largest_micro_batch_tokens"], r["micro_batches"], r.get("train_s"),
+                  r.get("peak_gib", "out of memory")] for r in rows], ["compiled", "budget", "largest", "micro-batches", "train s", "peak GiB"]))
     write_json(args.out, "memory_sweep.json", data)
     return data
 

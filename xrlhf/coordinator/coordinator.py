@@ -214,7 +214,9 @@ class Coordinator:
             if calls:
                 results = handle._get(calls, ranks)
                 self.pids[handle.name] = [r["pid"] for r in results]
-                times[f"{handle.name}/built_s"] = time.time() - t0
+                # when its last rank finished (the handles are waited for one after another: the
+                # time of the wait would credit a fast handle with a slow one's build)
+                times[f"{handle.name}/built_s"] = max(r.get("done_at", time.time()) for r in results) - t0
                 times.update({f"{handle.name}/{k}": v for k, v in results[0].get("seconds", {}).items()})
 
     def _wire_weight_sync(self) -> None:

@@ -50,8 +50,9 @@ class EngineHost:
     # -- set-up ---------------------------------------------------------------------------
     def setup(self, engines: dict[str, tuple[str, EngineSpec]], dist: DistInfo) -> dict[str, Any]:
         """Build the engines: ``engines`` maps a role (train / infer / generate) to (name, spec).
-        Returns this process's id, the device, and ``seconds``: each role's build and, once done,
-        the ``preload`` imports (for the coordinator's start-up line)."""
+        Returns this process's id, the device, ``seconds``: each role's build and, once done, the
+        ``preload`` imports, and ``done_at`` (the clock's time at the end), for the coordinator's
+        start-up timeline."""
         seconds: dict[str, float] = {}
         if self._preloading is not None:
             # The imports finish on their own thread: importing the same package from two threads at
@@ -67,7 +68,8 @@ class EngineHost:
             setattr(self, {"train": "train", "infer": "infer_engine", "generate": "gen"}[role], engine)
         if self._preload_s:  # engines that import nothing at preload take ~0 s: not worth a word
             seconds["imports_s"] = self._preload_s
-        return {"pid": os.getpid(), "device": str(next(iter(engines.values()))[1].device), "seconds": seconds}
+        return {"pid": os.getpid(), "device": str(next(iter(engines.values()))[1].device), "seconds": seconds,
+                "done_at": time.time()}
 
     def preload(self, engines: dict[str, tuple[str, EngineSpec]]) -> None:
         """Start importing what ``engines`` will need (``Engine.preload``: vLLM's ~10 s import) in a
