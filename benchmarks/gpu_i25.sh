@@ -77,7 +77,7 @@ stage_sweep() {  # the train step's peak per token budget, eager and compiled (t
 }
 
 stage_shipped() {  # W as shipped against TRL's default, short (6 steps): a fresh machine's run is a cold start too
-  TAIL=6 run shipped 250 python -m benchmarks.w_vs_trl --trl-dtype float32 --trl-timeout 140 --steps 6 --variants default \
+  TAIL=6 run shipped 360 python -m benchmarks.w_vs_trl --trl-dtype float32 --trl-timeout 140 --steps 6 --variants default \
     --out "$OUT"
 }
 

@@ -55,8 +55,12 @@ def mean(values) -> float:
     return sum(values) / len(values)
 
 
+EAGER = ("policy.train.compile=false", "reference.infer.compile=false")
+"""The runs of 2026-11-25 and before the morning of 2026-11-26 had eager layers (compiled ones the default since)."""
+
+
 def w_group(*overrides: str):
-    cfg = load_for_plan(str(ROOT / "configs" / "gpu" / "grpo_w.yaml"), [f"policy.model={W_MODEL}", *overrides])
+    cfg = load_for_plan(str(ROOT / "configs" / "gpu" / "grpo_w.yaml"), [f"policy.model={W_MODEL}", *EAGER, *overrides])
     return make_plan(plan_input(cfg, prompt_tokens=28), H100).configured.groups[0]
 
 
@@ -101,6 +105,25 @@ def test_w_train_step_alone(variant):
     assert planned / GIB == pytest.approx(row["peak_gib"], rel=0.15)
 
 
+SWEEP = RESULTS / "gpu_i25" / "2026-11-26b" / "memory_sweep_h100.json"
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_w_train_peak_by_token_budget(compiled):
+    """``benchmarks/memory_sweep.py`` on an H100: W's train step (mixed precision, the bf16
+    reference resident) at budgets of 8k to 48k tokens, eager and with compiled layers; the plan's
+    peak within 15% at every budget that fit (eager 1.54 MB per token measured, compiled 1.11)."""
+    rows = [r for r in json.loads(SWEEP.read_text())["rows"] if r["compile"] == compiled and not r.get("oom")]
+    assert len(rows) >= 3
+    s = model_shape(W_MODEL)
+    for row in rows:
+        tokens = row["largest_micro_batch_tokens"]
+        t = Trainer(precision="mixed", tokens=tokens, compiled=compiled)
+        planned = (sum(trainer_state(s, t).values()) + tokens * train_bytes_per_token(s, t)
+                   + head_working(s, "causal_lm", 1024, True) + 2 * s.params)
+        assert planned / GIB == pytest.approx(row["peak_gib"], rel=0.15), row
+
+
 @pytest.mark.parametrize("setting", ["zero2", "zero3", "zero3_offload"])
 def test_deepspeed_zero_peaks(setting, tmp_path):
     res = json.loads((RESULTS / "deepspeed.json").read_text())
@@ -139,7 +162,9 @@ def test_gpu_config_runs(runs, test, config):
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if r.get("step", 0) >= 2 and "memory/train/policy_gib" in r]
     assert len(rows) == 2
-    cfg = load_for_plan(str(ROOT / "configs" / "gpu" / f"{config}.yaml"), [f"policy.model={W_MODEL}", *kept["overrides"]])
+    eager = [*EAGER, *(["critic.train.compile=false"] if config.startswith("ppo") else [])]
+    cfg = load_for_plan(str(ROOT / "configs" / "gpu" / f"{config}.yaml"), [f"policy.model={W_MODEL}", *eager,
+                                                                             *kept["overrides"]])
     layout = make_plan(plan_input(cfg, prompt_tokens=5), H200X2 if runs == GPU_RUNS else Cluster(1, 1, 140.4)).configured
     trainers = layout.groups[0]
     for phase, handle in (("train", "policy"), ("train", "critic"), ("infer", "reference")):
@@ -159,3 +184,24 @@ def test_w_lora_policy_peak():
     cfg = load_for_plan(str(ROOT / "configs" / "gpu" / "grpo_w_lora.yaml"), [f"policy.model={W_MODEL}"])
     g = make_plan(plan_input(cfg, prompt_tokens=28), Cluster(1, 1, 139.8)).configured.groups[0]
     assert g.alloc[("train", "policy")] / GIB == pytest.approx(measured, rel=0.15)  # 1.83 GiB
+
+
+I25 = RESULTS / "gpu_i25"
+
+
+@pytest.mark.parametrize(("run", "gib", "overrides", "log", "budget_at"), [
+    ("2026-11-26/wvar/xrlhf-default", 139.8, EAGER, "2026-11-26/wvar/wvar.log", 0),
+    ("2026-11-26/wvar/xrlhf-compiled", 139.8, (), "2026-11-26/wvar/wvar.log", 1),
+    ("2026-11-26b/lease2/shipped", 79.2, (), "2026-11-26b/lease2/shipped.log", 0)],
+    ids=["h200-eager", "h200-compiled", "h100-shipped"])
+def test_w_loop_train_peak_eager_and_compiled(run, gib, overrides, log, budget_at):
+    """W's own loop, steps 2 on: the policy's train peak within 15% and its derived budget within
+    10%, with eager layers and with compiled ones (the default since 2026-11-26), on an H200 (its
+    61k-token budgets: micro-batches of ~48.5k, as the plan now counts) and an H100."""
+    rows = [json.loads(line) for line in (I25 / run / "metrics.jsonl").read_text().splitlines()]
+    measured = mean(r["memory/train/policy_gib"] for r in rows if r.get("step", 0) >= 2 and "memory/train/policy_gib" in r)
+    cfg = load_for_plan(str(ROOT / "configs" / "gpu" / "grpo_w.yaml"), [f"policy.model={W_MODEL}", *overrides])
+    g = make_plan(plan_input(cfg, prompt_tokens=28), Cluster(1, 1, gib)).configured.groups[0]
+    assert g.alloc[("train", "policy")] / GIB == pytest.approx(measured, rel=0.15)
+    budgets = re.findall(r"train: micro-batches of up to ([\d,]+) tokens", (I25 / log).read_text())
+    assert g.budgets["policy"]["train"] == pytest.approx(float(budgets[budget_at].replace(",", "")), rel=0.1)

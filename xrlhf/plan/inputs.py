@@ -109,7 +109,7 @@ def _trainer(section, path: str, head: str, ranks: int, adapter_params: int | No
                    offload_params=getattr(o, "offload_params", False), ranks=ranks, tokens=budget,
                    infer_tokens=infer, checkpointing=o.gradient_checkpointing,
                    chunk=getattr(o, "logprob_chunk_tokens", 0) if head == "causal_lm" else 0,
-                   rows=o.micro_batch_size if budget else 0)
+                   rows=o.micro_batch_size if budget else 0, compiled=o.compiles("cuda"))
 
 
 def _frozen(section, path: str, head: str, ranks: int) -> Frozen:

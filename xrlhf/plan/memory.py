@@ -71,6 +71,8 @@ class Trainer:
     chunk: int = 1024
     rows: int = 0
     """Rows per micro-batch when a token budget is set (0: rows not capped, as with a derived budget)."""
+    compiled: bool = False
+    """Its decoder layers compiled (fewer activations kept: ``engines.budget``)."""
 
 
 def act_shape(shape: ModelShape) -> budget.Shape:
@@ -122,10 +124,12 @@ def _deepspeed(p: int, w: int, t: Trainer) -> dict[str, float]:
     return {"weights": weights, "masters": masters, "gradients": grads, "optimizer": opt, "zero buffers": buffers}
 
 
-def train_bytes_per_token(shape: ModelShape, t: Trainer) -> int:
-    """Activation bytes a micro-batch keeps per token until its backward (``engines.budget``)."""
+def train_bytes_per_token(shape: ModelShape, t: Trainer, kept: bool = True) -> int:
+    """Activation bytes a micro-batch keeps per token until its backward (``engines.budget``);
+    ``kept=False``: the figure the engine derives its budget with (the eager one)."""
     full = t.head == "causal_lm" and not t.chunk
-    return budget.train_bytes_per_token(act_shape(shape), compute_bytes(t), t.checkpointing, full)
+    return budget.train_bytes_per_token(act_shape(shape), compute_bytes(t), t.checkpointing, full,
+                                        compiled=t.compiled and kept)
 
 
 def infer_bytes_per_token(shape: ModelShape, t: Trainer | None, dtype_bytes: int = 2, head: str = "causal_lm",

@@ -192,6 +192,24 @@ def varlen_mask(*args: Any, attention_mask: torch.Tensor | None = None, **kwargs
     return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
 
 
+_NO_MASK: dict[torch.device, torch.Tensor] = {}
+
+
+def no_mask(device: torch.device) -> torch.Tensor:
+    """The attention mask a packed row's model call passes under ``xrlhf_varlen``: a 4-D
+    placeholder (``[1, 1, 1, 1]``), which ``varlen_attention`` never reads (the sequence offsets
+    keep the sequences apart).
+
+    Why: with no mask, transformers looks for sequence boundaries in ``position_ids``
+    (masking_utils ``find_packed_sequence_indices``, an ``.all()`` on the device: one sync per
+    forward, so one per micro-batch, measured on an H100), then asks ``varlen_mask``, which returns
+    none anyway. A 4-D mask it takes as prepared and passes through untouched
+    (``_preprocess_mask_arguments``)."""
+    if device not in _NO_MASK:
+        _NO_MASK[device] = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device)
+    return _NO_MASK[device]
+
+
 _VARLEN: dict[tuple[int, float | None], Callable | None] = {}
 """``_torch_varlen``'s answers by ``(head_dim, scaling)``: a plain dict, which ``torch.compile``
 reads as a constant (through an ``lru_cache`` it traces the wrapped function again, reading the

@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field, field_validator
 from xrlhf.data.batch import Batch, response_width
 from xrlhf.engines import budget
 from xrlhf.engines.base import EngineSpec, ForwardOutput
+from xrlhf.engines.hf import attention
 from xrlhf.engines.hf.attention import unreported
 from xrlhf.engines.hf.compiling import compile_layers, use_cache_dir
 from xrlhf.engines.hf.packing import Packed, Padded, pack_rows, pad_rows
@@ -220,7 +221,7 @@ class HFModel:
         if self.spec.head == "causal_lm":
             return self._logprobs(layout, need_entropy, extra if extra is None else extra.to(self.device))
         if self.spec.head == "value":
-            out = self.model(**layout.inputs, use_cache=False)
+            out = self.model(**self._inputs(layout), use_cache=False)
             return ForwardOutput(values=layout.to_rows(out.logits[:, layout.keep, 0].float()))
         return ForwardOutput(scores=self._scores(layout))
 
@@ -229,7 +230,7 @@ class HFModel:
         """``extra`` ``[b, n, k]``: more ids to gather at each predicted position (``forward``'s
         ``gather`` in the layout)."""
         temperature = max(self.spec.temperature, 1e-6)
-        call = dict(layout.inputs, logits_to_keep=layout.keep, use_cache=False)
+        call = dict(self._inputs(layout), logits_to_keep=layout.keep, use_cache=False)
         targets = layout.targets.unsqueeze(-1)
         targets = targets if extra is None else torch.cat([targets, extra], -1)  # [b, n, 1 + k]
         topk = getattr(self.options, "topk_logprobs", 0)
@@ -248,13 +249,21 @@ class HFModel:
             topk_logprobs=layout.to_rows(out[..., col:col + topk]) if topk else None,
             topk_ids=layout.to_rows(out[..., col + topk:]).round().long() if topk else None)
 
+    def _inputs(self, layout: Packed | Padded) -> dict[str, Any]:
+        """The model call's keyword arguments for ``layout``: a packed row under ``xrlhf_varlen``
+        gets ``attention.NO_MASK`` for its attention mask (no device sync per forward)."""
+        inputs = layout.inputs
+        if layout.packed and getattr(self.module.config, "_attn_implementation", None) == attention.NAME:
+            inputs["attention_mask"] = attention.no_mask(inputs["input_ids"].device)
+        return inputs
+
     def _scores(self, layout: Packed | Padded) -> torch.Tensor:
         if not layout.packed:
-            return self.model(**layout.inputs, use_cache=False).logits[:, 0].float()
+            return self.model(**self._inputs(layout), use_cache=False).logits[:, 0].float()
         seen: list[torch.Tensor] = []  # the score layer's per-token output, before the model pools it
         hook = self.module.score.register_forward_hook(lambda module, args, out: seen.append(out))
         try:
-            self.model(**layout.inputs, use_cache=False)
+            self.model(**self._inputs(layout), use_cache=False)
         finally:
             hook.remove()
         return layout.last_token(seen[-1][..., 0].float())
