@@ -483,6 +483,39 @@ def w_vs_trl(entries: list | None, link) -> list[str]:
     return out + [""]
 
 
+def startup(r: dict | None) -> list[str]:
+    """Issue 25: W's handles ready, cold and warm, with the coordinator's timeline; vLLM alone."""
+    if not r or "calls" not in r:
+        return []
+    t = r["targets"]
+    out = ["## Start-up of W's handles (issue 25)", "",
+           f"`{r['command']}`: `xrlhf run {r['config']}` for 2 steps per variant, each in a process of its own; "
+           f"'cold' empties vLLM's, Inductor's and Triton's caches first. ready: \"Ray handles ready\" (targets: "
+           f"{t['cold_ready_s']} s cold, {t['warm_ready_s']} s warm); the coordinator's timeline (s from Ray's "
+           "start; summary.json's `startup`): workers up, the generator's vLLM import, vLLM's engine built (after its "
+           "import), vLLM's own \"init engine\" line.", "",
+           "| call | variant | ready s | first step s | Ray | workers up | vLLM import | vLLM build | vLLM init | compile |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for c in r["calls"]:
+        for v in c["variants"]:
+            tl, vl = v.get("timeline") or {}, v.get("vllm") or {}
+            out.append(f"| {c.get('label', c['call'])} | {v['variant']} | {fmt(v.get('ready_s'))} | {fmt(v.get('first_step_s'))} "
+                       f"| {fmt(tl.get('ray_s'))} | {fmt(tl.get('rollout/up_s'))} | {fmt(tl.get('rollout/imports_s'))} "
+                       f"| {fmt(tl.get('rollout/generate_s'))} | {fmt(vl.get('engine_init_s'))} | {fmt(vl.get('compile_s'))} |")
+    out += [""] + [f"* {c.get('label', '')}: {c['call']} ({c['gpu']})." for c in r["calls"]]
+    e = r.get("engine")
+    if e:
+        out += ["", f"vLLM's engine alone ({e['call']}; {e['gpu']}):", "",
+                "| variant | import s | engine s | vLLM init s | compile s | tokens/s with logprobs | without |",
+                "|---|---|---|---|---|---|---|"]
+        for v in e["variants"]:
+            g1, g2 = v.get("generate_logprobs") or {}, v.get("generate_no_logprobs") or {}
+            out.append(f"| {v['variant']} | {fmt(v.get('import_s'))} | {fmt(v.get('engine_s'))} "
+                       f"| {fmt(v['vllm'].get('engine_init_s'))} | {fmt(v['vllm'].get('compile_s'))} "
+                       f"| {fmt(g1.get('tokens_per_s'))} | {fmt(g2.get('tokens_per_s'))} |")
+    return out + [""]
+
+
 def train_matrix(r: dict | list | None) -> list[str]:
     """Issue 25: W's train step and logprob phase by precision and token budget."""
     rows = r.get("rows", r) if isinstance(r, dict) else r
@@ -572,6 +605,7 @@ def main() -> None:
     lines += episodes_cpu(load(res / "episodes_cpu.json"))
     lines += episodes_gpu([e for m in ("sync", "async") if (e := load(res / f"episodes_gpu_{m}.json"))])
     lines += w_vs_trl(load(res / "w_vs_trl.json"), link)
+    lines += startup(load(res / "startup.json"))
     lines += train_matrix(load(res / "train_efficiency_matrix.json"))
     lines += healing(load(res / "healing.json"))
     notes = res / "notes.md"  # what a person read off the logs: kept beside the JSON, appended as is
