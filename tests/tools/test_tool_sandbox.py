@@ -289,3 +289,30 @@ def test_a_worker_stuck_in_a_call_ends_with_the_trainer(own_tools, sandbox):
                           timeout=120, check=False)
     assert proc.returncode == 3 and proc.stdout == "calling\n", proc.stderr
     # no_stray_workers: the worker (and its sandbox) exited within seconds, though its call sleeps 600 s
+
+
+def test_a_worker_that_cannot_import_xrlhf_reports_it_in_one_line(tmp_path):
+    """The sandbox worker's boot program, given an import path without xrlhf (as for a user who
+    cannot read xrlhf's directory), answers its start with one line, not a traceback."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from xrlhf.tools._tool_worker import BOOT
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0)
+    try:
+        cfg = {"path": [str(tmp_path / "empty"), str(locked)]}
+        out = subprocess.run([sys.executable, "-S", "-s", "-B", "-u", "-c", BOOT, json.dumps(cfg)],
+                             capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                             env={"PATH": os.environ.get("PATH", "")})
+    finally:
+        locked.chmod(0o700)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    reply = json.loads(out.stdout)
+    assert reply["ready"] is False and reply["error"].startswith("ModuleNotFoundError: No module named 'xrlhf'")
+    if os.geteuid() != 0:  # root reads any directory
+        assert f"cannot read {locked}" in reply["error"]

@@ -21,9 +21,19 @@ import json
 import os
 import sys
 
-BOOT = ("import json, sys\ncfg = json.loads(sys.argv[1])\nsys.path[:0] = cfg['path']\n"
-        "from xrlhf.tools._tool_worker import main\nsys.exit(main(cfg))\n")
-"""The ``-c`` program: the import path first (``-S`` left site-packages out), then :func:`main`."""
+BOOT = ("import json, os, sys\ncfg = json.loads(sys.argv[1])\nsys.path[:0] = cfg['path']\n"
+        "try:\n"
+        "    from xrlhf.tools._tool_worker import main\n"
+        "except ImportError as e:\n"
+        "    bad = [p for p in cfg['path'] if os.path.isdir(p) and not os.access(p, os.R_OK | os.X_OK)]\n"
+        "    hint = ' (the sandbox user cannot read ' + ', '.join(bad) + ': make it readable by other users, chmod "
+        "o+rX, or set the tool sandbox: process)' if bad else ''\n"
+        "    print(json.dumps({'ready': False, 'error': type(e).__name__ + ': ' + str(e) + hint}), flush=True)\n"
+        "    sys.exit(1)\n"
+        "sys.exit(main(cfg))\n")
+"""The ``-c`` program: the import path first (``-S`` left site-packages out), then :func:`main`.
+xrlhf itself may be what the sandbox's user cannot import (its directory unreadable to that
+user): the start then fails with the same one-line report as any tool's import error."""
 
 
 def send(channel, message):
