@@ -210,14 +210,19 @@ class Coordinator:
         (with ``dists``) and wait; records the workers' pids, and in ``times`` when the handle's
         engines were built (s after ``t0``) and what rank 0 says its build took."""
         ranks = list(range(handle.world_size))
-        for calls in (refs, [w.setup.remote(engines, d) for w, d in zip(handle.workers, dists)] if engines else []):
-            if calls:
-                results = handle._get(calls, ranks)
-                self.pids[handle.name] = [r["pid"] for r in results]
-                # when its last rank finished (the handles are waited for one after another: the
-                # time of the wait would credit a fast handle with a slow one's build)
-                times[f"{handle.name}/built_s"] = max(r.get("done_at", time.time()) for r in results) - t0
-                times.update({f"{handle.name}/{k}": v for k, v in results[0].get("seconds", {}).items()})
+
+        def wait(calls: list) -> None:
+            results = handle._get(calls, ranks)
+            self.pids[handle.name] = [r["pid"] for r in results]
+            # when its last rank finished (the handles are waited for one after another: the time
+            # of the wait would credit a fast handle with a slow one's build)
+            times[f"{handle.name}/built_s"] = max(r.get("done_at", time.time()) for r in results) - t0
+            times.update({f"{handle.name}/{k}": v for k, v in results[0].get("seconds", {}).items()})
+
+        if refs:
+            wait(refs)
+        if engines:
+            wait([w.setup.remote(engines, d) for w, d in zip(handle.workers, dists)])
 
     def _wire_weight_sync(self) -> None:
         plan = self.topology.weight_sync
