@@ -251,7 +251,7 @@ class HFModel:
 
     def _inputs(self, layout: Packed | Padded) -> dict[str, Any]:
         """The model call's keyword arguments for ``layout``: a packed row under ``xrlhf_varlen``
-        gets ``attention.NO_MASK`` for its attention mask (no device sync per forward)."""
+        gets ``attention.no_mask``'s placeholder for its attention mask (no device sync per forward)."""
         inputs = layout.inputs
         if layout.packed and getattr(self.module.config, "_attn_implementation", None) == attention.NAME:
             inputs["attention_mask"] = attention.no_mask(inputs["input_ids"].device)
