@@ -93,16 +93,24 @@ def test_a_transport_owns_its_options(base_config):
                     "directory)"]
 
 
+def load_gpu_config(name: str, overrides: list[str]):
+    """``configs/gpu/<name>.yaml`` loaded; ``None`` without vLLM, where the config is valid but for
+    the missing package, which is then the one error."""
+    path = ROOT / "configs" / "gpu" / f"{name}.yaml"
+    if HAS_VLLM:
+        return load_config(path, overrides)
+    with pytest.raises(UserError) as e:
+        load_config(path, overrides)
+    assert e.value.messages == ["policy.generate.engine: 'vllm' needs the vllm package; install it with "
+                                "pip install -e '.[gpu]'"]
+    return None
+
+
 @pytest.mark.parametrize("name", ["ppo_vllm_colocate", "ppo_vllm_split"])
 def test_gpu_configs_validate(name, tiny_model):
-    path, overrides = ROOT / "configs" / "gpu" / f"{name}.yaml", [f"policy.model={tiny_model}"]
-    if not HAS_VLLM:  # valid but for the missing package, which is the one error
-        with pytest.raises(UserError) as e:
-            load_config(path, overrides)
-        assert e.value.messages == ["policy.generate.engine: 'vllm' needs the vllm package; install it with "
-                                    "pip install -e '.[gpu]'"]
+    cfg = load_gpu_config(name, [f"policy.model={tiny_model}"])
+    if cfg is None:
         return
-    cfg = load_config(path, overrides)
     g = cfg.policy.generate
     assert g.engine == "vllm" and cfg.policy.train.dtype == "bfloat16" and cfg.policy.weight_sync.verify
     assert (g.resources is None) == (name == "ppo_vllm_colocate")
@@ -164,14 +172,8 @@ def test_handles_that_train_on_one_gpu_share_its_memory_for_their_budgets(base_c
 
 def test_the_distill_gpu_config_validates(tiny_model):
     """configs/gpu/distill_vllm.yaml (its teacher: the tiny model here; the same char tokenizer)."""
-    path = ROOT / "configs" / "gpu" / "distill_vllm.yaml"
-    overrides = [f"policy.model={tiny_model}", f"teacher.model={tiny_model}"]
-    if not HAS_VLLM:
-        with pytest.raises(UserError) as e:
-            load_config(path, overrides)
-        assert e.value.messages == ["policy.generate.engine: 'vllm' needs the vllm package; install it with "
-                                    "pip install -e '.[gpu]'"]
+    cfg = load_gpu_config("distill_vllm", [f"policy.model={tiny_model}", f"teacher.model={tiny_model}"])
+    if cfg is None:
         return
-    cfg = load_config(path, overrides)
     assert cfg.algorithm.name == "distill" and cfg.policy.generate.engine == "vllm"
     assert cfg.policy.generate.dtype == cfg.policy.train.dtype == "float32"
