@@ -18,6 +18,8 @@
 #                                                    #   (STARTUP_VARIANTS=cold,warm,warm-nocompile,cold-nocompile: 2026-11-26's first)
 #   bash benchmarks/gpu_i25.sh async2 distill        # W sync vs one step off (this build); distillation with vLLM
 #   bash benchmarks/gpu_i25.sh trl16b packing        # TRL pure bf16 beside xrlhf pure bf16; the packing GPU tests
+#   bash benchmarks/gpu_i25.sh startupx gen          # warm start-up's parts; vLLM's ceiling beside our generate
+#   bash benchmarks/gpu_i25.sh mps                   # one step off without and with an MPS daemon of our own
 #
 # Measured 2026-11-26 (one H200): setup 31 s, eff 141 s, wvar 334 s, smoke 160 s, inflight 54-77 s,
 # trlc 490 s, shipped 234 s.
@@ -113,6 +115,27 @@ stage_distill() {  # on-policy distillation with the student sampling through vL
 stage_trl16b() {  # TRL pure bf16 beside xrlhf pure bf16 (compiled layers: the default since)
   TAIL=6 run trl16b 420 python -m benchmarks.w_vs_trl --trl-dtype bfloat16 --trl-timeout 200 --steps 8 \
     --out "$OUT/trl16b" --variants bf16
+}
+
+stage_mps() {  # one GPU, one step off: without MPS, then every process a client of an MPS daemon of our own
+  # (its pipe and log directories ours; no setting of the GPU changed; the daemon quit at the end)
+  TAIL=6 run async3 300 python -m benchmarks.w_vs_trl --trl-dtype none --steps 6 --out "$OUT/async3" \
+    --variants default,async
+  if ! command -v nvidia-cuda-mps-control > /dev/null; then log "mps: no nvidia-cuda-mps-control here"; return; fi
+  local pipe log_dir
+  pipe=$(mktemp -d /tmp/mps-pipe-XXXX) log_dir=$(mktemp -d /tmp/mps-log-XXXX)
+  CUDA_MPS_PIPE_DIRECTORY=$pipe CUDA_MPS_LOG_DIRECTORY=$log_dir nvidia-cuda-mps-control -d
+  log "mps: daemon started (exit $?)"
+  CUDA_MPS_PIPE_DIRECTORY=$pipe CUDA_MPS_LOG_DIRECTORY=$log_dir TAIL=6 run mps_async 300 \
+    python -m benchmarks.w_vs_trl --trl-dtype none --steps 6 --out "$OUT/mps" --variants default,async
+  echo quit | CUDA_MPS_PIPE_DIRECTORY=$pipe nvidia-cuda-mps-control
+  sleep 2
+  mkdir -p "$OUT/mps" && cp -r "$log_dir" "$OUT/mps/daemon_log"
+  log "mps: daemon quit; clients seen: $(grep -c -i 'new client' "$log_dir"/control.log 2>/dev/null)"
+}
+
+stage_startupx() {  # why a warm start takes 27 s: the trainer's compiled layers, Inductor's pool, imports by process
+  STARTUP_VARIANTS=cold,warm,warm-eager,warm-threads1,warm-importtime stage_startupw
 }
 
 for s in "$@"; do "stage_$s"; done

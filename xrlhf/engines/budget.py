@@ -18,9 +18,9 @@ from the model's shape (activation bytes per token), with margins:
   Measured (``benchmarks/memory_sweep.py``, W's 0.5B model, one H100, 2026-11-26): 1.54 MB per
   token at budgets of 8k-29k tokens, constant (the formula: 1.48, 4% under). With compiled layers
   (``compiled``: inductor fuses the norms and the MLP's activation and recomputes the cheap parts
-  in the backward) 1.11 MB per token at 8k-48k tokens, which ``6 H + 2 Hkv + 3 I`` gives (1.10).
-  An engine still derives its budget with the eager figure (compiled budgets larger by that
-  ratio are not measured end to end); the plan counts what compiled layers keep.
+  in the backward) 1.11 MB per token at 8k-48k tokens, which ``6 H + 2 Hkv + 3 I`` gives (1.10);
+  an engine whose layers compile derives its budget with that figure (W on an H100: about 40k
+  tokens per micro-batch instead of 29k, 4 micro-batches instead of 5).
 * **infer** (no gradients): one layer's working set at a time, about ``6 H + 2 Hkv + 4 I``
   values per token, capped at ``INFER_CAP`` tokens: more tokens per forward save nothing that
   matters, and the cap bounds what engines inferring side by side on one GPU (the policy's old

@@ -272,7 +272,7 @@ def _trainer_train(g: Group, h: Handle, inp: PlanInput, cluster: Cluster, share:
     first = sum(trainer_state(h.shape, t, stepped=False).values())
     state = trainer_state(h.shape, t)
     pending = sum(state.values()) - first
-    per_token = train_bytes_per_token(h.shape, t, kept=False)  # what the engine derives with
+    per_token = train_bytes_per_token(h.shape, t)  # what the engine derives with
     fixed = head_working(h.shape, t.head, t.chunk, training=True)
     others = g.device("train") - g.alloc[("train", h.name)]
     if share < 1.0:  # the other trainers' activations are not allocated yet when each derives
@@ -280,7 +280,7 @@ def _trainer_train(g: Group, h: Handle, inp: PlanInput, cluster: Cluster, share:
                       and ("train", n) in g.alloc)
     budget_tokens = t.tokens or derived_tokens(cluster.gpu_bytes - others - first, pending, fixed, per_token, share,
                                                False)
-    act = _used(budget_tokens, t.rows, inp, h.ranks, mini=True) * train_bytes_per_token(h.shape, t) + fixed
+    act = _used(budget_tokens, t.rows, inp, h.ranks, mini=True) * per_token + fixed
     g.alloc[("train", h.name)] = sum(state.values()) + act
     g.budgets.setdefault(h.name, {})["train"] = budget_tokens
     g.parts[h.name] = {**state, "activations": act}

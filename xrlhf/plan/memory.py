@@ -124,12 +124,11 @@ def _deepspeed(p: int, w: int, t: Trainer) -> dict[str, float]:
     return {"weights": weights, "masters": masters, "gradients": grads, "optimizer": opt, "zero buffers": buffers}
 
 
-def train_bytes_per_token(shape: ModelShape, t: Trainer, kept: bool = True) -> int:
-    """Activation bytes a micro-batch keeps per token until its backward (``engines.budget``);
-    ``kept=False``: the figure the engine derives its budget with (the eager one)."""
+def train_bytes_per_token(shape: ModelShape, t: Trainer) -> int:
+    """Activation bytes a micro-batch keeps per token until its backward (``engines.budget``): also
+    the figure the engine derives its budget with."""
     full = t.head == "causal_lm" and not t.chunk
-    return budget.train_bytes_per_token(act_shape(shape), compute_bytes(t), t.checkpointing, full,
-                                        compiled=t.compiled and kept)
+    return budget.train_bytes_per_token(act_shape(shape), compute_bytes(t), t.checkpointing, full, compiled=t.compiled)
 
 
 def infer_bytes_per_token(shape: ModelShape, t: Trainer | None, dtype_bytes: int = 2, head: str = "causal_lm",

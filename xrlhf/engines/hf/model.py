@@ -190,7 +190,8 @@ class HFModel:
         dtype_bytes = next(self.module.parameters()).element_size()
         chunked = self.spec.head == "causal_lm" and self.logprob_chunk > 0
         full = self.spec.head == "causal_lm" and not chunked
-        per_token = (budget.train_bytes_per_token(shape, dtype_bytes, checkpointing, full) if training
+        compiled = self.options.compiles(self.spec.device)
+        per_token = (budget.train_bytes_per_token(shape, dtype_bytes, checkpointing, full, compiled) if training
                      else budget.infer_bytes_per_token(shape, dtype_bytes, full))
         fixed = budget.head_bytes(shape, self.logprob_chunk, training) if chunked else 0
         b = budget.derive(budget.free_bytes(self.device), pending_bytes, fixed, per_token, self.spec.memory_share,
