@@ -203,6 +203,10 @@ def summarize(rows: list[dict[str, Any]], timed_from: int, n_gpus: int) -> dict[
     """The figures of one run from its ``metrics.jsonl`` rows (the RL steps ``timed_from``..)."""
     steps = [r for r in rows if r.get("step", 0) >= 1 and "reward/mean" in r]
     timed = [r for r in steps if r["step"] >= timed_from]
+    if any(r.get("staleness/max", 0) >= 1 for r in steps) and len(timed) > 1:
+        # one step off: the last step has no next batch to generate beside it (W: 1.6 s against ~4),
+        # so it is no steady-state step (until 2026-11-26 it was timed, flattering these runs)
+        timed = timed[:-1]
     step_s = [r["time/step_s"] for r in timed]
     phases = {p: median([r[f"time/{p}_s"] for r in timed if r.get(f"time/{p}_s") is not None]) for p in PHASES}
     weights = sum(step_s) or 1.0

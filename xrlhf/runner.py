@@ -177,7 +177,9 @@ def run(cfg: XConfig, output_dir: str | Path | None = None, resume: bool = False
                 logger.warning(f"report.md not written: {e}")
         logger.remove(sink)
         if not ray_was_up and ray.is_initialized():
-            ray.shutdown()
+            from xrlhf.coordinator.coordinator import shutdown_ray
+
+            shutdown_ray()  # and the MPS daemon started with it
 
 
 def _restart_from_checkpoint(error: WorkerDiedError, out: Path, healing: Healing) -> None:
