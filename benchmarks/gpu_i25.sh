@@ -137,7 +137,7 @@ stage_mps() {  # one GPU, one step off: without MPS, then every process a client
 
 stage_mps2() {  # one step off with MPS as shipped (ray.mps: auto), without, and with the trainers' SMs capped
   local a="rollout.max_staleness=1|policy.generate.sleep_level=0" t="ray.mps_thread_percentage"
-  TAIL=6 run mps2 590 python -m benchmarks.w_vs_trl --trl-dtype none --steps 7 --out "$OUT/mps2" \
+  TAIL=6 run mps2 530 python -m benchmarks.w_vs_trl --trl-dtype none --steps 7 --out "$OUT/mps2" \
     --variants "default;async;async-nomps;async-sm50=$a|$t.policy=50|$t.reference=50;async-sm75=$a|$t.policy=75|$t.reference=75"
 }
 
