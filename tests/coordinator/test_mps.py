@@ -76,6 +76,11 @@ def test_auto_means_one_step_off_on_the_trainers_gpu(base_config, fake_control):
     assert not mps.wanted(_topology(base_config, rollout__max_staleness=1, ray__address="auto"))  # not our nodes
     assert not mps.wanted(_topology(base_config, rollout__max_staleness=1, ray__mps=False))
     assert mps.wanted(_topology(base_config, ray__mps=True))
+    asleep = _topology(base_config, rollout__max_staleness=1)
+    name, spec = asleep.spec("rollout").engines["generate"]
+    spec.options = spec.options.model_copy()
+    object.__setattr__(spec.options, "sleep_level", 1)  # vLLM's option (no vLLM here): asleep while training
+    assert not mps.wanted(asleep)
 
 
 def test_auto_without_the_binary_runs_without_mps(base_config, monkeypatch):

@@ -192,14 +192,16 @@ I25 = RESULTS / "gpu_i25"
 @pytest.mark.parametrize(("run", "gib", "overrides", "log", "budget_at", "derived"), [
     ("2026-11-26/wvar/xrlhf-default", 139.8, EAGER, "2026-11-26/wvar/wvar.log", 0, True),
     ("2026-11-26/wvar/xrlhf-compiled", 139.8, (), "2026-11-26/wvar/wvar.log", 1, False),
-    ("2026-11-26b/lease2/shipped", 79.2, (), "2026-11-26b/lease2/shipped.log", 0, False)],
-    ids=["h200-eager", "h200-compiled", "h100-shipped"])
+    ("2026-11-26b/lease2/shipped", 79.2, (), "2026-11-26b/lease2/shipped.log", 0, False),
+    ("2026-11-26c/lease2/shipped/xrlhf-default", 79.2, (), "2026-11-26c/lease2/shipped/shipped.log", 0, True)],
+    ids=["h200-eager", "h200-compiled", "h100-shipped", "h100-compiled-budget"])
 def test_w_loop_train_peak_eager_and_compiled(run, gib, overrides, log, budget_at, derived):
     """W's own loop, steps 2 on: the policy's train peak within 15% and its derived budget within
     10%, with eager layers and with compiled ones (the default since 2026-11-26), on an H200 (its
     61k-token budgets: micro-batches of ~48.5k, as the plan now counts) and an H100. The compiled
     runs of 2026-11-26 derived their budgets with the eager figure (``derived`` false: the plan is
-    given the budget they logged); engines with compiled layers derive with the compiled one since."""
+    given the budget they logged); engines with compiled layers derive with the compiled one since
+    (H100, 2026-11-26c: 40,037 tokens, 4 micro-batches; the policy's train peak 43.3 GiB)."""
     rows = [json.loads(line) for line in (I25 / run / "metrics.jsonl").read_text().splitlines()]
     measured = mean(r["memory/train/policy_gib"] for r in rows if r.get("step", 0) >= 2 and "memory/train/policy_gib" in r)
     budgets = re.findall(r"train: micro-batches of up to ([\d,]+) tokens", (I25 / log).read_text())

@@ -56,11 +56,6 @@ class RayConfig(Strict):
         "auto", description="NVIDIA MPS for a GPU that a one-step-off rollout shares with the trainer, so their "
         "kernels run side by side (coordinator/mps.py): auto = where that overlap happens on a local Ray and "
         "nvidia-cuda-mps-control is installed; true = always on a local Ray; false = never")
-    mps_thread_percentage: dict[Literal["policy", "rollout", "critic", "reference", "reward", "teacher"],
-                                Annotated[int, Field(ge=1, le=100)]] = Field(
-        default_factory=dict, description="under MPS, the share of the GPU's SMs a handle's kernels may use "
-        "(NVIDIA's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), e.g. {policy: 50}: the generator keeps the rest while "
-        "they overlap; unset: all")
 
 
 class Resources(Strict):

@@ -189,19 +189,11 @@ class Coordinator:
             groups["rollout"] = max(ROLLOUT_GROUPS["rollout"], self.topology.concurrent_generate)
         actor = ray.remote(concurrency_groups=groups)(EngineWorker)
         workers = [actor.options(**slot.options(rank), max_restarts=0,
-                                 name=None).remote(s.name, rank, slot.threads, self._worker_env(s.name))
+                                 name=None).remote(s.name, rank, slot.threads)
                    for rank in range(s.resources.ranks)]
         for w in workers:  # imports that take long (vLLM) start now, beside everything else
             w.preload.remote(s.engines)
         return ModelHandle(s.name, workers, trainable="train" in s.engines, concurrent=concurrent)
-
-    def _worker_env(self, name: str) -> dict[str, str]:
-        """What handle ``name``'s workers set before their engines exist: under MPS, the share of
-        the SMs its kernels may use (``ray.mps_thread_percentage``)."""
-        percent = self.topology.ray.mps_thread_percentage.get(name)  # type: ignore[call-overload]
-        if percent is None or not DAEMON.serving():
-            return {}
-        return {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(percent)}
 
     def _setup(self, s: HandleSpec, handle: ModelHandle, timeout: float | None = None,
                engines: dict | None = None) -> tuple[list, list[DistInfo]]:
