@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from xrlhf.plan.inputs import Handle, PlanInput
 from xrlhf.plan.memory import (
+    CUBLAS_WORKSPACE,
     CUDA_CONTEXT,
     GIB,
     derived_tokens,
@@ -216,18 +217,18 @@ def _frozen_phases(g: Group, h: Handle, inp: PlanInput, cluster: Cluster) -> Non
     params = h.shape.head_params(f.head)
     weights = params * f.dtype_bytes // (f.ranks if f.zero_stage == 3 else 1)
     for phase in PHASES:
-        g.alloc[(phase, h.name)] = weights
+        g.alloc[(phase, h.name)] = weights + CUBLAS_WORKSPACE
     per_token = infer_bytes_per_token(h.shape, None, f.dtype_bytes, f.head, f.chunk)
     fixed = head_working(h.shape, f.head, f.chunk, training=False)
     free = cluster.gpu_bytes - g.device("infer") - CUDA_CONTEXT * 0
     budget_tokens = f.tokens or derived_tokens(free, 0, fixed, per_token, 1.0, infer=True)
     act = _used(budget_tokens, f.rows, inp, h.ranks) * per_token + fixed
-    g.alloc[("infer", h.name)] = weights + act
+    g.alloc[("infer", h.name)] = weights + CUBLAS_WORKSPACE + act
     for phase in PHASES:
         if phase != "infer":
             g.cached[(phase, h.name)] = act
     g.budgets[h.name] = {"infer": budget_tokens}
-    g.parts[h.name] = {"weights": weights, "activations": act}
+    g.parts[h.name] = {"weights": weights, "cuBLAS workspace": CUBLAS_WORKSPACE, "activations": act}
 
 
 def _used(budget: int, rows: int, inp: PlanInput, ranks: int, mini: bool = False) -> int:
@@ -246,7 +247,7 @@ def _used(budget: int, rows: int, inp: PlanInput, ranks: int, mini: bool = False
 
 
 def _trainer_resident(g: Group, h: Handle, inp: PlanInput) -> None:
-    state = sum(trainer_state(h.shape, h.trainer).values())
+    state = sum(trainer_state(h.shape, h.trainer).values()) + CUBLAS_WORKSPACE
     for phase in PHASES:
         g.alloc[(phase, h.name)] = state
     if h.name == "policy":
@@ -281,9 +282,9 @@ def _trainer_train(g: Group, h: Handle, inp: PlanInput, cluster: Cluster, share:
     budget_tokens = t.tokens or derived_tokens(cluster.gpu_bytes - others - first, pending, fixed, per_token, share,
                                                False)
     act = _used(budget_tokens, t.rows, inp, h.ranks, mini=True) * per_token + fixed
-    g.alloc[("train", h.name)] = sum(state.values()) + act
+    g.alloc[("train", h.name)] = sum(state.values()) + CUBLAS_WORKSPACE + act
     g.budgets.setdefault(h.name, {})["train"] = budget_tokens
-    g.parts[h.name] = {**state, "activations": act}
+    g.parts[h.name] = {**state, "cuBLAS workspace": CUBLAS_WORKSPACE, "activations": act}
 
 
 def _check(plan: LayoutPlan, inp: PlanInput) -> None:

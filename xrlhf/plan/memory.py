@@ -36,7 +36,12 @@ DS_REDUCE_BUCKET = 500_000_000
 DS_MAX_LIVE = 1_000_000_000
 """DeepSpeed's ``stage3_max_live_parameters`` default (elements)."""
 CUDA_CONTEXT = int(0.5 * GIB)
-"""A process's CUDA context, cuBLAS workspace and kernels (about 0.5 GiB on an H100)."""
+"""A process's CUDA context and kernels (about 0.5 GiB on an H100)."""
+CUBLAS_WORKSPACE = 64 * 2**20
+"""torch's cuBLAS and cuBLASLt workspaces in a process that multiplied matrices on the GPU: 2 x
+32 MiB on Hopper (``CUBLAS_WORKSPACE_CONFIG``'s default there, ``:4096:8``). torch's caching
+allocator holds them, so they count in a handle's allocations: the distillation student's process
+(2.2 MB of weights, gradients and AdamW states) held 64.1 MiB between its steps (H100, 2026-11-26)."""
 VLLM_GRAPHS = int(0.4 * GIB)
 """vLLM's CUDA graphs: 0.39 GiB measured for W's 51 capture sizes (H100, gpu_i25 logs)."""
 VLLM_BATCHED_TOKENS = 16384
