@@ -141,6 +141,18 @@ stage_mps2() {  # one step off with MPS as shipped (ray.mps: auto), without, and
     --variants "default;async;async-nomps;async-sm50=$a|$t.policy=50|$t.reference=50;async-sm75=$a|$t.policy=75|$t.reference=75"
 }
 
+stage_mpstest() {  # the one-step-off co-located GPU test, MPS on by default (ray.mps: auto); vLLM's own lines kept
+  XRLHF_GPU_RUNS="$OUT/runs" TAIL=10 run mpstest 300 python -m pytest -m gpu tests/gpu/test_ppo_vllm.py \
+    -k "async_colocated" -x -q -rA -s -p no:cacheprovider
+  grep -h "MPS" "$OUT/mpstest.log" | head -3
+}
+
+stage_distills() {  # the distillation GPU test with vLLM's lines (the tiny model's CUDA-graph memory, issue 28)
+  XRLHF_GPU_RUNS="$OUT/runs" TAIL=4 run distills 420 python -m pytest -m gpu tests/gpu/test_distill_vllm.py -x -q -rA \
+    -s -p no:cacheprovider
+  grep -h -E "Graph capturing finished|Model loading took|KV cache|init engine" "$OUT/distills.log" | cut -c1-200 | head -6
+}
+
 stage_startupx() {  # why a warm start takes 27 s: the trainer's compiled layers, Inductor's pool, imports by process
   STARTUP_VARIANTS=cold,warm,warm-eager,warm-threads1,warm-importtime stage_startupw
 }

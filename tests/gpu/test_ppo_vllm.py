@@ -30,7 +30,7 @@ def run_config(name: str, model: str, out, extra: tuple[str, ...] = ()) -> list[
     if ray.is_initialized():  # a CPU test's shared Ray (2 CPUs, no GPU): the run needs its own
         ray.shutdown()
     run(cfg, out)
-    keep_run(name, out, extra)
+    keep_run(name, out, [*SMALL, *extra])
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "reward/mean" in r]
     assert [r["step"] for r in steps] == list(range(1, cfg.trainer.steps + 1))
@@ -43,10 +43,10 @@ def run_config(name: str, model: str, out, extra: tuple[str, ...] = ()) -> list[
     return steps
 
 
-def keep_run(name: str, out, extra: tuple[str, ...]) -> None:
+def keep_run(name: str, out, overrides) -> None:
     """With ``XRLHF_GPU_RUNS`` set: the run's metrics (the memory timeline among them: on by default
-    with a GPU), its resolved config and the overrides kept under ``$XRLHF_GPU_RUNS/<test>/``, for
-    the plan's check against measured memory (issue 28)."""
+    with a GPU), its resolved config and the ``overrides`` it ran with kept under
+    ``$XRLHF_GPU_RUNS/<test>/``, for the plan's check against measured memory (issue 28)."""
     if not (root := os.environ.get("XRLHF_GPU_RUNS")):
         return
     test = os.environ.get("PYTEST_CURRENT_TEST", name).split(" ")[0].split("::")[-1]
@@ -55,7 +55,7 @@ def keep_run(name: str, out, extra: tuple[str, ...]) -> None:
     for f in ("metrics.jsonl", "config.yaml", "summary.json"):
         if (out / f).is_file():
             shutil.copy(out / f, dest / f)
-    (dest / "overrides.json").write_text(json.dumps({"config": name, "overrides": [*SMALL, *extra]}))
+    (dest / "overrides.json").write_text(json.dumps({"config": name, "overrides": list(overrides)}))
 
 
 def test_ppo_colocated_on_one_gpu(model_05b, tmp_path):
