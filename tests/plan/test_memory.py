@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from xrlhf.plan.memory import (
     GIB,
-    VLLM_GRAPHS,
+    VLLM_GRAPHS_FLOOR,
+    VLLM_GRAPHS_W,
     Generator,
     Trainer,
     train_bytes_per_token,
     trainer_state,
     vllm_asleep,
+    vllm_graphs,
     vllm_parts,
 )
 from xrlhf.plan.shapes import ModelShape
@@ -57,10 +63,23 @@ def test_vllm_kv_cache_sized_or_filling_its_share():
     g = Generator(kv_tokens=100, max_num_seqs=2, batched_tokens=10)
     parts = vllm_parts(S, g, gpu_bytes=1 << 20)
     # profile: 10 tokens x (6 H + 2 Hkv + 4 I = 120) bf16 values, sampler 2 x 2 rows x 10 x fp32
-    assert parts == {"weights": 2000, "activations": 10 * 240 + 160, "graphs": VLLM_GRAPHS,
+    graphs = vllm_graphs(S, g)
+    assert parts == {"weights": 2000, "activations": 10 * 240 + 160, "graphs": graphs,
                      "kv cache": 2 * 2 * 4 * 2 * (100 + 16 * 2)}  # a block per sequence more
     share = vllm_parts(S, Generator(gpu_memory_utilization=0.5, max_num_seqs=2, batched_tokens=10), 100_000)
     assert share["kv cache"] == 50_000 - 2000 - 2560
-    assert vllm_asleep(parts, 2) == {"activations": 2560, "graphs": VLLM_GRAPHS}
+    assert vllm_asleep(parts, 2) == {"activations": 2560, "graphs": graphs}
     assert vllm_asleep(parts, 0) == parts
     assert GIB == 2**30
+
+
+def test_vllm_graphs_between_the_two_measured_shapes():
+    """0.09 GiB for a model of next to no activations, 0.20 GiB for W's 24 x 1,024 (both measured,
+    torch.compile off), 0.39 with vLLM's torch.compile (measured 0.39); none when eager."""
+    from xrlhf.plan.shapes import model_shape
+
+    w = model_shape(str(Path(__file__).parents[2] / "configs" / "shapes" / "model-0.5b"))
+    assert vllm_graphs(w, Generator()) == VLLM_GRAPHS_W
+    assert vllm_graphs(w, Generator(torch_compile=True)) / GIB == pytest.approx(0.39, rel=0.05)
+    assert vllm_graphs(w, Generator(enforce_eager=True)) == 0
+    assert VLLM_GRAPHS_FLOOR <= vllm_graphs(S, Generator()) < VLLM_GRAPHS_FLOOR * 1.01

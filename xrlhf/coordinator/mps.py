@@ -83,7 +83,7 @@ class Daemon:
         for d in self.env.values():
             os.makedirs(d)
         done = subprocess.run([binary, "-d"], env={**os.environ, **self.env}, capture_output=True, text=True,
-                              timeout=30)
+                              timeout=30, check=False)
         if done.returncode != 0:
             self._remove()
             raise RuntimeError(f"MPS: {CONTROL} -d failed ({done.returncode}): {(done.stderr or done.stdout).strip()}")
@@ -100,7 +100,7 @@ class Daemon:
         if binary is not None:
             try:
                 subprocess.run([binary], input="quit\n", env={**os.environ, **self.env}, capture_output=True,
-                               text=True, timeout=30)
+                               text=True, timeout=30, check=False)
             except (OSError, subprocess.TimeoutExpired) as e:
                 logger.warning(f"MPS: the daemon of {self.root} did not quit ({e}); `echo quit | {CONTROL}` with "
                                f"CUDA_MPS_PIPE_DIRECTORY={self.env['CUDA_MPS_PIPE_DIRECTORY']} stops it")

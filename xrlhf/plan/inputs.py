@@ -134,7 +134,7 @@ def _generator(cfg: XConfig, shape: ModelShape, work: Workload, lora_bytes: int)
     return Generator(engine="vllm", dtype_bytes=dtype, tp=o.tensor_parallel_size,
                      gpu_memory_utilization=o.gpu_memory_utilization, kv_tokens=kv, max_num_seqs=o.max_num_seqs or 256,
                      batched_tokens=o.max_num_batched_tokens or VLLM_BATCHED_TOKENS, enforce_eager=o.enforce_eager,
-                     sleep_level=o.sleep_level, batch_tokens=batch, lora_bytes=lora_bytes)
+                     torch_compile=bool(o.torch_compile), sleep_level=o.sleep_level, batch_tokens=batch, lora_bytes=lora_bytes)
 
 
 def _workload(cfg: XConfig, prompt_tokens: int) -> Workload:

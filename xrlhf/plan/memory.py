@@ -42,8 +42,13 @@ CUBLAS_WORKSPACE = 64 * 2**20
 32 MiB on Hopper (``CUBLAS_WORKSPACE_CONFIG``'s default there, ``:4096:8``). torch's caching
 allocator holds them, so they count in a handle's allocations: the distillation student's process
 (2.2 MB of weights, gradients and AdamW states) held 64.1 MiB between its steps (H100, 2026-11-26)."""
-VLLM_GRAPHS = int(0.4 * GIB)
-"""vLLM's CUDA graphs: 0.39 GiB measured for W's 51 capture sizes (H100, gpu_i25 logs)."""
+VLLM_GRAPHS_FLOOR = int(0.09 * GIB)
+"""vLLM's CUDA graphs of a model with next to no activations: 0.09 GiB (the distillation student,
+2 layers of 64, up to 256 sequences; vLLM's log, one H100, 2026-11-26)."""
+VLLM_GRAPHS_W = int(0.20 * GIB)
+"""The same for W's 0.5B model (24 layers of 1,024, up to 512 sequences) with whole decode steps
+captured, xrlhf's default (``torch_compile: false``); with vLLM's torch.compile, which captures
+piecewise graphs too, 0.39 GiB (vLLM's logs, H100)."""
 VLLM_BATCHED_TOKENS = 16384
 """vLLM's default ``max_num_batched_tokens`` on an H100 or H200: its profile run's tokens."""
 
@@ -172,6 +177,7 @@ class Generator:
     max_num_seqs: int = 256
     batched_tokens: int = VLLM_BATCHED_TOKENS
     enforce_eager: bool = False
+    torch_compile: bool = False
     sleep_level: int = 1
     batch_tokens: int = 0
     lora_bytes: int = 0
@@ -189,12 +195,23 @@ def vllm_parts(shape: ModelShape, g: Generator, gpu_bytes: int) -> dict[str, int
         return {"weights": weights, "kv cache": kv, "activations": g.max_num_seqs * shape.vocab * 4}
     per_token = budget.infer_bytes_per_token(act_shape(shape), g.dtype_bytes, False) // g.tp
     act = g.batched_tokens * per_token + 2 * g.max_num_seqs * shape.vocab * 4
-    graphs = 0 if g.enforce_eager else VLLM_GRAPHS
+    graphs = vllm_graphs(shape, g)
     if g.kv_tokens is not None:
         kv = shape.kv_bytes_per_token(g.dtype_bytes) // g.tp * (g.kv_tokens + 16 * g.max_num_seqs)
     else:
         kv = max(0, int(g.gpu_memory_utilization * gpu_bytes) - weights - act)
     return {"weights": weights, "activations": act, "graphs": graphs, "kv cache": kv}
+
+
+def vllm_graphs(shape: ModelShape, g: Generator) -> int:
+    """vLLM's CUDA graphs (bytes): modelled from two measurements (``VLLM_GRAPHS_FLOOR``,
+    ``VLLM_GRAPHS_W``) as a floor plus a part that grows with layers x hidden; twice that with
+    vLLM's torch.compile (W: 0.39 against 0.20 GiB); none with ``enforce_eager``."""
+    if g.enforce_eager:
+        return 0
+    scale = shape.layers * shape.hidden / (24 * 1024)
+    graphs = VLLM_GRAPHS_FLOOR + (VLLM_GRAPHS_W - VLLM_GRAPHS_FLOOR) * scale
+    return int(graphs * (2 if g.torch_compile else 1))
 
 
 def vllm_asleep(parts: dict[str, int], level: int) -> dict[str, int]:
