@@ -13,6 +13,7 @@ import os
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -48,6 +49,8 @@ def fake_control(tmp_path, monkeypatch):
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
+    (tmp_path / "t").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "t"))  # the daemons' directories: not the real /tmp's
 
     def read() -> list[dict]:
         return [json.loads(x) for x in calls.read_text().splitlines()] if calls.is_file() else []
@@ -110,6 +113,32 @@ def test_the_daemon_is_the_runs_own_and_quits(fake_control):
     assert len(fake_control()) == 2
 
 
+def test_a_daemon_that_does_not_start_is_a_warning_under_auto(fake_control, tmp_path, monkeypatch):
+    failing = tmp_path / "bin" / mps.CONTROL
+    failing.write_text("#!/bin/sh\necho 'no GPU here' >&2\nexit 3\n")
+    daemon = mps.Daemon()
+    assert daemon.start() == {} and daemon.root is None
+    assert not list((tmp_path / "t").iterdir())  # its directories removed
+    with pytest.raises(RuntimeError, match="no GPU here"):
+        daemon.start(required=True)
+
+
+def test_the_daemon_of_a_killed_run_is_quit_by_the_next(fake_control, tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    orphan = tmp_path / "t" / (mps.PREFIX + "orphan")
+    (orphan / "pipe").mkdir(parents=True)
+    (orphan / "pipe" / "control").touch()
+    (orphan / "owner").write_text(dead.stdout.strip())
+    alive = tmp_path / "t" / (mps.PREFIX + "alive")
+    (alive / "pipe").mkdir(parents=True)
+    (alive / "owner").write_text(str(os.getpid()))  # a run still going: left alone
+    mps.quit_orphans()
+    assert [(c["argv"], c["stdin"].strip(), c["pipe"]) for c in fake_control()] == [
+        ([], "quit", str(orphan / "pipe"))]
+    assert not orphan.exists() and alive.exists()
+
+
 def test_a_daemon_the_environment_names_is_used_not_started(fake_control, monkeypatch, tmp_path):
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
     daemon = mps.Daemon()
@@ -123,8 +152,10 @@ def test_a_local_rays_workers_are_its_clients(fake_control, tmp_path):
     """``init_ray(mps=True)`` in a fresh process: a Ray actor sees the pipe directory, and
     ``shutdown_ray`` quits the daemon after Ray."""
     program = textwrap.dedent("""\
-        import json, os, ray
+        import json, os, ray, tempfile
         from xrlhf.config.schema import RayConfig
+
+        tempfile.tempdir = os.environ["MPS_TEST_TMP"]  # the daemon's directories (Ray's stay in /tmp: short paths)
         from xrlhf.coordinator.coordinator import init_ray, shutdown_ray
 
         assert init_ray(RayConfig(num_cpus=1), mps=True)
@@ -139,7 +170,7 @@ def test_a_local_rays_workers_are_its_clients(fake_control, tmp_path):
         print(json.dumps({"worker": seen, "driver_after_init": driver}))
         """)
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
-                          env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+                          env={**os.environ, "RAY_AUTH_MODE": "disabled", "MPS_TEST_TMP": str(tmp_path / "t")})
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     calls = fake_control()

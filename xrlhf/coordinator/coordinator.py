@@ -58,7 +58,7 @@ def init_ray(options: RayConfig, mps: bool = False) -> bool:
     # runtime environment would make every worker wait for Ray's runtime-env agent (actors up
     # 2.8 s against 4.2-5.2 s for three on the 2-core box).
     if mps:
-        env.update(DAEMON.start())
+        env.update(DAEMON.start(required=options.mps is True))
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:

@@ -63,9 +63,11 @@ class Daemon:
         self.root: Path | None = None
         self.env: dict[str, str] = {}
 
-    def start(self) -> dict[str, str]:
+    def start(self, required: bool = False) -> dict[str, str]:
         """Start the daemon (a few ms); the clients' environment. A daemon already named by the
-        environment is used, not started."""
+        environment is used, not started. Where it does not start, ``required`` (``ray.mps:
+        true``) raises; else the run goes on without MPS, with a warning."""
+        quit_orphans()
         if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
             logger.info(f"MPS: the daemon of CUDA_MPS_PIPE_DIRECTORY={os.environ['CUDA_MPS_PIPE_DIRECTORY']} "
                         "(not started by this run)")
@@ -77,16 +79,25 @@ class Daemon:
             raise UserError(f"ray.mps: true needs NVIDIA's {CONTROL} on PATH (part of the NVIDIA driver's "
                             "utilities); install it, or set ray.mps=auto to run without MPS where it is missing")
         # short: the pipe directory holds a Unix socket, whose path may not exceed 107 bytes
-        self.root = Path(tempfile.mkdtemp(prefix="xrlhf-mps-"))
+        self.root = Path(tempfile.mkdtemp(prefix=PREFIX))
+        (self.root / "owner").write_text(str(os.getpid()))
         self.env = {"CUDA_MPS_PIPE_DIRECTORY": str(self.root / "pipe"),
                     "CUDA_MPS_LOG_DIRECTORY": str(self.root / "log")}
         for d in self.env.values():
             os.makedirs(d)
-        done = subprocess.run([binary, "-d"], env={**os.environ, **self.env}, capture_output=True, text=True,
-                              timeout=30, check=False)
-        if done.returncode != 0:
+        try:
+            done = subprocess.run([binary, "-d"], env={**os.environ, **self.env}, capture_output=True, text=True,
+                                  timeout=30, check=False)
+            failure = None if done.returncode == 0 else f"exit {done.returncode}: {(done.stderr or done.stdout).strip()}"
+        except (OSError, subprocess.TimeoutExpired) as e:
+            failure = str(e)
+        if failure is not None:
             self._remove()
-            raise RuntimeError(f"MPS: {CONTROL} -d failed ({done.returncode}): {(done.stderr or done.stdout).strip()}")
+            if required:
+                raise RuntimeError(f"MPS: {CONTROL} -d failed ({failure}) and ray.mps is true")
+            logger.warning(f"MPS: {CONTROL} -d failed ({failure}); running without MPS (ray.mps: auto), so on a "
+                           "shared GPU the trainer's and the generator's kernels take turns")
+            return {}
         atexit.register(self.stop)
         logger.info(f"MPS: a control daemon of this run's own ({self.env['CUDA_MPS_PIPE_DIRECTORY']}): the "
                     "trainer's and the generator's kernels run side by side on the GPU (ray.mps)")
@@ -96,14 +107,7 @@ class Daemon:
         """Quit the daemon (after its clients, Ray's workers, have exited) and remove its directories."""
         if self.root is None:
             return
-        binary = shutil.which(CONTROL)
-        if binary is not None:
-            try:
-                subprocess.run([binary], input="quit\n", env={**os.environ, **self.env}, capture_output=True,
-                               text=True, timeout=30, check=False)
-            except (OSError, subprocess.TimeoutExpired) as e:
-                logger.warning(f"MPS: the daemon of {self.root} did not quit ({e}); `echo quit | {CONTROL}` with "
-                               f"CUDA_MPS_PIPE_DIRECTORY={self.env['CUDA_MPS_PIPE_DIRECTORY']} stops it")
+        _quit(self.root)
         self._remove()
         atexit.unregister(self.stop)
 
@@ -111,6 +115,40 @@ class Daemon:
         if self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
         self.root, self.env = None, {}
+
+
+PREFIX = "xrlhf-mps-"
+
+
+def _quit(root: Path) -> None:
+    """Ask the daemon whose directories are under ``root`` to quit (it waits for its clients)."""
+    binary = shutil.which(CONTROL)
+    if binary is None:
+        return
+    try:
+        subprocess.run([binary], input="quit\n", env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(root / "pipe")},
+                       capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        logger.warning(f"MPS: the daemon of {root} did not quit ({e}); `echo quit | {CONTROL}` with "
+                       f"CUDA_MPS_PIPE_DIRECTORY={root / 'pipe'} stops it")
+
+
+def quit_orphans() -> None:
+    """Quit the daemons of earlier runs on this machine whose process is gone (a run killed with
+    SIGKILL cannot quit its own), and remove their directories."""
+    for root in Path(tempfile.gettempdir()).glob(PREFIX + "*"):
+        try:
+            owner = int((root / "owner").read_text())
+            os.kill(owner, 0)
+            continue  # its run is alive
+        except ProcessLookupError:
+            pass
+        except (OSError, ValueError):
+            continue  # not ours to judge (another user's, or being created)
+        if (root / "pipe" / "control").exists():
+            _quit(root)
+        shutil.rmtree(root, ignore_errors=True)
+        logger.info(f"MPS: quit the daemon of a run that is gone ({root})")
 
 
 DAEMON = Daemon()
