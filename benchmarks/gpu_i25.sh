@@ -141,6 +141,11 @@ stage_mps2() {  # one step off with MPS as shipped (ray.mps: auto), without, and
     --variants "default;async;async-nomps;async-sm50=$a|$t.policy=50|$t.reference=50;async-sm75=$a|$t.policy=75|$t.reference=75"
 }
 
+stage_mps3() {  # synchronous, one step off (MPS as shipped), synchronous again: the same build, one call
+  TAIL=6 run mps3 420 python -m benchmarks.w_vs_trl --trl-dtype none --steps 7 --out "$OUT/mps3" \
+    --variants "default;async;sync-again=policy.generate.sleep_level=2"
+}
+
 stage_mpstest() {  # the one-step-off co-located GPU test, MPS on by default (ray.mps: auto); vLLM's own lines kept
   XRLHF_GPU_RUNS="$OUT/runs" TAIL=10 run mpstest 300 python -m pytest -m gpu tests/gpu/test_ppo_vllm.py \
     -k "async_colocated" -x -q -rA -s -p no:cacheprovider
