@@ -21,6 +21,7 @@
 #   bash benchmarks/gpu_i25.sh startupx gen          # warm start-up's parts; vLLM's ceiling beside our generate
 #   bash benchmarks/gpu_i25.sh mps                   # one step off without and with an MPS daemon of our own
 #   bash benchmarks/gpu_i25.sh setup mps2            # one step off: ray.mps auto / off / the trainers' SMs capped
+#   bash benchmarks/gpu_i25.sh setup mps3            # sync, one step off with MPS, sync again (one call)
 #
 # Measured 2026-11-26 (one H200): setup 31 s, eff 141 s, wvar 334 s, smoke 160 s, inflight 54-77 s,
 # trlc 490 s, shipped 234 s.

@@ -1,7 +1,7 @@
 # Sourced by the GPU session scripts (gpu_i25.sh, gpu_i29.sh) from the repository root after
 # STAGE is set: the environment of gpu_env.sh, a step log, `run` (one command under a time limit,
 # logged to $OUT/NAME.log, its tail shown) and `stage_setup` (the stack of ../shared/gpu/README.md,
-# shipped to /root/wc as parts 0..7, installed to /root/site and byte-compiled; W's model built).
+# shipped to /root/wc as parts p0, p1, ... (docs/testing.md), installed to /root/site and byte-compiled; W's model built).
 # At most 8 files come back from the device tool, so the scripts write into a temporary $OUT and
 # pack it into one archive in $FINAL at the end.
 source benchmarks/gpu_env.sh
