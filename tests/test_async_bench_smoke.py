@@ -66,10 +66,14 @@ def rows_of(k: int, steps: int = 5) -> list[dict]:
 
 
 def test_figures_of_a_run_and_the_merge(tmp_path):
+    sync = async_grpo.summarize(rows_of(0), timed_from=3, n_gpus=1)
+    assert sync["timed_steps"] == [3, 4, 5] and sync["step_s_median"] == 5.0
+    assert sync["gpu_busy"] == pytest.approx((83 * 5 + 84 * 4 + 85 * 5) / 14, abs=0.1)
+    # one step off: the last step, with nothing generated beside it, is no steady-state step
     s = async_grpo.summarize(rows_of(1), timed_from=3, n_gpus=1)
-    assert s["timed_steps"] == [3, 4, 5] and s["step_s_median"] == 5.0 and s["steps"] == 5
+    assert s["timed_steps"] == [3, 4] and s["step_s_median"] == 4.5 and s["steps"] == 5
     assert s["phases_median"] == {"generate": 3.0, "train": 1.5}
-    assert s["gpu_busy"] == pytest.approx((83 * 5 + 84 * 4 + 85 * 5) / 14, abs=0.1)
+    assert s["gpu_busy"] == pytest.approx((83 * 5 + 84 * 4) / 9, abs=0.1)
     assert s["peak_gib"] == 45.0 and s["staleness_observed"] == {"min": 1.0, "mean": 1.0, "max": 1.0}
     entry = {"variant": "async-colocated", "gpu": "H", "gpus": 1, "layout": "colocated", "staleness": 1, **s}
     async_grpo.judge(entry)
