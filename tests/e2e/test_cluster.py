@@ -149,6 +149,14 @@ def kill_node(cluster, node_id: str, pids: list[int], timeout: float = 30, crash
         time.sleep(0.2)
 
 
+def driver_tracebacks(log: str) -> list[str]:
+    """The lines of ``log`` that start a traceback of the driver's. A worker being killed (its node
+    drained or crashed, or every worker stopped for a restart) may print one on its way out, which
+    Ray forwards as "(EngineWorker pid=N) Traceback ..." (a weakref callback interrupted by the
+    SIGTERM: seen once under load); those are the workers' end, not the run's error."""
+    return [line for line in log.splitlines() if "Traceback" in line and " pid=" not in line]
+
+
 def test_a_run_on_the_cluster_heals_after_losing_nodes(cluster, base_config, tmp_path):
     """Step 2: the reference's node is drained; the reference restarts in place, its group's bundle
     placed again on a spare node. Step 3: the policy's node crashes; every worker restarts from
@@ -178,7 +186,7 @@ def test_a_run_on_the_cluster_heals_after_losing_nodes(cluster, base_config, tmp
     assert "reference rank 0 died" in log and "restarting reference (1 worker(s)) in place (1/2)" in log
     assert "policy rank 0 died" in log
     assert "restarting every worker from checkpoint step-00000002, redoing step 3 (2/2)" in log
-    assert "Traceback" not in log
+    assert not driver_tracebacks(log), log
     after = {n for n, _ in placement(cluster, healed.out).values()}  # workers.json of the last restart
     assert not after & {drained, crashed} and after <= {n.node_id for n in cluster.worker_nodes}
     summary = json.loads((healed.out / "summary.json").read_text())
@@ -220,9 +228,9 @@ def test_a_run_that_cannot_heal_stops_naming_what_is_missing(cluster, base_confi
                       f"Ray cluster's 3 alive nodes have 2 ({dead} nodes of the cluster died or left): 1 CPU "
                       "missing; add nodes, lower <handle>.resources.cpus_per_rank or ranks, or co-locate handles "
                       "with resources.colocate_with"], log
-    assert "Traceback" not in log and "reference rank 0 died" in log
+    assert not driver_tracebacks(log) and "reference rank 0 died" in log
     if crash:  # a new run on the cluster as it is now stops before any worker starts, with the same line
         again = Run(config, tmp_path, "again")
         code, log = again.finish(timeout=120)
         assert code == 2 and [line for line in log.splitlines() if line.startswith("error: ")] == errors, log
-        assert "Traceback" not in log and "Ray handles ready" not in log
+        assert not driver_tracebacks(log) and "Ray handles ready" not in log
