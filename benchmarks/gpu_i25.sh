@@ -22,6 +22,8 @@
 #   bash benchmarks/gpu_i25.sh mps                   # one step off without and with an MPS daemon of our own
 #   bash benchmarks/gpu_i25.sh setup mps2            # one step off: ray.mps auto / off
 #   bash benchmarks/gpu_i25.sh setup mps3            # sync, one step off with MPS, sync again (one call)
+#   bash benchmarks/gpu_i25.sh head shipped          # the logprob chunks compiled vs eager; W as shipped vs TRL
+#   bash benchmarks/gpu_i25.sh w2                    # the second workload (1.5b, <= 480 tokens) beside TRL's default
 #
 # Measured 2026-11-26 (one H200): setup 31 s, eff 141 s, wvar 334 s, smoke 160 s, inflight 54-77 s,
 # trlc 490 s, shipped 234 s.
@@ -161,6 +163,16 @@ stage_distills() {  # the distillation GPU test with vLLM's lines (the tiny mode
 
 stage_startupx() {  # why a warm start takes 27 s: the trainer's compiled layers, Inductor's pool, imports by process
   STARTUP_VARIANTS=cold,warm,warm-eager,warm-threads1,warm-importtime stage_startupw
+}
+
+stage_head() {  # W's shipped train step and logprob phase: the logprob chunks compiled (new) and eager; kernel tables
+  TAIL=8 run head 300 python -m benchmarks.train_efficiency --matrix --compiled-only --profile --out "$OUT"
+}
+
+stage_w2() {  # the second workload (configs/gpu/grpo_w2.yaml: 1.5b, 32 x 8, <= 480 tokens) beside TRL's default
+  TAIL=8 run w2 590 python -m benchmarks.w_vs_trl --config configs/gpu/grpo_w2.yaml --model artifacts/model-1.5b \
+    --preset 1.5b --trl-args "--prompts-per-step 32 --micro-batch 16 --max-new-tokens 480 --gpu-memory-utilization 0.4" \
+    --trl-dtype float32 --trl-timeout 300 --steps 6 --variants default --out "$OUT/w2"
 }
 
 for s in "$@"; do "stage_$s"; done

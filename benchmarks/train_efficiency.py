@@ -486,11 +486,14 @@ def matrix(model: str, device: str, batch: Batch, steps: int, budgets: dict[str,
 
 
 def compiled_variant(label: str, model: str, device: str, precision: str, fields: dict[str, dict[str, int]] | None,
-                     batch: Batch, steps: int, tables: str | None = None) -> dict[str, Any]:
+                     batch: Batch, steps: int, tables: str | None = None, head: bool = True) -> dict[str, Any]:
     """``measure_variant`` with compiled layers (policy and reference); the first train step and
-    logprob phase, which compile, timed apart (``first_call_s``)."""
+    logprob phase, which compile, timed apart (``first_call_s``). ``head=False``: the logprob
+    chunks eager (as before 2026-11-26's fifth session), the layers still compiled."""
     policy = precision_policy(model, device, precision, compile=True)
     reference = HFInferEngine(EngineSpec(model, device=device, options={"dtype": "bfloat16", "compile": True}))
+    for engine in (policy, reference):
+        engine.hf.head_compiled = engine.hf.head_compiled and head
     set_budgets(policy, fields and fields["policy"], 8)
     set_budgets(reference, fields and fields["reference"], 32)
     inputs = batch.select("input_ids", "attention_mask", "response_mask")
@@ -504,6 +507,19 @@ def compiled_variant(label: str, model: str, device: str, precision: str, fields
             "first_call_s": first}
 
 
+def compiled_heads(model: str, device: str, batch: Batch, steps: int, tables: str | None) -> list[dict[str, Any]]:
+    """``--compiled-only``: W's shipped train step and logprob phase (mixed precision, derived
+    budgets, compiled layers) with the logprob chunks compiled, then eager: two rows."""
+    rows = []
+    for head in (True, False):
+        label = f"mixed, derived budgets, compiled, head {'compiled' if head else 'eager'}"
+        row = guarded(label, device, lambda label: compiled_variant(label, model, device, "mixed", None, batch, steps,
+                                                                    tables, head=head))
+        rows.append({**row, "precision": "mixed", "budgets": "derived", "compile": True, "head_compiled": head})
+        _reset(device)
+    return rows
+
+
 def run_matrix(args: argparse.Namespace, device: str) -> dict[str, Any]:
     """``--matrix``: ``matrix`` on W's shape (``--smoke``: a tiny model on the CPU), written to
     ``train_efficiency_matrix.json``."""
@@ -515,7 +531,9 @@ def run_matrix(args: argparse.Namespace, device: str) -> dict[str, Any]:
     from transformers import AutoConfig
 
     batch = make_batch(w, AutoConfig.from_pretrained(model).vocab_size)
-    rows = matrix(model, device, batch, steps, budgets, args.compile, str(Path(args.out, "kernels")) if args.profile else None)
+    tables = str(Path(args.out, "kernels")) if args.profile else None
+    rows = (compiled_heads(model, device, batch, steps, tables) if args.compiled_only
+            else matrix(model, device, batch, steps, budgets, args.compile, tables))
     data = {"gpu": gpu_name(), "device": device, "model": model, "steps": steps, "sequences": w.sequences,
             "tokens": int(batch["attention_mask"].sum()), "precisions": PRECISIONS, "rows": rows,
             "targets": {"train_s": 1.0, "infer_s": 0.5, "gpu_busy": 0.8}}
@@ -536,6 +554,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--profile", action="store_true", help="also one train step of each path under torch's profiler "
                     "(with --matrix: the kernel table of each measured train step and logprob phase, OUT/kernels/)")
     ap.add_argument("--compile", action="store_true", help="also W with compile: true (compiled decoder layers)")
+    ap.add_argument("--compiled-only", action="store_true", help="with --matrix: only the shipped precision, compiled, "
+                    "with the logprob chunks compiled and eager")
     ap.add_argument("--matrix", action="store_true", help="issue 25 only: precisions x budgets (x compile with "
                     "--compile), the logprob phase without the old forward; train_efficiency_matrix.json")
     args = ap.parse_args(argv)

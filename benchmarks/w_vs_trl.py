@@ -23,6 +23,12 @@ Writes ``<out>/w_vs_trl.json``: one object per xrlhf run with ``gpu``, ``trl_dty
     python -m benchmarks.w_vs_trl --trl-dtype float32 --variants default --out $OUT
     python -m benchmarks.w_vs_trl --trl-dtype bfloat16 --variants bf16,async --out $OUT
     python -m benchmarks.w_vs_trl --trl-dtype none --variants sync-awake,async --out $OUT
+
+W2, the second workload (another size and response length, ``configs/gpu/grpo_w2.yaml``)::
+
+    python -m benchmarks.w_vs_trl --config configs/gpu/grpo_w2.yaml --model artifacts/model-1.5b --preset 1.5b \
+        --trl-args "--prompts-per-step 32 --micro-batch 16 --max-new-tokens 480 --gpu-memory-utilization 0.4" \
+        --trl-dtype float32 --variants default --steps 6 --out $OUT
 """
 
 from __future__ import annotations
@@ -72,14 +78,16 @@ def median_from(values: list[float]) -> float | None:
     return round(statistics.median(values), 3) if values else None
 
 
-def run_trl(dtype: str, model: str, out: Path, steps: int, timed_from: int, timeout: float) -> dict[str, Any]:
-    """TRL's GRPOTrainer on W in a process of its own; the median step time of the timed steps."""
+def run_trl(dtype: str, model: str, out: Path, steps: int, timed_from: int, timeout: float,
+            extra: list[str] | None = None) -> dict[str, Any]:
+    """TRL's GRPOTrainer on W in a process of its own; the median step time of the timed steps.
+    ``extra``: more arguments of ``trl_grpo.py`` (another workload's shape: ``--trl-args``)."""
     bench = Path(".bench/trl_grpo.py")
     if not bench.is_file():
         return {"error": "no .bench/trl_grpo.py (copy ../shared/bench into .bench and carry it)"}
     run_dir = out / f"trl-{dtype}"
     cmd = [sys.executable, str(bench), "--model", model, "--out", str(run_dir), "--dtype", dtype,
-           "--steps", str(steps)]
+           "--steps", str(steps), *(extra or [])]
     t0 = time.time()
     with open(out / f"trl-{dtype}.log", "w") as log:
         try:
@@ -95,7 +103,7 @@ def run_trl(dtype: str, model: str, out: Path, steps: int, timed_from: int, time
     return {"trl_dtype": dtype, "trl_step_s": median_from(timed), "trl_steps": len(rows), "trl_rc": rc,
             "trl_wall_s": round(time.time() - t0, 1), "trl_init_s": summary.get("init_s"),
             "trl_peak_gib": max((r.get("torch_max_reserved_gb", 0.0) for r in rows), default=None),
-            "trl_versions": {k: summary.get(k) for k in ("trl", "torch", "vllm")}}
+            "trl_versions": {k: summary.get(k) for k in ("trl", "torch", "vllm")}, "trl_args": extra or []}
 
 
 def run_xrlhf(name: str, overrides: list[str], model: str, args: argparse.Namespace,
@@ -114,7 +122,7 @@ def run_xrlhf(name: str, overrides: list[str], model: str, args: argparse.Namesp
                      f"trainer.eval_size={args.eval_size}", "trainer.save_final=false",
                      "algorithm.name=benchmarks.async_grpo:BusyGRPO", "algorithm.advantage_estimator=grpo",
                      "policy.weight_sync.verify=false", *overrides]
-    cfg = load_config(Path(CONFIG), all_overrides)
+    cfg = load_config(Path(args.config), all_overrides)
     used = machine[:2 if "ray.num_gpus=2" in overrides else 1]  # the split layout samples both GPUs
     ag.BusyGRPO.samplers = samplers = [DeviceMemorySampler(gpu=g["index"]) for g in used]
     run_dir = Path(tempfile.mkdtemp(prefix=f"w_vs_trl-{name}-"))
@@ -151,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trl-dtype", default="float32", choices=["float32", "bfloat16", "none"])
     p.add_argument("--variants", default="default")
     p.add_argument("--model", default="artifacts/model-0.5b")
+    p.add_argument("--preset", default="0.5b", help="the model preset --model is built from when missing")
+    p.add_argument("--config", default=CONFIG, help="xrlhf's config (W2: configs/gpu/grpo_w2.yaml)")
+    p.add_argument("--trl-args", default="", help="more arguments of TRL's script, one string (W2's shape)")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--timed-from", type=int, default=3)
     p.add_argument("--eval-size", type=int, default=16)
@@ -163,15 +174,15 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.common import ensure_model, versions
 
     machine = gpus()
-    model = ensure_model(args.model)
-    trl = run_trl(args.trl_dtype, model, out, args.steps, args.timed_from, args.trl_timeout) \
+    model = ensure_model(args.model, preset=args.preset)
+    trl = run_trl(args.trl_dtype, model, out, args.steps, args.timed_from, args.trl_timeout, args.trl_args.split()) \
         if args.trl_dtype != "none" else {"trl_dtype": None, "trl_step_s": None}
     print(f"[w_vs_trl] TRL {args.trl_dtype}: {trl.get('trl_step_s')} s/step", flush=True)
     entries = []
     for name, overrides in parse_variants(args.variants):
         x = run_xrlhf(name, overrides, model, args, machine)
         ratio = round(x["xrlhf_step_s"] / trl["trl_step_s"], 3) if x["xrlhf_step_s"] and trl.get("trl_step_s") else None
-        entry = {"gpu": machine[0]["name"] if machine else "none", **trl, **x, "ratio": ratio,
+        entry = {"gpu": machine[0]["name"] if machine else "none", "config": args.config, **trl, **x, "ratio": ratio,
                  "command": " ".join([Path(sys.executable).name, "-m", "benchmarks.w_vs_trl", *sys.argv[1:]]),
                  "date": time.strftime("%Y-%m-%d %H:%M:%S"), "versions": versions()}
         entries.append(entry)

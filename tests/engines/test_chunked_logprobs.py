@@ -135,3 +135,31 @@ def test_peak_memory_is_one_chunk_not_the_whole_vocabulary():
     # alive at once (measured 1490-2070 MiB across machines, the allocator decides how many linger)
     assert full_mib > 1000
     assert chunked_mib < full_mib / 4  # measured: ~0-345 MiB
+
+
+@pytest.mark.slow  # torch.compile of the chunk (and its backward): tens of seconds
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_compiled_chunks_give_the_eager_values_and_gradients(temperature):
+    """The GPU's path (``compiled=True``, one torch.compile'd chunk) against the eager chunks,
+    under activation checkpointing (the backward recomputes the compiled chunk); chunk lengths
+    23 % 8 = 7 and 8 both run, as a micro-batch's last, shorter chunk does."""
+    from xrlhf.utils.tensors import chunked_head_columns
+
+    torch.manual_seed(2)
+    n, h, v = 23, 16, 50
+    hidden = torch.randn(n, h).requires_grad_()
+    weight = torch.randn(v, h).requires_grad_()
+    targets = torch.randint(0, v, (n, 2))
+    head = lambda x: x @ weight.T  # noqa: E731
+    coef = torch.randn(n, 3)
+    got, want = ([chunked_head_columns(hidden, head, targets, temperature, 8, need_entropy=True, compiled=c)
+                  for c in (True, False)])
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    grads = torch.autograd.grad((got * coef).sum(), (hidden, weight))
+    wants = torch.autograd.grad((want * coef).sum(), (hidden, weight))
+    for g, w in zip(grads, wants):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+    with torch.no_grad():  # the infer path: no checkpoint, top-k columns too
+        got = chunked_head_columns(hidden, head, targets, temperature, 8, topk=3, compiled=True)
+        want = chunked_head_columns(hidden, head, targets, temperature, 8, topk=3)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)

@@ -153,6 +153,9 @@ class HFModel:
                         else HFModelOptions(packing="off", compile=False))  # a generate engine: eager
         self.attention_path = "padded"
         self.logprob_chunk = 0
+        self.head_compiled = False
+        """Whether the logprob chunks go through ``torch.compile`` (``utils.tensors.compiled_chunk_columns``):
+        set by ``prepare`` where the layers compile."""
         self.budgets: dict[bool, int] = {}
         """Token budgets derived for the GPU (``derived_budget``), by ``training``."""
 
@@ -174,6 +177,8 @@ class HFModel:
         if o.compiles(self.spec.device):
             cache = use_cache_dir(self.spec.cache_dir)
             line += f"; {compile_layers(self.module)}" + (f", cache {cache}" if cache else "")
+            self.head_compiled = self.logprob_chunk > 0
+            line += ", logprob chunks compiled" if self.head_compiled else ""
         logger.info(line)
         return line
 
@@ -237,7 +242,7 @@ class HFModel:
         topk = getattr(self.options, "topk_logprobs", 0)
         if self.logprob_chunk:
             with logprob_head(self.module.get_output_embeddings(), targets, temperature, self.logprob_chunk,
-                              need_entropy, topk):
+                              need_entropy, topk, self.head_compiled):
                 out = self.model(**call).logits  # [b, n, C]: the head's columns (utils.tensors.chunked_head_columns)
         else:
             out = head_columns(self.model(**call).logits.float() / temperature, targets, need_entropy, topk)
@@ -272,7 +277,7 @@ class HFModel:
 
 @contextmanager
 def logprob_head(lm_head: torch.nn.Module, targets: torch.Tensor, temperature: float, chunk: int,
-                 need_entropy: bool, topk: int = 0) -> Iterator[None]:
+                 need_entropy: bool, topk: int = 0, compiled: bool = False) -> Iterator[None]:
     """Within the block, ``lm_head`` returns logprobs (and entropy, top-k) instead of logits.
 
     ``lm_head``'s forward becomes ``[b, n, H] -> [b, n, C]``: the fp32 logprobs of ``targets``
@@ -281,13 +286,14 @@ def logprob_head(lm_head: torch.nn.Module, targets: torch.Tensor, temperature: f
     does, so whatever wraps the head still runs around it: DeepSpeed ZeRO-3 gathers the
     weight once per forward and once per backward, on every rank alike, however many chunks a
     rank has. ``HFModel.prepare`` checks that the model returns the head's output unchanged.
+    ``compiled``: each chunk through ``torch.compile`` (the engines whose layers compile).
     """
     original = lm_head.forward
     had_own = "forward" in vars(lm_head)
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
         cols = chunked_head_columns(hidden.flatten(0, 1), original, targets.reshape(-1, targets.shape[-1]),
-                                    temperature, chunk, need_entropy, topk)
+                                    temperature, chunk, need_entropy, topk, compiled)
         return cols.view(*hidden.shape[:2], -1)
 
     lm_head.forward = forward
