@@ -32,6 +32,8 @@ class Frozen:
     tokens: int | None = None
     chunk: int = 1024
     rows: int = 0
+    compiled: bool = False
+    """Its decoder layers compiled (a forward holds less per token: ``engines.budget``)."""
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,8 @@ def _frozen(section, path: str, head: str, ranks: int) -> Frozen:
     return Frozen(head=head, dtype_bytes=4 if o.dtype == "float32" else 2, zero_stage=getattr(o, "zero_stage", 0),
                   ranks=ranks, tokens=o.max_tokens_per_micro_batch,
                   chunk=getattr(o, "logprob_chunk_tokens", 0) if head == "causal_lm" else 0,
-                  rows=o.micro_batch_size if o.max_tokens_per_micro_batch else 0)
+                  rows=o.micro_batch_size if o.max_tokens_per_micro_batch else 0,
+                  compiled=bool(getattr(o, "compiles", lambda device: False)("cuda")))
 
 
 def _generator(cfg: XConfig, shape: ModelShape, work: Workload, lora_bytes: int) -> Generator:

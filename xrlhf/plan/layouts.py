@@ -205,9 +205,11 @@ def _generator_phases(g: Group, h: Handle, cluster: Cluster, awake_always: bool)
     awake = vllm_parts(h.shape, h.generator, cluster.gpu_bytes)
     level = 0 if awake_always or h.generator.engine != "vllm" else h.generator.sleep_level
     asleep = vllm_asleep(awake, level)
-    syncing = {**asleep, "weights": awake["weights"]}
+    # The sync wakes the weights, receives them, then wakes the KV cache once the trainer has
+    # returned its cache (coordinator.weight_routes): by the phase's end the generator is awake
+    # (measured: W's device at the sync's end is its generate phase's, 40.3 against 40.3 GiB).
     for phase, parts in (("generate", awake), ("sleep", asleep), ("infer", asleep), ("train", asleep),
-                         ("sync", syncing)):
+                         ("sync", awake)):
         g.alloc[(phase, h.name)] = sum(parts.values())
     g.parts[h.name] = awake
 
@@ -218,7 +220,7 @@ def _frozen_phases(g: Group, h: Handle, inp: PlanInput, cluster: Cluster) -> Non
     weights = params * f.dtype_bytes // (f.ranks if f.zero_stage == 3 else 1)
     for phase in PHASES:
         g.alloc[(phase, h.name)] = weights + CUBLAS_WORKSPACE
-    per_token = infer_bytes_per_token(h.shape, None, f.dtype_bytes, f.head, f.chunk)
+    per_token = infer_bytes_per_token(h.shape, None, f.dtype_bytes, f.head, f.chunk, f.compiled)
     fixed = head_working(h.shape, f.head, f.chunk, training=False)
     free = cluster.gpu_bytes - g.device("infer") - CUDA_CONTEXT * 0
     budget_tokens = f.tokens or derived_tokens(free, 0, fixed, per_token, 1.0, infer=True)

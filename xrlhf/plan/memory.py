@@ -35,8 +35,11 @@ DS_REDUCE_BUCKET = 500_000_000
 """DeepSpeed's ``reduce_bucket_size`` default (elements)."""
 DS_MAX_LIVE = 1_000_000_000
 """DeepSpeed's ``stage3_max_live_parameters`` default (elements)."""
-CUDA_CONTEXT = int(0.5 * GIB)
-"""A process's CUDA context and kernels (about 0.5 GiB on an H100)."""
+CUDA_CONTEXT = int(0.86 * GIB)
+"""A process's CUDA context, the kernels it loaded and what its allocator holds beyond its
+allocations, measured: the distillation run of ``configs/gpu/distill_vllm.yaml`` (four GPU
+processes whose allocations are 0.36 GiB in all) holds 3.82 GiB of an H100 in every phase, 0.86
+GiB a process (2026-11-26c; 0.5 GiB, a bare context, was planned until 2026-11-26d)."""
 CUBLAS_WORKSPACE = 64 * 2**20
 """torch's cuBLAS and cuBLASLt workspaces in a process that multiplied matrices on the GPU: 2 x
 32 MiB on Hopper (``CUBLAS_WORKSPACE_CONFIG``'s default there, ``:4096:8``). torch's caching
@@ -142,11 +145,11 @@ def train_bytes_per_token(shape: ModelShape, t: Trainer) -> int:
 
 
 def infer_bytes_per_token(shape: ModelShape, t: Trainer | None, dtype_bytes: int = 2, head: str = "causal_lm",
-                          chunk: int = 1024) -> int:
+                          chunk: int = 1024, compiled: bool = False) -> int:
     """Bytes a forward without gradients holds per token at its peak (``engines.budget``)."""
     if t is not None:
-        dtype_bytes, head, chunk = compute_bytes(t), t.head, t.chunk
-    return budget.infer_bytes_per_token(act_shape(shape), dtype_bytes, head == "causal_lm" and not chunk)
+        dtype_bytes, head, chunk, compiled = compute_bytes(t), t.head, t.chunk, t.compiled
+    return budget.infer_bytes_per_token(act_shape(shape), dtype_bytes, head == "causal_lm" and not chunk, compiled)
 
 
 def head_working(shape: ModelShape, head: str, chunk: int, training: bool) -> int:
@@ -193,7 +196,9 @@ def vllm_parts(shape: ModelShape, g: Generator, gpu_bytes: int) -> dict[str, int
     if g.engine != "vllm":  # the Transformers generator: weights and a cache of the batch
         kv = shape.kv_bytes_per_token(g.dtype_bytes) * g.batch_tokens
         return {"weights": weights, "kv cache": kv, "activations": g.max_num_seqs * shape.vocab * 4}
-    per_token = budget.infer_bytes_per_token(act_shape(shape), g.dtype_bytes, False) // g.tp
+    # vLLM's own forward (fused QKV and gate-up projections), not ours: the working set it was
+    # checked with (W's and the distillation student's allocations within 7%)
+    per_token = (6 * shape.hidden + 2 * shape.kv_width + 4 * shape.intermediate) * g.dtype_bytes // g.tp
     act = g.batched_tokens * per_token + 2 * g.max_num_seqs * shape.vocab * 4
     graphs = vllm_graphs(shape, g)
     if g.kv_tokens is not None:

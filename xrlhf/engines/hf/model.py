@@ -197,7 +197,7 @@ class HFModel:
         full = self.spec.head == "causal_lm" and not chunked
         compiled = self.options.compiles(self.spec.device)
         per_token = (budget.train_bytes_per_token(shape, dtype_bytes, checkpointing, full, compiled) if training
-                     else budget.infer_bytes_per_token(shape, dtype_bytes, full))
+                     else budget.infer_bytes_per_token(shape, dtype_bytes, full, compiled))
         fixed = budget.head_bytes(shape, self.logprob_chunk, training) if chunked else 0
         b = budget.derive(budget.free_bytes(self.device), pending_bytes, fixed, per_token, self.spec.memory_share,
                           infer=not training)
