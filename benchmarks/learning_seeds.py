@@ -1,0 +1,72 @@
+"""Every CPU config of docs/algorithms.md ("Configs that learn on CPU"), docs/lora.md, docs/async.md
+and docs/deepspeed.md over several seeds, on the current code (issue 26: each learning figure the
+docs state holds on at least 3 seeds).
+
+Runs ``xrlhf run CONFIG --output-dir RUNS/<name>-SEED seed=SEED`` one run at a time (the box has
+two cores) and writes, per config and seed, ``summary.json``'s greedy eval reward after the warm-up
+and after the last step (for ``rm``: held-out pairwise accuracy; for ``qa_ppo``: the reward
+model's score), the wall time and the load average; then per config the mean and the sample
+standard deviation of each. ``qa_ppo`` reads the reward model of ``configs/rm.yaml`` trained
+once with seed 0 into ``runs/rm`` (as docs/algorithms.md says to), so its seeds vary the policy
+and its RL only. ``make data`` first. Usage::
+
+    python -m benchmarks.learning_seeds --seeds 0 1 2 --out benchmarks/results/learning_seeds.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.quickstart_seeds import REPO, one_seed
+
+CONFIGS = ["dpo", "kto_offline", "kto_online", "rm", "qa_ppo", "grpo_lora", "grpo_async", "quickstart_deepspeed"]
+
+
+def summary(rows: list[dict]) -> dict:
+    out = {"seeds": [r["seed"] for r in rows]}
+    for k in ("initial", "final", "gain"):
+        values = [r[k] for r in rows]
+        out[f"{k}_mean"] = round(statistics.mean(values), 4)
+        out[f"{k}_std"] = round(statistics.stdev(values), 4) if len(values) > 1 else 0.0
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--configs", nargs="+", default=CONFIGS)
+    ap.add_argument("--runs-dir", type=Path, default=REPO / "runs" / "learning-seeds")
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "learning_seeds.json")
+    args = ap.parse_args()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                            text=True).stdout.strip()
+    data = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "commit": commit,
+            "command": " ".join([Path(sys.executable).name, "-m", "benchmarks.learning_seeds", *sys.argv[1:]]),
+            "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "configs": {}}
+    if "qa_ppo" in args.configs and not (REPO / "runs" / "rm" / "final").is_dir():
+        subprocess.run([sys.executable, "-m", "xrlhf.cli", "run", "configs/rm.yaml", "--output-dir", "runs/rm"],
+                       cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    for name in args.configs:
+        rows = []
+        for seed in args.seeds:
+            row = one_seed(seed, args.runs_dir / name, f"configs/{name}.yaml")
+            rows.append({**row, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
+            print(f"{name} seed {seed}: {row['initial']:.3f} -> {row['final']:.3f} ({row['gain']:+.3f}), "
+                  f"{row['wall_s']:.0f} s", flush=True)
+            data["configs"][name] = {"runs": rows, **summary(rows)}
+            args.out.write_text(json.dumps(data, indent=1) + "\n")  # after every run: a cut run keeps the rest
+    for name, c in data["configs"].items():
+        print(f"{name}: {c['initial_mean']:.3f} -> {c['final_mean']:.3f} +- {c['final_std']:.3f} "
+              f"(gain {c['gain_mean']:+.3f} +- {c['gain_std']:.3f})")
+
+
+if __name__ == "__main__":
+    main()
