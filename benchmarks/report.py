@@ -470,13 +470,16 @@ def w_vs_trl(entries: list | None, link) -> list[str]:
            "`python -m benchmarks.w_vs_trl --trl-dtype <float32|bfloat16|none> --variants <...>` "
            "(`bash benchmarks/gpu_i25.sh trl32|trl16|async`): TRL 1.16's GRPOTrainer on W (../shared/bench) and "
            "xrlhf's `configs/gpu/grpo_w.yaml` in the same call, steps 3.. medians, 0.5b model, 512 x <= 256 "
-           "tokens per step. `ratio` = xrlhf / TRL of that call. Phases are xrlhf's step medians (s); busy: "
+           "tokens per step; W2: `configs/gpu/grpo_w2.yaml` (`--config`, `--trl-args`: the 1.5b preset, 256 x <= 480 "
+           "tokens, TRL's micro-batch 16). `ratio` = xrlhf / TRL of that call. Phases are xrlhf's step medians (s); busy: "
            "nvidia-smi's utilisation over the timed steps; peak: the device's.", "",
-           "| card | call | xrlhf variant | TRL | TRL s/step | xrlhf s/step | ratio | generate | infer | train | sync "
-           "| busy % | peak GiB |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| card | call | workload | xrlhf variant | TRL | TRL s/step | xrlhf s/step | ratio | generate | infer | train "
+           "| sync | busy % | peak GiB |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for e in entries:
         ph = e.get("phases") or {}
-        out.append(f"| {e.get('gpu', '')} | {e.get('call', '')} | {e['xrlhf_variant']} {' '.join(e.get('overrides') or [])} "
+        workload = "W2" if "grpo_w2" in e.get("config", "") else "W"
+        out.append(f"| {e.get('gpu', '')} | {e.get('call', '')} | {workload} | {e['xrlhf_variant']} "
+                   f"{' '.join(e.get('overrides') or [])} "
                    f"| {e.get('trl_dtype') or '-'} | {fmt(e.get('trl_step_s'))} | {fmt(e.get('xrlhf_step_s'))} "
                    f"| {fmt(e.get('ratio'))} | {fmt(ph.get('generate'))} | {fmt(ph.get('infer'))} | {fmt(ph.get('train'))} "
                    f"| {fmt(ph.get('sync'))} | {fmt(e.get('gpu_busy'))} | {fmt(e.get('peak_gib'))} |")
@@ -533,6 +536,24 @@ def train_matrix(r: dict | list | None) -> list[str]:
         out.append(f"| {x.get('variant')} | {fmt(x.get('train_s'))} | {fmt(x.get('infer_s'))} "
                    f"| {fmt(x.get('infer_s_without_old_logprobs'))} | {fmt(x.get('peak_gib'))} "
                    f"| {fmt(x.get('tokens_per_s'), 0)} | {fmt(x.get('gpu_busy'))} | {x.get('micro_batches', '')} |")
+    return out + [""]
+
+
+def logprob_head(r: dict | None) -> list[str]:
+    """Issue 25: W's train step and logprob phase with the logprob chunks compiled and eager."""
+    if not r:
+        return []
+    out = ["## The logprob chunks compiled (issue 25)", "",
+           f"`{r['command']}` on {r['gpu']}: W's batch, mixed precision, derived budgets, compiled layers; the "
+           "chunked logprob head through `torch.compile` (as shipped since 2026-11-26d) or eager. Kernel tables: "
+           f"`benchmarks/results/{r['kernels']}`.", "",
+           "| call | variant | train s | logprobs s | without old s | peak GiB | busy | micro-batches |",
+           "|---|---|---|---|---|---|---|---|"]
+    for sample in r["samples"]:
+        for x in sample["rows"]:
+            out.append(f"| {sample['call']} | {x['variant']} | {fmt(x.get('train_s'))} | {fmt(x.get('infer_s'))} "
+                       f"| {fmt(x.get('infer_s_without_old_logprobs'))} | {fmt(x.get('peak_gib'))} "
+                       f"| {fmt(x.get('gpu_busy'))} | {x.get('micro_batches', '')} |")
     return out + [""]
 
 
@@ -607,6 +628,7 @@ def main() -> None:
     lines += w_vs_trl(load(res / "w_vs_trl.json"), link)
     lines += startup(load(res / "startup.json"))
     lines += train_matrix(load(res / "train_efficiency_matrix.json"))
+    lines += logprob_head(load(res / "logprob_head_h100.json"))
     lines += healing(load(res / "healing.json"))
     notes = res / "notes.md"  # what a person read off the logs: kept beside the JSON, appended as is
     if notes.is_file():
