@@ -24,7 +24,6 @@
 #   bash benchmarks/gpu_i25.sh setup mps3            # sync, one step off with MPS, sync again (one call)
 #   bash benchmarks/gpu_i25.sh head shipped          # the logprob chunks compiled vs eager; W as shipped vs TRL
 #   bash benchmarks/gpu_i25.sh w2                    # the second workload (1.5b, <= 480 tokens) beside TRL's default
-#   bash benchmarks/gpu_i25.sh setup mps4            # one step off: MPS client priority generator-first vs equal
 #
 # Measured 2026-11-26 (one H200): setup 31 s, eff 141 s, wvar 334 s, smoke 160 s, inflight 54-77 s,
 # trlc 490 s, shipped 234 s.
@@ -164,12 +163,6 @@ stage_distills() {  # the distillation GPU test with vLLM's lines (the tiny mode
 
 stage_startupx() {  # why a warm start takes 27 s: the trainer's compiled layers, Inductor's pool, imports by process
   STARTUP_VARIANTS=cold,warm,warm-eager,warm-threads1,warm-importtime stage_startupw
-}
-
-stage_mps4() {  # one step off: the trainers below normal MPS priority (ray.mps_priority: generator, as shipped)
-  # against equal priority, between two synchronous runs; the same build, one call
-  TAIL=6 run mps4 580 python -m benchmarks.w_vs_trl --trl-dtype none --steps 7 --out "$OUT/mps4" \
-    --variants "default;async;async-equal=rollout.max_staleness=1|policy.generate.sleep_level=0|ray.mps_priority=equal;sync-again=policy.generate.sleep_level=2"
 }
 
 stage_head() {  # W's shipped train step and logprob phase: the logprob chunks compiled (new) and eager; kernel tables

@@ -178,26 +178,3 @@ def test_a_local_rays_workers_are_its_clients(fake_control, tmp_path):
     assert out["worker"] == calls[0]["pipe"]  # the worker is a client of the run's daemon
     assert out["driver_after_init"] is None  # the driver's environment is given back
     assert not Path(calls[0]["pipe"]).exists()
-
-
-def test_the_trainers_are_clients_of_below_normal_priority_under_generator_first():
-    """``ray.mps_priority``: under MPS the rollout keeps normal priority and every other handle is
-    below normal (``generator``, the default); ``equal``, or no MPS, sets nothing."""
-    assert mps.client_env("policy", "generator", serving=True) == {"CUDA_MPS_CLIENT_PRIORITY": "1"}
-    assert mps.client_env("reference", "generator", serving=True) == {"CUDA_MPS_CLIENT_PRIORITY": "1"}
-    assert mps.client_env("rollout", "generator", serving=True) == {}
-    assert mps.client_env("policy", "equal", serving=True) == {}
-    assert mps.client_env("policy", "generator", serving=False) == {}
-    from xrlhf.config.schema import RayConfig
-
-    assert RayConfig().mps_priority == "generator"
-    with pytest.raises(ValueError):
-        RayConfig(mps_priority="trainer")
-
-
-def test_a_worker_sets_its_variables_before_any_engine(monkeypatch):
-    from xrlhf.engines.host import EngineHost
-
-    monkeypatch.setenv("CUDA_MPS_CLIENT_PRIORITY", "0")  # restored after the test
-    EngineHost("policy", 0, 1, {"CUDA_MPS_CLIENT_PRIORITY": "1"})
-    assert os.environ["CUDA_MPS_CLIENT_PRIORITY"] == "1"

@@ -56,10 +56,6 @@ class RayConfig(Strict):
         "auto", description="NVIDIA MPS for a GPU that a one-step-off rollout shares with the trainer, so their "
         "kernels run side by side (coordinator/mps.py): auto = where that overlap happens on a local Ray and "
         "nvidia-cuda-mps-control is installed; true = always on a local Ray; false = never")
-    mps_priority: Literal["generator", "equal"] = Field(
-        "generator", description="under MPS, whose kernels go first when both wait: generator = every other "
-        "handle's processes are clients of below-normal priority (NVIDIA's CUDA_MPS_CLIENT_PRIORITY=1), so "
-        "decoding, which the step waits on, is not queued behind the trainer's long kernels; equal = all normal")
 
 
 class Resources(Strict):

@@ -21,7 +21,7 @@ from loguru import logger
 from xrlhf.config.schema import RayConfig
 from xrlhf.coordinator.handle import ROLLOUT_GROUPS, BaseReference, ModelHandle
 from xrlhf.coordinator.health import HEALTH_GROUP, Heartbeat
-from xrlhf.coordinator.mps import DAEMON, client_env, wanted
+from xrlhf.coordinator.mps import DAEMON, wanted
 from xrlhf.coordinator.resources import Slot, place
 from xrlhf.coordinator.spec import HandleSpec, Topology
 from xrlhf.coordinator.weight_routes import WeightRoutes
@@ -189,9 +189,7 @@ class Coordinator:
             groups["rollout"] = max(ROLLOUT_GROUPS["rollout"], self.topology.concurrent_generate)
         actor = ray.remote(concurrency_groups=groups)(EngineWorker)
         workers = [actor.options(**slot.options(rank), max_restarts=0,
-                                 name=None).remote(s.name, rank, slot.threads,
-                                                   client_env(s.name, self.topology.ray.mps_priority,
-                                                              DAEMON.serving()))
+                                 name=None).remote(s.name, rank, slot.threads)
                    for rank in range(s.resources.ranks)]
         for w in workers:  # imports that take long (vLLM) start now, beside everything else
             w.preload.remote(s.engines)

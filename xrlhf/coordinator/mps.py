@@ -103,10 +103,6 @@ class Daemon:
                     "trainer's and the generator's kernels run side by side on the GPU (ray.mps)")
         return dict(self.env)
 
-    def serving(self) -> bool:
-        """Whether this process's Ray workers are MPS clients (of this daemon or the environment's)."""
-        return self.root is not None or bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY"))
-
     def stop(self) -> None:
         """Quit the daemon (after its clients, Ray's workers, have exited) and remove its directories."""
         if self.root is None:
@@ -135,19 +131,6 @@ def _quit(root: Path) -> None:
     except (OSError, subprocess.TimeoutExpired) as e:
         logger.warning(f"MPS: the daemon of {root} did not quit ({e}); `echo quit | {CONTROL}` with "
                        f"CUDA_MPS_PIPE_DIRECTORY={root / 'pipe'} stops it")
-
-
-def client_env(handle: str, priority: str, serving: bool) -> dict[str, str]:
-    """What handle ``handle``'s workers set before CUDA starts (``ray.mps_priority``): under MPS with
-    ``generator`` priority, every handle but the rollout is a client of below-normal priority.
-
-    Why: one step off on one GPU, vLLM decodes in short kernels, one step after another, and the
-    step waits for its last token; the trainer's GEMMs run for milliseconds each. At equal priority
-    the decode kernels queue behind them (2026-11-26d: generation 2.55 s alone, 3.8-4.4 s beside a
-    1.7 s update)."""
-    if not serving or priority != "generator" or handle == "rollout":
-        return {}
-    return {"CUDA_MPS_CLIENT_PRIORITY": "1"}
 
 
 def quit_orphans() -> None:

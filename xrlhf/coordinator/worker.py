@@ -23,7 +23,6 @@ class EngineWorker(EngineHost):
         handle: the handle's name (for messages).
         rank: this worker's rank in the handle.
         threads: torch CPU threads for this worker.
-        env: variables set before any engine exists (``EngineHost``).
     """
 
     def ping(self) -> int:

@@ -33,11 +33,9 @@ class EngineHost:
         handle: the handle's name (for messages).
         rank: this worker's rank in the handle.
         threads: torch CPU threads for this worker.
-        env: variables set in this process before any engine exists (``mps.client_env``).
     """
 
-    def __init__(self, handle: str, rank: int, threads: int = 1, env: dict[str, str] | None = None):
-        os.environ.update(env or {})  # before any engine: CUDA reads some (MPS's client priority) at its start
+    def __init__(self, handle: str, rank: int, threads: int = 1):
         self.handle = handle
         self.rank = rank
         torch.set_num_threads(max(1, threads))
