@@ -390,6 +390,26 @@ def episodes_cpu(r: dict | None) -> list[str]:
                   "`benchmarks/results/episodes_cpu.json`; docs/algorithms.md reads them.", ""]
 
 
+def learning_seeds(r: dict | None) -> list[str]:
+    """Issue 26: the CPU configs the docs state learning figures for, over seeds."""
+    if not r or not r.get("configs"):
+        return []
+    out = ["## The CPU configs over seeds (issue 26)", "",
+           f"`{r['command']}` at {r['commit']} ({r['cpus']} CPUs, from {r['started']}): `xrlhf run "
+           "configs/<name>.yaml seed=<s>`, one run at a time; the greedy eval after the warm-up and after the last "
+           "step (`rm`: held-out pairwise accuracy; `qa_ppo`: the reward model's score, its reward model trained "
+           "once with seed 0). docs/algorithms.md reads these.", "",
+           "| config | seeds | initial | final | gain (mean ± std) | gains by seed | wall s by seed |",
+           "|---|---|---|---|---|---|---|"]
+    for name, c in r["configs"].items():
+        runs = c["runs"]
+        out.append(f"| `{name}` | {', '.join(str(x['seed']) for x in runs)} | {c['initial_mean']:.3f} "
+                   f"| {c['final_mean']:.3f} ± {c['final_std']:.3f} | **{c['gain_mean']:+.3f} ± {c['gain_std']:.3f}** "
+                   f"| {' / '.join(format(x['gain'], '+.3f') for x in runs)} "
+                   f"| {' / '.join(format(x['wall_s'], '.0f') for x in runs)} |")
+    return out + [""]
+
+
 def episodes_gpu(entries: list[dict]) -> list[str]:
     """``benchmarks/episodes_gpu.py``: episodes through vLLM, sync against one-step-off."""
     out = ["## Episodes through vLLM: the calculator env (workload W's engines)", ""]
@@ -624,6 +644,7 @@ def main() -> None:
     lines += async_learning_gpu(load(res / "async_learning_gpu.json"), link)
     lines += train_efficiency(load(res / "train_efficiency.json"), load(res / "lora_gpu.json"))
     lines += episodes_cpu(load(res / "episodes_cpu.json"))
+    lines += learning_seeds(load(res / "learning_seeds.json"))
     lines += episodes_gpu([e for m in ("sync", "async") if (e := load(res / f"episodes_gpu_{m}.json"))])
     lines += w_vs_trl(load(res / "w_vs_trl.json"), link)
     lines += startup(load(res / "startup.json"))
