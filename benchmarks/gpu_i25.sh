@@ -24,6 +24,7 @@
 #   bash benchmarks/gpu_i25.sh setup mps3            # sync, one step off with MPS, sync again (one call)
 #   bash benchmarks/gpu_i25.sh head shipped          # the logprob chunks compiled vs eager; W as shipped vs TRL
 #   bash benchmarks/gpu_i25.sh w2                    # the second workload (1.5b, <= 480 tokens) beside TRL's default
+#   SMPROBE="75 100 50" bash benchmarks/gpu_i25.sh smprobe  # GEMMs and W's step under MPS SM limits (mps_sm_probe --bisect)
 #
 # Measured 2026-11-26 (one H200): setup 31 s, eff 141 s, wvar 334 s, smoke 160 s, inflight 54-77 s,
 # trlc 490 s, shipped 234 s.
@@ -173,6 +174,27 @@ stage_w2() {  # the second workload (configs/gpu/grpo_w2.yaml: 1.5b, 32 x 8, <= 
   TAIL=8 run w2 590 python -m benchmarks.w_vs_trl --config configs/gpu/grpo_w2.yaml --model artifacts/model-1.5b \
     --preset 1.5b --trl-args "--prompts-per-step 32 --micro-batch 16 --max-new-tokens 480 --gpu-memory-utilization 0.4" \
     --trl-dtype float32 --trl-timeout 300 --steps 6 --variants default --out "$OUT/w2"
+}
+
+stage_smprobe() {  # why a train step under an MPS SM limit of 74-80% gives NaN: the first module whose output
+  # is not finite, and W's GEMM shapes alone (mps_sm_probe --bisect), at 75% and, as the control, 100% and 50%
+  local pipe log_dir
+  pipe=$(mktemp -d /tmp/mps-pipe-XXXX) log_dir=$(mktemp -d /tmp/mps-log-XXXX)
+  CUDA_MPS_PIPE_DIRECTORY=$pipe CUDA_MPS_LOG_DIRECTORY=$log_dir nvidia-cuda-mps-control -d
+  for v in ${SMPROBE:-75 100 50 "75 --blas cublaslt" "75 --blas cublas"}; do
+    set -- $v
+    CUDA_MPS_PIPE_DIRECTORY=$pipe CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$1 TAIL=40 run "smprobe_${v// /_}" 150 \
+      python -m benchmarks.mps_sm_probe --bisect "${@:2}"
+  done
+  echo quit | CUDA_MPS_PIPE_DIRECTORY=$pipe nvidia-cuda-mps-control
+}
+
+stage_mpscap() {  # one step off with the trainers' SMs capped under MPS, beside the synchronous step and one step
+  # off uncapped, one call. ray.mps_thread_percentage existed for that call (2026-11-26e) and was removed: cuBLAS
+  # GEMMs are wrong under most SM limits (smprobe), so this stage no longer runs as written
+  local a="rollout.max_staleness=1|policy.generate.sleep_level=0"
+  TAIL=8 run mpscap 590 python -m benchmarks.w_vs_trl --trl-dtype none --steps 7 --out "$OUT/mpscap" \
+    --variants "default;async;cap50=$a|ray.mps_thread_percentage.policy=50|ray.mps_thread_percentage.reference=50;cap60=$a|ray.mps_thread_percentage.policy=60|ray.mps_thread_percentage.reference=60"
 }
 
 for s in "$@"; do "stage_$s"; done

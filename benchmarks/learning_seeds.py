@@ -45,6 +45,8 @@ def main() -> None:
     ap.add_argument("--configs", nargs="+", default=CONFIGS)
     ap.add_argument("--runs-dir", type=Path, default=REPO / "runs" / "learning-seeds")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "learning_seeds.json")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="overrides for every run (retuning a config); the runs go to RUNS/<name>+<overrides>")
     args = ap.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                             text=True).stdout.strip()
@@ -57,11 +59,12 @@ def main() -> None:
     for name in args.configs:
         rows = []
         for seed in args.seeds:
-            row = one_seed(seed, args.runs_dir / name, f"configs/{name}.yaml")
+            runs = args.runs_dir / "+".join([name, *args.set])
+            row = one_seed(seed, runs, f"configs/{name}.yaml", tuple(args.set))
             rows.append({**row, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
             print(f"{name} seed {seed}: {row['initial']:.3f} -> {row['final']:.3f} ({row['gain']:+.3f}), "
                   f"{row['wall_s']:.0f} s", flush=True)
-            data["configs"][name] = {"runs": rows, **summary(rows)}
+            data["configs"][name] = {"runs": rows, **summary(rows), **({"overrides": args.set} if args.set else {})}
             args.out.write_text(json.dumps(data, indent=1) + "\n")  # after every run: a cut run keeps the rest
     for name, c in data["configs"].items():
         print(f"{name}: {c['initial_mean']:.3f} -> {c['final_mean']:.3f} +- {c['final_std']:.3f} "

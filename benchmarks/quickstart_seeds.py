@@ -23,11 +23,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def one_seed(seed: int, runs_dir: Path, config: str) -> dict:
+def one_seed(seed: int, runs_dir: Path, config: str, overrides: tuple[str, ...] = ()) -> dict:
+    """One run of ``config`` with ``seed`` (and ``overrides``, ``key=value`` as the CLI takes them)
+    into ``runs_dir/qs-SEED``: its greedy eval reward before and after the RL, and its times."""
     out = runs_dir / f"qs-{seed}"
     load0 = os.getloadavg()[0]
     t0 = time.time()
-    cmd = [sys.executable, "-m", "xrlhf.cli", "run", config, "--output-dir", str(out), f"seed={seed}"]
+    cmd = [sys.executable, "-m", "xrlhf.cli", "run", config, "--output-dir", str(out), f"seed={seed}", *overrides]
     subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
     summary = json.loads((out / "summary.json").read_text())
     initial, final = summary["eval_reward_initial"], summary["eval_reward_final"]

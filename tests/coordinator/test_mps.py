@@ -178,3 +178,12 @@ def test_a_local_rays_workers_are_its_clients(fake_control, tmp_path):
     assert out["worker"] == calls[0]["pipe"]  # the worker is a client of the run's daemon
     assert out["driver_after_init"] is None  # the driver's environment is given back
     assert not Path(calls[0]["pipe"]).exists()
+
+
+def test_an_sm_limit_in_the_environment_is_warned_about():
+    """cuBLAS GEMMs were measured wrong under most MPS SM limits (docs/async.md): a limit below 100%
+    in the environment, which every Ray worker inherits, is named with the fix; none, 100%, nothing."""
+    assert mps.sm_limit_warning({}) is None
+    assert mps.sm_limit_warning({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"}) is None
+    warning = mps.sm_limit_warning({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "75"})
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=75" in warning and "unset it" in warning

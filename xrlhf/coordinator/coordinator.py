@@ -21,7 +21,7 @@ from loguru import logger
 from xrlhf.config.schema import RayConfig
 from xrlhf.coordinator.handle import ROLLOUT_GROUPS, BaseReference, ModelHandle
 from xrlhf.coordinator.health import HEALTH_GROUP, Heartbeat
-from xrlhf.coordinator.mps import DAEMON, wanted
+from xrlhf.coordinator.mps import DAEMON, sm_limit_warning, wanted
 from xrlhf.coordinator.resources import Slot, place
 from xrlhf.coordinator.spec import HandleSpec, Topology
 from xrlhf.coordinator.weight_routes import WeightRoutes
@@ -59,6 +59,8 @@ def init_ray(options: RayConfig, mps: bool = False) -> bool:
     # 2.8 s against 4.2-5.2 s for three on the 2-core box).
     if mps:
         env.update(DAEMON.start(required=options.mps is True))
+    if (warning := sm_limit_warning()) is not None:
+        logger.warning(warning)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:

@@ -29,6 +29,30 @@ from xrlhf.coordinator.spec import Topology, anchor_of
 CONTROL = "nvidia-cuda-mps-control"
 
 
+SM_LIMIT = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+
+
+def sm_limit_warning(environ: dict[str, str] | os._Environ = os.environ) -> str | None:
+    """A warning where the environment limits an MPS client's SMs (every Ray worker inherits it).
+
+    Why: on an H100 (CUDA 13, torch 2.11's cuBLAS and cuBLASLt) bf16 GEMMs of W's shapes came out
+    wrong (finite garbage or NaN) under most limits: 30, 40, 60, 70, 75 and 80% (38-104 of 132
+    SMs); right at 20, 50, 90, 95 and 100% (``benchmarks/mps_sm_probe.py``, docs/async.md). A
+    model's loss can look right while some shapes are wrong (70%: W's loss to five digits, 18 of
+    30 shapes wrong), so nothing at run time can vouch for a limit."""
+    value = environ.get(SM_LIMIT, "").strip()
+    if not value:
+        return None
+    try:
+        if float(value) >= 100:
+            return None
+    except ValueError:
+        pass
+    return (f"{SM_LIMIT}={value} limits every MPS client's SMs, and cuBLAS GEMMs were measured wrong (NaN or "
+            "garbage, no error) under most limits on an H100 (docs/async.md); unset it unless a check like "
+            "benchmarks/mps_sm_probe.py passes on this GPU")
+
+
 def overlaps_on_a_gpu(topology: Topology) -> bool:
     """Whether the rollout generates on a GPU it shares with the policy's trainer while that
     trains: one step off (``max_staleness >= 1``), the generator co-located with the policy and
