@@ -62,6 +62,7 @@ def test_one_step_off_versions_timeline_and_report(base_config, tmp_path, split)
     assert "eval/reward_mean" in rows[1]  # eval_every 2
 
 
+@pytest.mark.long  # a kill-and-resume scenario of over a minute: CI's make test-all runs it
 def test_fixed_schedule_is_reproducible_and_resumes_exactly_after_sigkill(base_config, tmp_path):
     config = async_config(base_config, 2)
     config["trainer"]["steps"] = 5
@@ -81,6 +82,7 @@ def test_fixed_schedule_is_reproducible_and_resumes_exactly_after_sigkill(base_c
     assert [r["staleness/max"] for r in rb] == [0, 1, 2, 2, 2]
 
 
+@pytest.mark.long  # a kill-and-resume scenario of over a minute: CI's make test-all runs it
 def test_a_dead_generator_is_found_within_seconds_and_the_run_heals_exactly(base_config, tmp_path):
     """An asynchronous rollout's generator killed mid-run: the trainer hears of it within seconds
     (it is waiting on another model), every worker restarts from the last checkpoint (the

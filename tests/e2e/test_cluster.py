@@ -157,6 +157,7 @@ def driver_tracebacks(log: str) -> list[str]:
     return [line for line in log.splitlines() if "Traceback" in line and " pid=" not in line]
 
 
+@pytest.mark.long  # a kill-and-resume scenario of over a minute: CI's make test-all runs it
 def test_a_run_on_the_cluster_heals_after_losing_nodes(cluster, base_config, tmp_path):
     """Step 2: the reference's node is drained; the reference restarts in place, its group's bundle
     placed again on a spare node. Step 3: the policy's node crashes; every worker restarts from

@@ -58,6 +58,7 @@ def assert_same_weights(a: Path, b: Path) -> None:
         assert torch.equal(wa[k], wb[k]), k
 
 
+@pytest.mark.long  # a kill-and-resume scenario of over a minute: CI's make test-all runs it
 def test_teacher_killed_heals_in_place_and_a_resumed_run_is_exact(tiny_model, teacher, tmp_path):
     cfg = distill_config(tiny_model, teacher)
     straight = run(validate_dict(cfg), tmp_path / "straight")

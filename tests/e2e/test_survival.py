@@ -73,6 +73,7 @@ def final_weights(out: Path) -> dict[str, torch.Tensor]:
     return load_file(str(out / "final" / "model.safetensors"))
 
 
+@pytest.mark.long  # a kill-and-resume scenario of over a minute: CI's make test-all runs it
 def test_sigkill_then_resume_is_bit_identical(survival_config, tmp_path):
     cfg = validate_dict(survival_config)
     run(cfg, tmp_path / "straight")
@@ -101,6 +102,7 @@ def test_sigkill_then_resume_is_bit_identical(survival_config, tmp_path):
     assert (ckpts[-1].parent / f"torn-{ckpts[-1].name}").is_dir() and list_checkpoints(tmp_path / "killed") == ckpts[:1]
 
 
+@pytest.mark.long  # a kill-and-resume scenario of over a minute: CI's make test-all runs it
 def test_lora_sigkill_then_resume_ends_with_the_same_adapters(survival_config, tmp_path):
     """LoRA policy and critic: checkpoints hold the adapters (the critic's new head too) and their
     optimizer states, not the base; a run killed and resumed ends with bit-identical adapters."""
