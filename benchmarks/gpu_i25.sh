@@ -25,6 +25,7 @@
 #   bash benchmarks/gpu_i25.sh head shipped          # the logprob chunks compiled vs eager; W as shipped vs TRL
 #   bash benchmarks/gpu_i25.sh w2                    # the second workload (1.5b, <= 480 tokens) beside TRL's default
 #   SMPROBE="75 100 50" bash benchmarks/gpu_i25.sh smprobe  # GEMMs and W's step under MPS SM limits (mps_sm_probe --bisect)
+#   bash benchmarks/gpu_i25.sh streams               # one process, two CUDA streams: generation beside the update
 #
 # Measured 2026-11-26 (one H200): setup 31 s, eff 141 s, wvar 334 s, smoke 160 s, inflight 54-77 s,
 # trlc 490 s, shipped 234 s.
@@ -195,6 +196,13 @@ stage_mpscap() {  # one step off with the trainers' SMs capped under MPS, beside
   local a="rollout.max_staleness=1|policy.generate.sleep_level=0"
   TAIL=8 run mpscap 590 python -m benchmarks.w_vs_trl --trl-dtype none --steps 7 --out "$OUT/mpscap" \
     --variants "default;async;cap50=$a|ray.mps_thread_percentage.policy=50|ray.mps_thread_percentage.reference=50;cap60=$a|ray.mps_thread_percentage.policy=60|ray.mps_thread_percentage.reference=60"
+}
+
+stage_streams() {  # one process, two streams: vLLM's generation (its thread, a high-priority stream, then an
+  # equal one) beside W's update (issue 25 item 4's other way)
+  for p in -1 0; do
+    TAIL=8 run "streams_p$p" 280 python -m benchmarks.streams_overlap --gen-priority "$p" --out "$OUT/streams"
+  done
 }
 
 for s in "$@"; do "stage_$s"; done
