@@ -1,6 +1,7 @@
 """One train step and one logprob forward of W's policy under an MPS daemon's SM limit: are they
-finite? (2026-11-26d: ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` of 74-80% gave NaN, eager or compiled,
-with no other client; 50, 60, 70, 90 and 100% gave the unlimited step's loss.)
+finite, and are W's GEMMs right? (2026-11-26e, one H100: cuBLAS's bf16 GEMMs are wrong, with no
+error, under limits of 30, 40, 60, 70, 75 and 80%; right at 20, 50, 90, 95 and 100%. A right loss
+proves nothing: at 70% W's loss was right while 18 of 30 GEMM shapes were not. docs/async.md.)
 
 On the GPU machine, with a daemon of one's own (``CUDA_MPS_PIPE_DIRECTORY``)::
 
@@ -9,7 +10,7 @@ On the GPU machine, with a daemon of one's own (``CUDA_MPS_PIPE_DIRECTORY``)::
 
 ``--bisect`` (eager layers) finds where: a forward hook on every module names the first one whose
 output is not finite (with its inputs' finiteness and shapes; a ``Linear`` is recomputed in fp32
-and again in bf16 to tell a GEMM's fault from its input's), then ``gemms`` times nothing but
+and again in bf16 to tell a GEMM's fault from its input's), and ``gemms`` first
 checks W's GEMM shapes alone (bf16 against fp32, forward and both backward products) at a few
 row counts.
 """
