@@ -410,6 +410,19 @@ def learning_seeds(r: dict | None) -> list[str]:
     return out + [""]
 
 
+def learning_retune(r: dict | None) -> list[str]:
+    """Issue 26: settings tried over the same seeds for a config whose gain missed its target."""
+    if not r or not r.get("tried"):
+        return []
+    out = ["### Retuned over seeds", "", r["what"] + ".", "",
+           "| config | overrides | shipped | initial | final | gain (mean ± std) | gains by seed |", "|---|---|---|---|---|---|---|"]
+    for t in r["tried"]:
+        out.append(f"| `{t['config']}` | {' '.join(t['overrides']) or '(as it was)'} | {'yes' if t['shipped'] else ''} "
+                   f"| {t['initial_mean']:.3f} | {t['final_mean']:.3f} ± {t['final_std']:.3f} "
+                   f"| **{t['gain_mean']:+.3f} ± {t['gain_std']:.3f}** | {' / '.join(format(x['gain'], '+.3f') for x in t['runs'])} |")
+    return out + [""]
+
+
 def episodes_gpu(entries: list[dict]) -> list[str]:
     """``benchmarks/episodes_gpu.py``: episodes through vLLM, sync against one-step-off."""
     out = ["## Episodes through vLLM: the calculator env (workload W's engines)", ""]
@@ -645,6 +658,7 @@ def main() -> None:
     lines += train_efficiency(load(res / "train_efficiency.json"), load(res / "lora_gpu.json"))
     lines += episodes_cpu(load(res / "episodes_cpu.json"))
     lines += learning_seeds(load(res / "learning_seeds.json"))
+    lines += learning_retune(load(res / "learning_retune.json"))
     lines += episodes_gpu([e for m in ("sync", "async") if (e := load(res / f"episodes_gpu_{m}.json"))])
     lines += w_vs_trl(load(res / "w_vs_trl.json"), link)
     lines += startup(load(res / "startup.json"))
