@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from loguru import logger
@@ -32,7 +33,7 @@ CONTROL = "nvidia-cuda-mps-control"
 SM_LIMIT = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 
 
-def sm_limit_warning(environ: dict[str, str] | os._Environ = os.environ) -> str | None:
+def sm_limit_warning(environ: Mapping[str, str] = os.environ) -> str | None:
     """A warning where the environment limits an MPS client's SMs (every Ray worker inherits it).
 
     Why: on an H100 (CUDA 13, torch 2.11's cuBLAS and cuBLASLt) bf16 GEMMs of W's shapes came out
