@@ -26,6 +26,8 @@
 #   bash benchmarks/gpu_i25.sh w2                    # the second workload (1.5b, <= 480 tokens) beside TRL's default
 #   SMPROBE="75 100 50" bash benchmarks/gpu_i25.sh smprobe  # GEMMs and W's step under MPS SM limits (mps_sm_probe --bisect)
 #   bash benchmarks/gpu_i25.sh streams               # one process, two CUDA streams: generation beside the update
+#   bash benchmarks/gpu_i25.sh carveprobe carveout   # GEMMs with SMs carved out (sm_carveout); one step off with it
+#   bash benchmarks/gpu_i25.sh genrounds             # vLLM alone vs our generate, interleaved rounds (medians)
 #
 # Measured 2026-11-26 (one H200): setup 31 s, eff 141 s, wvar 334 s, smoke 160 s, inflight 54-77 s,
 # trlc 490 s, shipped 234 s.
@@ -196,6 +198,31 @@ stage_mpscap() {  # one step off with the trainers' SMs capped under MPS, beside
   local a="rollout.max_staleness=1|policy.generate.sleep_level=0"
   TAIL=8 run mpscap 590 python -m benchmarks.w_vs_trl --trl-dtype none --steps 7 --out "$OUT/mpscap" \
     --variants "default;async;cap50=$a|ray.mps_thread_percentage.policy=50|ray.mps_thread_percentage.reference=50;cap60=$a|ray.mps_thread_percentage.policy=60|ray.mps_thread_percentage.reference=60"
+}
+
+stage_carveprobe() {  # W's GEMM shapes and train step with the GEMMs' SMs carved out (HFModelOptions.sm_carveout:
+  # cuBLASLt's SM count target), alone, then under an MPS SM limit of 75% (98 SMs) told to the library (34 carved out)
+  local pipe log_dir
+  TAIL=10 run carveprobe_32 150 python -m benchmarks.mps_sm_probe --bisect --carveout 32
+  pipe=$(mktemp -d /tmp/mps-pipe-XXXX) log_dir=$(mktemp -d /tmp/mps-log-XXXX)
+  CUDA_MPS_PIPE_DIRECTORY=$pipe CUDA_MPS_LOG_DIRECTORY=$log_dir nvidia-cuda-mps-control -d
+  CUDA_MPS_PIPE_DIRECTORY=$pipe CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=75 TAIL=10 run carveprobe_mps75_34 150 \
+    python -m benchmarks.mps_sm_probe --bisect --carveout 34
+  echo quit | CUDA_MPS_PIPE_DIRECTORY=$pipe nvidia-cuda-mps-control
+}
+
+stage_carveout() {  # one step off with the trainers' GEMMs leaving SMs to vLLM (sm_carveout), beside the synchronous
+  # step and one step off as shipped, one call
+  local a="rollout.max_staleness=1|policy.generate.sleep_level=0"
+  TAIL=8 run carveout 590 python -m benchmarks.w_vs_trl --trl-dtype none --steps 7 --out "$OUT/carveout" \
+    --variants "default;async;carve32=$a|policy.train.sm_carveout=32|reference.infer.sm_carveout=32;carve66=$a|policy.train.sm_carveout=66|reference.infer.sm_carveout=66"
+}
+
+stage_genrounds() {  # vLLM alone against xrlhf's generate paths, interleaved rounds in one engine (medians)
+  TAIL=14 run genrounds 300 python -m benchmarks.generation_bench --engines vllm --prompts 512 --samples-per-prompt 8 \
+    --new-tokens 256 --out "$OUT" --name genrounds --rounds 5 \
+    --configs '{"w": {"sleep_level": 2, "gpu_memory_utilization": 0.3, "max_model_len": 512, "max_num_seqs": 512}}' \
+    --variants raw_no_logprobs,raw_logprobs,engine_keyed_no_logprobs,worker_keyed
 }
 
 stage_streams() {  # one process, two streams: vLLM's generation (its thread, a high-priority stream, then an

@@ -90,9 +90,15 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--bisect", action="store_true", help="name the first module whose output is not finite")
     ap.add_argument("--blas", choices=["cublas", "cublaslt"], help="torch.backends.cuda.preferred_blas_library")
+    ap.add_argument("--carveout", type=int, default=0,
+                    help="SMs left free of the GEMMs (HFModelOptions.sm_carveout: cuBLASLt's SM count target)")
     args = ap.parse_args()
     if args.blas:
         torch.backends.cuda.preferred_blas_library(args.blas)
+    if args.carveout:
+        from xrlhf.engines.hf.model import carve_out_sms
+
+        carve_out_sms(args.carveout, torch.device("cuda"))
     from transformers import AutoConfig
 
     model = ensure_model()

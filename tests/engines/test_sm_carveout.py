@@ -1,0 +1,43 @@
+"""``sm_carveout`` (``HFModelOptions``): validated, applied only on a GPU, and on a GPU it sets
+torch's cuBLASLt path and carveout (control flow here; tests/gpu/test_sm_carveout_gpu.py runs it)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from xrlhf.engines.base import EngineSpec
+from xrlhf.engines.hf import HFInferEngine
+from xrlhf.engines.hf import model as hf_model
+from xrlhf.engines.hf.train import HFTrainOptions
+
+
+def test_the_option_is_checked():
+    assert HFTrainOptions().sm_carveout == 0
+    assert HFTrainOptions(sm_carveout=32).sm_carveout == 32
+    with pytest.raises(ValueError, match="greater than or equal to 0"):
+        HFTrainOptions(sm_carveout=-1)
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    seen: list = []
+    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", lambda b: seen.append(("blas", b)))
+    monkeypatch.setattr(torch._C, "_set_sm_carveout_experimental", lambda n: seen.append(("carveout", n)))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(multi_processor_count=132))
+    return seen
+
+
+def test_carving_out_sets_cublaslt_and_the_carveout(calls):
+    hf_model.carve_out_sms(32, torch.device("cuda"))
+    assert calls == [("blas", "cublaslt"), ("carveout", 32)]
+    with pytest.raises(ValueError, match="132 leaves none.*below 132"):
+        hf_model.carve_out_sms(132, torch.device("cuda"))
+    assert len(calls) == 2
+
+
+def test_a_cpu_engine_ignores_it(calls, tiny_model):
+    HFInferEngine(EngineSpec(tiny_model, options={"micro_batch_size": 2, "sm_carveout": 32}))
+    assert calls == []
