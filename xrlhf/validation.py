@@ -59,8 +59,10 @@ def validate_dict(data: dict[str, Any]) -> XConfig:
         lines, parsed[section] = _validate_registered(section, data.get(section))
         errors += lines
     if cfg is not None:
-        errors += engine_errors(cfg) + _transport_errors(cfg) + _reward_function_errors(cfg) + _mps_errors(cfg)
-        errors += file_errors(cfg, parsed) + lora_errors(cfg)
+        from xrlhf.coordinator.mps import mps_option_errors  # imports torch: only once a config parsed
+
+        errors += engine_errors(cfg) + _transport_errors(cfg) + _reward_function_errors(cfg)
+        errors += mps_option_errors(cfg.ray.mps, cfg.ray.address) + file_errors(cfg, parsed) + lora_errors(cfg)
     if not errors and cfg is not None:
         errors += _algorithms().get(cfg.algorithm.name).check_config(cfg, parsed["algorithm"])
     if not errors and cfg is not None:
@@ -320,20 +322,6 @@ def _transport_errors(cfg: XConfig) -> list[str]:
         return []  # a section the layout depends on is invalid: reported by itself
     gpu = on_gpu(placed, "policy") and on_gpu(placed, "rollout")
     return transport_errors(ws.transport, ws.transport_options(), together, gpu)
-
-
-def _mps_errors(cfg: XConfig) -> list[str]:
-    """``ray.mps: true`` on a local Ray needs NVIDIA's control binary (``coordinator.mps``)."""
-    if cfg.ray.mps is not True or cfg.ray.address:
-        return []
-    import shutil
-
-    from xrlhf.coordinator.mps import CONTROL
-
-    if shutil.which(CONTROL) is None:
-        return [f"ray.mps: true needs NVIDIA's {CONTROL} on PATH (the NVIDIA driver's utilities); install it, "
-                "or set ray.mps=auto (MPS where it is installed) or false"]
-    return []
 
 
 def _reward_function_errors(cfg: XConfig) -> list[str]:

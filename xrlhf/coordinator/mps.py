@@ -54,6 +54,16 @@ def sm_limit_warning(environ: Mapping[str, str] = os.environ) -> str | None:
             "benchmarks/mps_sm_probe.py passes on this GPU")
 
 
+def mps_option_errors(mps: bool | str, address: str | None) -> list[str]:
+    """``ray.mps: true`` on a local Ray (no ``address``) needs NVIDIA's control binary."""
+    if mps is not True or address:
+        return []
+    if shutil.which(CONTROL) is None:
+        return [f"ray.mps: true needs NVIDIA's {CONTROL} on PATH (the NVIDIA driver's utilities); install it, "
+                "or set ray.mps=auto (MPS where it is installed) or false"]
+    return []
+
+
 def overlaps_on_a_gpu(topology: Topology) -> bool:
     """Whether the rollout generates on a GPU it shares with the policy's trainer while that
     trains: one step off (``max_staleness >= 1``), the generator co-located with the policy and
