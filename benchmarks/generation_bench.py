@@ -22,16 +22,30 @@ compare on one start-up. On workload W's shape::
     python -m benchmarks.generation_bench --engines vllm --prompts 512 --new-tokens 256 \
         --configs '{"w": {"sleep_level": 2, "gpu_memory_utilization": 0.3}}' \
         --variants raw_no_logprobs,raw_logprobs,engine_logprobs,engine_no_logprobs,worker_logprobs \
-        --name main --out benchmarks/results
+        --rounds 5 --name main --out benchmarks/results
 
 writes ``generation-<name>.json`` after every variant: per configuration its start-up seconds and
 per variant seconds, tokens/s, ms per decoding step and the GPU's utilisation.
+
+**Rounds.** One generate on the GPU varies by tens of percent from call to call (the host sets
+the pace: 2.3-3.4 s for the same call), so one sample per variant compares noise. ``--rounds N``
+runs the variants N times interleaved (round 1: each variant once, in ``--variants``' order;
+round 2: again ...) on the same engine; each variant reports the figures of its median round
+(by seconds; the lower of the two middle ones for an even N), plus ``rounds`` (every round's
+figures), ``median_s``, ``min_s`` and ``max_s``. An odd N gives a median that is a real round.
+
+**Logprobs path.** Every variant sets it before it runs: ``worker_*`` on the worker path (vLLM's
+sampler records, ``engines/vllm/record.py``), every other on vLLM's outputs with vLLM's sampler
+as its own (the recording turned off: ``xrlhf_record_logprobs(False)``), whatever the
+configuration's ``logprobs_path`` (whose default, ``worker``, installs the recording at
+start-up). So the variants run in the order given, ``worker_*`` no longer last, with any N.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from typing import Any, Callable
 
@@ -138,15 +152,32 @@ def _raw_run(logprobs: int | None) -> Callable:
     return run
 
 
-def _worker(run: Callable) -> Callable:
-    """``run`` with the logprobs kept in vLLM's worker (``logprobs_path: worker``; from then on the
-    engine's sampler records: such variants run last)."""
-    def worker_run(engine, prompts, new_tokens, sampler) -> dict[str, Any]:
-        if engine.options.logprobs_path != "worker":
-            engine._rpc("xrlhf_record_logprobs")
-            engine.options.logprobs_path = "worker"
+def set_logprobs_path(engine, path: str) -> None:
+    """``engine``'s logprobs from ``path``: ``"worker"`` (vLLM's sampler records them, ``record.py``)
+    or ``"outputs"`` (vLLM's sampler as its own again: ``raw_*`` is then vLLM alone). The engine
+    records exactly when its option says ``"worker"`` (it installed the recording at start-up then)."""
+    if engine.options.logprobs_path != path:
+        with engine._loop.exclusive():  # not under a step of the request loop
+            engine._rpc("xrlhf_record_logprobs", path == "worker")
+        engine.options.logprobs_path = path
+
+
+def _on(path: str, run: Callable) -> Callable:
+    """``run`` with the engine's logprobs path set to ``path`` first (``set_logprobs_path``)."""
+    def on_path(engine, prompts, new_tokens, sampler) -> dict[str, Any]:
+        set_logprobs_path(engine, path)
         return run(engine, prompts, new_tokens, sampler)
-    return worker_run
+    return on_path
+
+
+def _worker(run: Callable) -> Callable:
+    """``run`` with the logprobs kept in vLLM's worker (``logprobs_path: worker``)."""
+    return _on("worker", run)
+
+
+def _outputs(run: Callable) -> Callable:
+    """``run`` with vLLM's own sampler (``logprobs_path: outputs``; logprobs, if asked, from vLLM's outputs)."""
+    return _on("outputs", run)
 
 
 _WEIGHTS: list = []
@@ -174,23 +205,39 @@ def _w_cycle(engine, prompts, new_tokens, sampler) -> dict[str, Any]:
 
 
 VARIANTS: dict[str, Callable] = {
-    "raw_no_logprobs": _raw_run(None),  # vllm.LLM.generate alone: the ceiling
-    "raw_logprobs": _raw_run(0),  # the same with the sampled tokens' logprobs (flat)
-    "engine_logprobs": _engine_run(),  # xrlhf's generate, as W calls it
-    "engine_no_logprobs": _engine_run(logprobs=False),  # SamplingParams(logprobs=False)
-    "engine_keyed": _engine_run(keyed=True),  # seeds given: through the request loop (how every rollout samples)
-    "engine_keyed_no_logprobs": _engine_run(logprobs=False, keyed=True),
-    "w_cycle": _w_cycle,
+    "raw_no_logprobs": _outputs(_raw_run(None)),  # vllm.LLM.generate alone: the ceiling
+    "raw_logprobs": _outputs(_raw_run(0)),  # the same with the sampled tokens' logprobs (flat)
+    "engine_logprobs": _outputs(_engine_run()),  # xrlhf's generate, as W calls it, logprobs from vLLM's outputs
+    "engine_no_logprobs": _outputs(_engine_run(logprobs=False)),  # SamplingParams(logprobs=False)
+    "engine_keyed": _outputs(_engine_run(keyed=True)),  # seeds given: the request loop (how every rollout samples)
+    "engine_keyed_no_logprobs": _outputs(_engine_run(logprobs=False, keyed=True)),
+    "w_cycle": _outputs(_w_cycle),
     "worker_logprobs": _worker(_engine_run()),  # logprobs_path: worker
     "worker_keyed": _worker(_engine_run(keyed=True)),
     "worker_w_cycle": _worker(_w_cycle),
 }
-"""What ``--variants`` may name; ``worker_*`` run after the others whatever the order given."""
+"""What ``--variants`` may name; each sets its logprobs path first (module docstring)."""
+
+
+def interleaved(names: list[str], rounds: int) -> list[tuple[int, str]]:
+    """``(round, variant)`` in the order they run: every variant of ``names`` once per round."""
+    return [(r, v) for r in range(1, rounds + 1) for v in names]
+
+
+def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One variant's entry from its rounds' figures (each with ``seconds``): the median round's
+    figures (the lower middle one for an even count), ``rounds`` and the seconds' median, min, max."""
+    seconds = [r["seconds"] for r in rounds]
+    middle = statistics.median_low(seconds)
+    median_round = next(r for r in rounds if r["seconds"] == middle)
+    return {**median_round, "rounds": list(rounds), "median_s": round(statistics.median(seconds), 3),
+            "min_s": min(seconds), "max_s": max(seconds)}
 
 
 def run_configs(args, model: str, prompts: list[list[int]], result: dict[str, Any]) -> None:
     """Each configuration of ``--configs`` in turn: start its engine (timed), warm it up, run the
-    variants; ``result`` is written after every variant (a cut-off run keeps what it measured)."""
+    variants ``--rounds`` times interleaved; ``result`` is written after every variant's round (a
+    cut-off run keeps what it measured)."""
     import torch
 
     from xrlhf.engines.base import SamplingParams
@@ -199,7 +246,8 @@ def run_configs(args, model: str, prompts: list[list[int]], result: dict[str, An
     unknown = set(names) - set(VARIANTS)
     if unknown:
         raise SystemExit(f"--variants: unknown {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
-    names.sort(key=lambda v: v.startswith("worker_"))
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds: at least 1, got {args.rounds}")
     sampler = DeviceMemorySampler()
     out_name = f"generation-{args.name}.json"
     for config, fields in json.loads(args.configs).items():
@@ -211,9 +259,11 @@ def run_configs(args, model: str, prompts: list[list[int]], result: dict[str, An
         print(f"{config}: engine ready in {entry['startup_s']} s", flush=True)
         engine.generate(prompts[:64], SamplingParams(temperature=1.0, max_new_tokens=32, ignore_eos=True))
         torch.cuda.synchronize()
-        for v in names:
-            entry["variants"][v] = VARIANTS[v](engine, prompts, args.new_tokens, sampler)
-            print(f"{config} {v}: {entry['variants'][v]}", flush=True)
+        measured: dict[str, list[dict[str, Any]]] = {v: [] for v in names}
+        for r, v in interleaved(names, args.rounds):
+            measured[v].append(VARIANTS[v](engine, prompts, args.new_tokens, sampler))
+            entry["variants"][v] = summarize(measured[v])
+            print(f"{config} {v} round {r}/{args.rounds}: {measured[v][-1]}", flush=True)
             write_json(args.out, out_name, result)
         engine.shutdown()
         del engine
@@ -263,6 +313,8 @@ def main() -> None:
     p.add_argument("--variants", default="raw_no_logprobs,raw_logprobs,engine_logprobs,engine_no_logprobs,"
                    "worker_logprobs", help=f"with --configs, any of: {', '.join(VARIANTS)}")
     p.add_argument("--name", default="configs", help="with --configs: the JSON is generation-<name>.json")
+    p.add_argument("--rounds", type=int, default=1, help="with --configs: run the variants this many times, "
+                   "interleaved, in one engine; each reports its median round (odd counts give a real median)")
     p.add_argument("--out", default="benchmarks/results")
     args = p.parse_args()
 
@@ -279,8 +331,9 @@ def main() -> None:
     if args.configs:
         result["configs"] = {}
         run_configs(args, model, prompts, result)
-        print(table([(c, v, r["seconds"], r["tokens_per_s"]) for c, e in result["configs"].items()
-                     for v, r in e["variants"].items()], ["config", "variant", "seconds", "tokens/s"]))
+        print(table([(c, v, r["median_s"], r["tokens_per_s"], r["min_s"], r["max_s"], len(r["rounds"]))
+                     for c, e in result["configs"].items() for v, r in e["variants"].items()],
+                    ["config", "variant", "median s", "tokens/s (median round)", "min s", "max s", "rounds"]))
         return
     sampler = DeviceMemorySampler()
     if "vllm" in args.engines:

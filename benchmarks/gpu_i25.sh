@@ -222,7 +222,7 @@ stage_genrounds() {  # vLLM alone against xrlhf's generate paths, interleaved ro
   TAIL=14 run genrounds 300 python -m benchmarks.generation_bench --engines vllm --prompts 512 --samples-per-prompt 8 \
     --new-tokens 256 --out "$OUT" --name genrounds --rounds 5 \
     --configs '{"w": {"sleep_level": 2, "gpu_memory_utilization": 0.3, "max_model_len": 512, "max_num_seqs": 512}}' \
-    --variants raw_no_logprobs,raw_logprobs,engine_keyed_no_logprobs,worker_keyed
+    --variants raw_no_logprobs,raw_logprobs,engine_keyed_no_logprobs,engine_keyed,worker_keyed
 }
 
 stage_streams() {  # one process, two streams: vLLM's generation (its thread, a high-priority stream, then an

@@ -20,7 +20,7 @@ import torch
 from tests.engines.test_vllm_cpu import FakeLLM, FakeSampler, engine_spec, trained_weights, vllm_module  # noqa: F401
 from tests.engines.test_vllm_loop import TIMEOUT, Caller, sync, wait_until
 from xrlhf.engines.base import SamplingParams
-from xrlhf.engines.vllm.record import MAX_SAVED_PER_SLOT, LogprobRecord, external_id, install
+from xrlhf.engines.vllm.record import MAX_SAVED_PER_SLOT, LogprobRecord, external_id, install, uninstall
 
 VOCAB = 13
 
@@ -81,6 +81,34 @@ def test_install_turns_the_sampler_into_a_recording_one_once(runner):
     assert type(runner.sampler).__name__ == "RecordingFakeSampler" and isinstance(runner.sampler, FakeSampler)
     assert not runner.sampler.use_flashinfer and record.slots == 3
     assert install(runner, torch.device("cpu"), base=FakeSampler) is record
+
+
+def test_uninstall_gives_vllm_its_sampler_back_and_install_records_again(runner):
+    first = runner.sampler._xrlhf_record
+    runner.add("a", prompt_len=2, max_tokens=3)
+    runner.step(["a"])
+    assert uninstall(runner) and not uninstall(runner)  # the second: nothing to undo
+    assert type(runner.sampler) is FakeSampler and runner.sampler.use_flashinfer
+    assert not hasattr(runner.sampler, "_xrlhf_record")
+    held = first.buf.clone()
+    runner.remove("a")
+    runner.add("b", prompt_len=2, max_tokens=3)  # vLLM's own sampler: nothing claimed, nothing written
+    runner.step(["b"])
+    assert torch.allclose(first.buf, held, equal_nan=True)
+    assert list(first.slot_of) == ["a"]
+    runner.remove("b")
+
+    record = install(runner, torch.device("cpu"), base=FakeSampler)
+    assert record is not first and type(runner.sampler).__name__ == "RecordingFakeSampler"
+    assert not runner.sampler.use_flashinfer and not record.slot_of and not record.saved
+    runner.add("c", prompt_len=4, max_tokens=2)
+    runner.step(["c"])
+    runner.step(["c"])
+    assert runner.take(["c"]) == [runner.outputs["c"]]
+    assert uninstall(runner) and runner.sampler.use_flashinfer
+    runner.sampler.use_flashinfer = False  # a GPU without FlashInfer: it stays off after a round trip
+    install(runner, torch.device("cpu"), base=FakeSampler)
+    assert uninstall(runner) and runner.sampler.use_flashinfer is False
 
 
 @pytest.mark.parametrize("sampler,speculator", [(object(), None), (FakeSampler(), object())])
@@ -191,6 +219,25 @@ def test_the_worker_path_returns_what_vllms_outputs_would(vllm_module, tiny_mode
         assert engine.sampling_params(SamplingParams(logprobs=False), 1).logprobs is None
         engine.shutdown()
     assert not llm.violations
+
+
+def test_the_engine_turns_the_record_off_and_on_between_calls(vllm_module, tiny_model):
+    """What the generation benchmark's ``--rounds`` does: both paths, alternately, on one engine."""
+    engine = vllm_module.VLLMGenerateEngine(engine_spec(tiny_model, sleep_level=0, logprobs_path="worker"))
+    runner = FakeLLM.last.worker.model_runner
+    prompts, params = [[1, 5], [1, 6]], SamplingParams(max_new_tokens=3)
+    for on, path in ((False, "outputs"), (True, "worker"), (False, "outputs")):
+        assert engine._rpc("xrlhf_record_logprobs", on) == [on]
+        engine.options.logprobs_path = path
+        assert (type(runner.sampler) is FakeSampler) is not on
+        for seeds in (None, [1, 2]):
+            out = engine.generate(prompts, params, seeds)
+            assert [len(t) for t in out.token_ids] == [3, 3]
+            want = [[-0.5, -1.0, -1.5] if seeds is None else [-t / 1e6 for t in ids] for ids in out.token_ids]
+            assert out.logprobs == [pytest.approx(w, rel=1e-6) for w in want]  # the fake's logprobs, either path
+    assert engine._rpc("xrlhf_record_logprobs") == [True]  # no argument: on, as the engine calls it
+    engine.shutdown()
+    assert not FakeLLM.last.violations
 
 
 def test_concurrent_calls_and_a_restart_take_their_own_logprobs(vllm_module, tiny_model):

@@ -213,10 +213,15 @@ class XrlhfWorkerExtension:
         return self._xrlhf_state()["record"].read_back(self._xrlhf_model().named_parameters(), "vLLM")
 
     # -- logprobs kept on the GPU (``policy.generate.logprobs_path: worker``, ``record.py``) -----------
-    def xrlhf_record_logprobs(self) -> bool:
-        """From now on this worker's sampler records each sampled token's logprob (``record.install``)."""
-        from xrlhf.engines.vllm.record import install
+    def xrlhf_record_logprobs(self, on: bool = True) -> bool:
+        """From now on this worker's sampler records each sampled token's logprob (``record.install``),
+        or, ``on`` false, no longer does (``record.uninstall``: what it held untaken is dropped).
+        Returns whether it records now."""
+        from xrlhf.engines.vllm.record import install, uninstall
 
+        if not on:
+            uninstall(self.model_runner)
+            return False
         install(self.model_runner, self.device)
         return True
 

@@ -31,6 +31,10 @@ moved aside after the last step that wrote it and before the next request writes
 preempted and resumed leaves several pieces; the later piece wins where both wrote (the resumed
 request samples the positions a discarded in-flight step had written, ``async_scheduler.py``).
 
+``uninstall`` gives the sampler back its own class and FlashInfer setting (kept on it by
+``install``) and drops the record with whatever it held untaken; a later ``install`` starts a
+fresh one. The generation benchmark toggles this to time both paths on one engine.
+
 This module imports no vLLM at module level; ``install`` does, in vLLM's worker.
 """
 
@@ -211,9 +215,23 @@ def install(runner: Any, device: torch.device, base: type | None = None) -> Logp
         raise RuntimeError("policy.generate.logprobs_path: 'worker' needs vLLM's V2 model runner without speculative "
                            f"decoding (found sampler {type(sampler).__name__}); unset VLLM_USE_V2_MODEL_RUNNER or set "
                            "logprobs_path: outputs")
+    sampler._xrlhf_base, sampler._xrlhf_flashinfer = base, getattr(sampler, "use_flashinfer", False)
     sampler.__class__ = recording_sampler(base)
     # vLLM's FlashInfer top-k/top-p sampler returns logits before top-k/top-p; vLLM itself turns it
     # off when processed logprobs are asked for (sampler.py:220-228), and so does this path.
     sampler.use_flashinfer = False
     sampler._xrlhf_record = LogprobRecord(int(runner.max_num_reqs), device)
     return sampler._xrlhf_record
+
+
+def uninstall(runner: Any) -> bool:
+    """Undo ``install``: ``runner``'s sampler samples as vLLM's own again (its class and
+    ``use_flashinfer`` as before) and its record is dropped. Returns whether it was recording.
+    Call it between generations: a request running across it gets no complete record."""
+    sampler = getattr(runner, "sampler", None)
+    if not isinstance(getattr(sampler, "_xrlhf_record", None), LogprobRecord):
+        return False
+    sampler.__class__ = sampler._xrlhf_base
+    sampler.use_flashinfer = sampler._xrlhf_flashinfer
+    del sampler._xrlhf_record, sampler._xrlhf_base, sampler._xrlhf_flashinfer
+    return True
