@@ -98,7 +98,7 @@ def main() -> None:
     if args.carveout:
         from xrlhf.engines.hf.model import carve_out_sms
 
-        carve_out_sms(args.carveout, torch.device("cuda"))
+        carve_out_sms(args.carveout / torch.cuda.get_device_properties(0).multi_processor_count, torch.device("cuda"))
     from transformers import AutoConfig
 
     model = ensure_model()

@@ -15,10 +15,12 @@ from xrlhf.engines.hf.train import HFTrainOptions
 
 
 def test_the_option_is_checked():
-    assert HFTrainOptions().sm_carveout == 0
-    assert HFTrainOptions(sm_carveout=32).sm_carveout == 32
+    assert HFTrainOptions().sm_carveout is None  # unset: the coordinator decides (coordinator.mps.carve_for_overlap)
+    assert HFTrainOptions(sm_carveout=0.25).sm_carveout == 0.25
     with pytest.raises(ValueError, match="greater than or equal to 0"):
-        HFTrainOptions(sm_carveout=-1)
+        HFTrainOptions(sm_carveout=-0.1)
+    with pytest.raises(ValueError, match="less than 1"):
+        HFTrainOptions(sm_carveout=1)
 
 
 @pytest.fixture
@@ -31,13 +33,14 @@ def calls(monkeypatch):
 
 
 def test_carving_out_sets_cublaslt_and_the_carveout(calls):
-    hf_model.carve_out_sms(32, torch.device("cuda"))
-    assert calls == [("blas", "cublaslt"), ("carveout", 32)]
-    with pytest.raises(ValueError, match="132 leaves none.*below 132"):
-        hf_model.carve_out_sms(132, torch.device("cuda"))
+    assert hf_model.carve_out_sms(0.5, torch.device("cuda")) == 66
+    assert calls == [("blas", "cublaslt"), ("carveout", 66)]
+    assert hf_model.carve_out_sms(0.001, torch.device("cuda")) == 0  # rounds to no SM: nothing set
+    with pytest.raises(ValueError, match="0.999 of 132 SMs leaves none"):
+        hf_model.carve_out_sms(0.999, torch.device("cuda"))
     assert len(calls) == 2
 
 
 def test_a_cpu_engine_ignores_it(calls, tiny_model):
-    HFInferEngine(EngineSpec(tiny_model, options={"micro_batch_size": 2, "sm_carveout": 32}))
+    HFInferEngine(EngineSpec(tiny_model, options={"micro_batch_size": 2, "sm_carveout": 0.5}))
     assert calls == []

@@ -21,7 +21,8 @@ from loguru import logger
 from xrlhf.config.schema import RayConfig
 from xrlhf.coordinator.handle import ROLLOUT_GROUPS, BaseReference, ModelHandle
 from xrlhf.coordinator.health import HEALTH_GROUP, Heartbeat
-from xrlhf.coordinator.mps import DAEMON, sm_limit_warning, wanted
+from xrlhf.coordinator.mps import (DAEMON, OVERLAP_SM_SHARE, carve_for_overlap, overlaps_on_a_gpu, running,
+                                   sm_limit_warning, wanted)
 from xrlhf.coordinator.resources import Slot, place
 from xrlhf.coordinator.spec import HandleSpec, Topology
 from xrlhf.coordinator.weight_routes import WeightRoutes
@@ -143,6 +144,9 @@ class Coordinator:
         logger.info("starting Ray and the workers (" + ", ".join(f"{s.name} x{s.resources.ranks}" for s in self.specs)
                     + "); this takes 20-40 s on a laptop CPU")
         self._owns_ray = init_ray(self.topology.ray, mps=wanted(self.topology))
+        if running() and overlaps_on_a_gpu(self.topology) and (carved := carve_for_overlap(self.topology)):
+            logger.info(f"one step off under MPS: {', '.join(carved)} leave {OVERLAP_SM_SHARE:.0%} of the GPU's SMs "
+                        "to vLLM (sm_carveout)")
         times: dict[str, Any] = {"ray_s": time.time() - t0}
         slots = self.slots = place({s.name: s.resources for s in self.specs})
         self.placement_groups = list({id(s.pg): s.pg for s in slots.values()}.values())

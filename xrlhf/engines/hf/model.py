@@ -111,10 +111,11 @@ class HFModelOptions(BaseModel):
         "full-weight training and inference (W on one H200: train 1.58 -> 1.06 s), off on CPU, with "
         "gradient_checkpointing, LoRA (not measured on a GPU yet) and DeepSpeed")
 
-    sm_carveout: int = Field(
-        0, ge=0, description="SMs the engine's GEMMs leave free (cuBLASLt's SM count target, through torch's "
-        "experimental carveout; GEMMs then go through cuBLASLt): room for another process's kernels on the same "
-        "GPU, vLLM's beside the trainer one step off. Process-wide; on a GPU only; 0: off")
+    sm_carveout: float | None = Field(
+        None, ge=0, lt=1, description="share of the GPU's SMs the engine's GEMMs leave free (cuBLASLt's SM count "
+        "target, through torch's experimental carveout; GEMMs then go through cuBLASLt): room for vLLM's kernels "
+        "beside the trainer one step off. Default: 0.5 for the engines on the generator's GPU where one step off "
+        "overlaps under MPS (ray.mps; W on one H200: 1.14-1.15x the step of one step off without it), else 0")
 
     def compiles(self, device: str) -> bool:
         """Whether the layers are compiled on ``device``: ``compile`` where set, else the default above."""
@@ -131,22 +132,26 @@ class HFModelOptions(BaseModel):
         return {False: "off", True: "auto"}.get(v, v) if isinstance(v, bool) else v
 
 
-def carve_out_sms(sms: int, device: torch.device) -> None:
-    """This process's GEMMs target all but ``sms`` of the GPU's SMs (``HFModelOptions.sm_carveout``).
+def carve_out_sms(share: float, device: torch.device) -> int:
+    """This process's GEMMs leave ``share`` of the GPU's SMs free (``HFModelOptions.sm_carveout``);
+    returns the SMs carved out.
 
     cuBLASLt sizes its persistent kernels to the SM count target, so the kernels of another
     process (under MPS) find SMs free. Unlike an MPS SM limit, which leaves cuBLAS sizing its
     kernels for the whole GPU (wrong GEMMs: docs/async.md), the library is told the truth.
 
     Raises:
-        ValueError: ``sms`` leaves no SM for the GEMMs.
+        ValueError: ``share`` leaves no SM for the GEMMs.
     """
     total = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = round(share * total)
     if sms >= total:
-        raise ValueError(f"sm_carveout: {sms} SMs of {total} leaves none for the engine's GEMMs; set it below {total}")
-    torch.backends.cuda.preferred_blas_library("cublaslt")  # torch applies the carveout on its cuBLASLt path
-    torch._C._set_sm_carveout_experimental(sms)
-    logger.info(f"GEMMs target {total - sms} of {total} SMs (sm_carveout {sms}; cuBLASLt)")
+        raise ValueError(f"sm_carveout: {share} of {total} SMs leaves none for the engine's GEMMs; set it lower")
+    if sms > 0:
+        torch.backends.cuda.preferred_blas_library("cublaslt")  # torch applies the carveout on its cuBLASLt path
+        torch._C._set_sm_carveout_experimental(sms)
+        logger.info(f"GEMMs target {total - sms} of {total} SMs (sm_carveout {share}; cuBLASLt)")
+    return sms
 
 
 class HFModel:
@@ -174,7 +179,7 @@ class HFModel:
             disable_dropout(self.model)
         self.options = (spec.options if isinstance(spec.options, HFModelOptions)
                         else HFModelOptions(packing="off", compile=False))  # a generate engine: eager
-        if self.options.sm_carveout and self.device.type == "cuda":
+        if self.options.sm_carveout and self.device.type == "cuda":  # an engine of a GPU shared one step off
             carve_out_sms(self.options.sm_carveout, self.device)
         self.attention_path = "padded"
         self.logprob_chunk = 0
