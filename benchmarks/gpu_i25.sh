@@ -27,6 +27,7 @@
 #   SMPROBE="75 100 50" bash benchmarks/gpu_i25.sh smprobe  # GEMMs and W's step under MPS SM limits (mps_sm_probe --bisect)
 #   bash benchmarks/gpu_i25.sh streams               # one process, two CUDA streams: generation beside the update
 #   bash benchmarks/gpu_i25.sh carveprobe carveout   # GEMMs with SMs carved out (sm_carveout); one step off with it
+#   bash benchmarks/gpu_i25.sh setup carveauto     # the shipped sm_carveout default one step off, beside sync
 #   bash benchmarks/gpu_i25.sh genrounds             # vLLM alone vs our generate, interleaved rounds (medians)
 #
 # Measured 2026-11-26 (one H200): setup 31 s, eff 141 s, wvar 334 s, smoke 160 s, inflight 54-77 s,
@@ -216,6 +217,15 @@ stage_carveout() {  # one step off with the trainers' GEMMs leaving SMs to vLLM 
   local a="rollout.max_staleness=1|policy.generate.sleep_level=0"
   TAIL=8 run carveout 590 python -m benchmarks.w_vs_trl --trl-dtype none --steps 7 --out "$OUT/carveout" \
     --variants "default;async;carve32=$a|policy.train.sm_carveout=32|reference.infer.sm_carveout=32;carve66=$a|policy.train.sm_carveout=66|reference.infer.sm_carveout=66"
+}
+
+stage_carveauto() {  # the shipped default (sm_carveout 0.5 chosen by the coordinator one step off under MPS) beside
+  # the synchronous step, one call; the carveout's GPU test first
+  TAIL=6 run carvetest 120 python -m pytest -q -m gpu tests/gpu/test_sm_carveout_gpu.py
+  TAIL=8 run carveauto 400 python -m benchmarks.w_vs_trl --trl-dtype none --steps 7 --out "$OUT/carveauto" \
+    --variants "async=rollout.max_staleness=1|policy.generate.sleep_level=0;sync=policy.generate.sleep_level=2"
+  grep -h "leave 50%\|GEMMs target" "$OUT"/carveauto/xrlhf-async/train.log | head -3
+  rm -rf /tmp/w_vs_trl-*
 }
 
 stage_genrounds() {  # vLLM alone against xrlhf's generate paths, interleaved rounds in one engine (medians)
