@@ -19,8 +19,8 @@ def test_the_option_is_checked():
     assert HFTrainOptions(sm_carveout=0.25).sm_carveout == 0.25
     with pytest.raises(ValueError, match="greater than or equal to 0"):
         HFTrainOptions(sm_carveout=-0.1)
-    with pytest.raises(ValueError, match="less than 1"):
-        HFTrainOptions(sm_carveout=1)
+    with pytest.raises(ValueError, match="less than or equal to 0.9"):
+        HFTrainOptions(sm_carveout=0.95)
 
 
 @pytest.fixture

@@ -217,4 +217,3 @@ def carve_for_overlap(topology: Topology) -> list[str]:
                 spec.options.sm_carveout = OVERLAP_SM_SHARE
                 carved.append(f"{handle.name}.{role}")
     return carved
-

@@ -112,7 +112,7 @@ class HFModelOptions(BaseModel):
         "gradient_checkpointing, LoRA (not measured on a GPU yet) and DeepSpeed")
 
     sm_carveout: float | None = Field(
-        None, ge=0, lt=1, description="share of the GPU's SMs the engine's GEMMs leave free (cuBLASLt's SM count "
+        None, ge=0, le=0.9, description="share of the GPU's SMs the engine's GEMMs leave free (cuBLASLt's SM count "
         "target, through torch's experimental carveout; GEMMs then go through cuBLASLt): room for vLLM's kernels "
         "beside the trainer one step off. Default: 0.5 for the engines on the generator's GPU where one step off "
         "overlaps under MPS (ray.mps; W on one H200: 1.14-1.15x the step of one step off without it), else 0")
