@@ -144,6 +144,8 @@ def run_xrlhf(name: str, overrides: list[str], model: str, args: argparse.Namesp
             shutil.copy(run_dir / f, keep / f)
     if (run_dir / "plots").is_dir():
         shutil.copytree(run_dir / "plots", keep / "plots", dirs_exist_ok=True)
+    # W's last checkpoint is ~6 GB: four variants filled the device machine's 64 GB disk (2026-11-27)
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     s = ag.summarize(rows, args.timed_from, len(used))
     log = (run_dir / "train.log").read_text() if (run_dir / "train.log").is_file() else ""
     ready = [ln for ln in log.splitlines() if "Ray handles ready in" in ln]
