@@ -203,20 +203,15 @@ stage_mpscap() {  # one step off with the trainers' SMs capped under MPS, beside
 
 stage_carveprobe() {  # W's GEMM shapes and train step with the GEMMs' SMs carved out (HFModelOptions.sm_carveout:
   # cuBLASLt's SM count target), alone, then under an MPS SM limit of 75% (98 SMs) told to the library (34 carved out)
-  local pipe log_dir
   TAIL=10 run carveprobe_32 150 python -m benchmarks.mps_sm_probe --bisect --carveout 32
-  pipe=$(mktemp -d /tmp/mps-pipe-XXXX) log_dir=$(mktemp -d /tmp/mps-log-XXXX)
-  CUDA_MPS_PIPE_DIRECTORY=$pipe CUDA_MPS_LOG_DIRECTORY=$log_dir nvidia-cuda-mps-control -d
-  CUDA_MPS_PIPE_DIRECTORY=$pipe CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=75 TAIL=10 run carveprobe_mps75_34 150 \
-    python -m benchmarks.mps_sm_probe --bisect --carveout 34
-  echo quit | CUDA_MPS_PIPE_DIRECTORY=$pipe nvidia-cuda-mps-control
+  SMPROBE="75 --carveout 34" stage_smprobe
 }
 
-stage_carveout() {  # one step off with the trainers' GEMMs leaving SMs to vLLM (sm_carveout), beside the synchronous
-  # step and one step off as shipped, one call
+stage_carveout() {  # one step off with the trainers' GEMMs leaving 32 and 66 of 132 SMs to vLLM (sm_carveout, a
+  # share since the call of 2026-11-27, which gave SM counts), beside the synchronous step and one step off without it
   local a="rollout.max_staleness=1|policy.generate.sleep_level=0"
   TAIL=8 run carveout 590 python -m benchmarks.w_vs_trl --trl-dtype none --steps 7 --out "$OUT/carveout" \
-    --variants "default;async;carve32=$a|policy.train.sm_carveout=32|reference.infer.sm_carveout=32;carve66=$a|policy.train.sm_carveout=66|reference.infer.sm_carveout=66"
+    --variants "default;async;carve32=$a|policy.train.sm_carveout=0.24|reference.infer.sm_carveout=0.24;carve66=$a|policy.train.sm_carveout=0.5|reference.infer.sm_carveout=0.5"
 }
 
 stage_carveauto() {  # the shipped default (sm_carveout 0.5 chosen by the coordinator one step off under MPS) beside
