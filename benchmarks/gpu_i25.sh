@@ -29,6 +29,7 @@
 #   bash benchmarks/gpu_i25.sh carveprobe carveout   # GEMMs with SMs carved out (sm_carveout); one step off with it
 #   bash benchmarks/gpu_i25.sh setup carveauto     # the shipped sm_carveout default one step off, beside sync
 #   bash benchmarks/gpu_i25.sh genrounds             # vLLM alone vs our generate, interleaved rounds (medians)
+#   bash benchmarks/gpu_i25.sh setup carvesweep      # one step off by sm_carveout share (0.35/0.5/0.65), between two sync runs
 #
 # Measured 2026-11-26 (one H200): setup 31 s, eff 141 s, wvar 334 s, smoke 160 s, inflight 54-77 s,
 # trlc 490 s, shipped 234 s.
@@ -220,6 +221,18 @@ stage_carveauto() {  # the shipped default (sm_carveout 0.5 chosen by the coordi
   TAIL=8 run carveauto 400 python -m benchmarks.w_vs_trl --trl-dtype none --steps 7 --out "$OUT/carveauto" \
     --variants "async=rollout.max_staleness=1|policy.generate.sleep_level=0;sync=policy.generate.sleep_level=2"
   grep -h "leave 50%\|GEMMs target" "$OUT"/carveauto/xrlhf-async/train.log | head -3
+  rm -rf /tmp/w_vs_trl-*
+}
+
+stage_carvesweep() {  # one step off by the trainers' share of SMs left to vLLM, between two synchronous runs of
+  # the same call (the synchronous step moved by 30% between calls: the ratio is to their mean)
+  local a="rollout.max_staleness=1|policy.generate.sleep_level=0" v
+  v="sync=policy.generate.sleep_level=2"
+  for share in 0.35 0.50 0.65; do
+    v="$v;c${share#0.}=$a|policy.train.sm_carveout=$share|reference.infer.sm_carveout=$share"
+  done
+  TAIL=10 run carvesweep 590 python -m benchmarks.w_vs_trl --trl-dtype none --steps 7 --out "$OUT/carvesweep" \
+    --variants "$v;sync2=policy.generate.sleep_level=2"
   rm -rf /tmp/w_vs_trl-*
 }
 
