@@ -29,6 +29,7 @@
 #   bash benchmarks/gpu_i25.sh carveprobe carveout   # GEMMs with SMs carved out (sm_carveout); one step off with it
 #   bash benchmarks/gpu_i25.sh setup carveauto     # the shipped sm_carveout default one step off, beside sync
 #   bash benchmarks/gpu_i25.sh genrounds             # vLLM alone vs our generate, interleaved rounds (medians)
+#   bash benchmarks/gpu_i25.sh setup carveship       # the shipped sm_carveout default one step off, between two sync runs
 #   bash benchmarks/gpu_i25.sh setup carvesweep      # one step off by sm_carveout share (0.35/0.5/0.65), between two sync runs
 #
 # Measured 2026-11-26 (one H200): setup 31 s, eff 141 s, wvar 334 s, smoke 160 s, inflight 54-77 s,
@@ -233,6 +234,15 @@ stage_carvesweep() {  # one step off by the trainers' share of SMs left to vLLM,
   done
   TAIL=10 run carvesweep 590 python -m benchmarks.w_vs_trl --trl-dtype none --steps 7 --out "$OUT/carvesweep" \
     --variants "$v;sync2=policy.generate.sleep_level=2"
+  rm -rf /tmp/w_vs_trl-*
+}
+
+stage_carveship() {  # the shipped default (the coordinator's sm_carveout one step off under MPS) between two
+  # synchronous runs of one call
+  local a="rollout.max_staleness=1|policy.generate.sleep_level=0"
+  TAIL=8 run carveship 590 python -m benchmarks.w_vs_trl --trl-dtype none --steps 7 --out "$OUT/carveship" \
+    --variants "sync=policy.generate.sleep_level=2;async=$a;sync2=policy.generate.sleep_level=2"
+  grep -h "of the GPU's SMs\|GEMMs target" "$OUT"/carveship/xrlhf-async/train.log | head -3
   rm -rf /tmp/w_vs_trl-*
 }
 

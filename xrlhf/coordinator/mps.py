@@ -191,10 +191,12 @@ DAEMON = Daemon()
 (``coordinator.shutdown_ray``)."""
 
 
-OVERLAP_SM_SHARE = 0.5
+OVERLAP_SM_SHARE = 0.65
 """``sm_carveout`` of the train and infer engines on the generator's GPU one step off under MPS.
-W on one H200 (2026-11-27, docs/async.md): one step off 4.24 -> 3.70 s and 4.03 -> 3.50 s
-(1.14x, 1.15x, same calls); a quarter of the SMs: 3.74 s."""
+W, one step off (docs/async.md): on one H200, half the SMs 3.70 and 3.50 s against 4.24 and
+4.03 without (same calls); on one H100 (2026-11-27, two calls), 0.65 gave 3.64 and 3.59 s, 0.5
+3.70 and 4.46 s, 0.35 3.99 s, the synchronous runs 4.15-5.83 s. The update (2.9 s at 0.65)
+still fits in generation beside it (3.5 s), which is what the step waits for."""
 
 
 def running() -> bool:
