@@ -49,6 +49,7 @@ def greedy_eval(model_dir: str, env_options: dict, limit: int) -> float:
                     limit)["eval/reward_mean"]
 
 
+@pytest.mark.long  # a learning claim (60 steps, ~75 s on 2 cores): make test-long and CI run it
 def test_grpo_lora_learns_and_changes_only_the_adapters(tmp_path):
     from peft import PeftModel
     from safetensors.torch import load_file
