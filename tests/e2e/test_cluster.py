@@ -55,7 +55,8 @@ def cluster(tmp_path_factory):
     here = os.getcwd()
     os.chdir(tmp_path_factory.mktemp("nodes"))
     try:
-        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False,
+                                                             "_system_config": {"worker_niceness": 0}})
         for _ in range(5):  # three for a run's handles, two spares
             c.add_node(num_cpus=1, wait=False)
         c.cwd = Path(os.getcwd())
