@@ -65,16 +65,19 @@ def test_handles_that_preload_start_first_and_the_start_up_line():
 
 def test_workers_of_a_local_ray_see_the_variables_and_the_driver_keeps_its_own():
     """``init_ray`` starts a local Ray with its variables in this process's environment (its
-    workers inherit it: no runtime environment to wait for), then puts this process's back."""
+    workers inherit it: no runtime environment to wait for), then puts this process's back. Its
+    workers run at nice 0, not Ray's 15: beside a busy process they starved."""
     import os
 
     import ray
 
     @ray.remote(num_cpus=0.1)
     def seen() -> dict:
-        return {k: os.environ.get(k) for k in ("PYTHONPATH", "TOKENIZERS_PARALLELISM", "HF_HUB_OFFLINE")}
+        return {"nice": os.nice(0), **{k: os.environ.get(k) for k in ("PYTHONPATH", "TOKENIZERS_PARALLELISM",
+                                                                        "HF_HUB_OFFLINE")}}
 
     env = ray.get(seen.remote(), timeout=120)
+    assert env["nice"] == 0
     assert os.getcwd() in env["PYTHONPATH"].split(os.pathsep)
     assert env["TOKENIZERS_PARALLELISM"] == "false" and env["HF_HUB_OFFLINE"] == "1"
     assert os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS") == ORIGINAL.get("HF_HUB_DISABLE_PROGRESS_BARS")
