@@ -216,7 +216,7 @@ stage_carveout() {  # one step off with the trainers' GEMMs leaving 32 and 66 of
     --variants "default;async;carve32=$a|policy.train.sm_carveout=0.24|reference.infer.sm_carveout=0.24;carve66=$a|policy.train.sm_carveout=0.5|reference.infer.sm_carveout=0.5"
 }
 
-stage_carveauto() {  # the shipped default (sm_carveout 0.5 chosen by the coordinator one step off under MPS) beside
+stage_carveauto() {  # the default then shipped (sm_carveout 0.5, chosen by the coordinator one step off under MPS) beside
   # the synchronous step, one call; the carveout's GPU test first
   TAIL=6 run carvetest 120 python -m pytest -q -m gpu tests/gpu/test_sm_carveout_gpu.py
   TAIL=8 run carveauto 400 python -m benchmarks.w_vs_trl --trl-dtype none --steps 7 --out "$OUT/carveauto" \
