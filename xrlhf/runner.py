@@ -195,6 +195,15 @@ def _restart_from_checkpoint(error: WorkerDiedError, out: Path, healing: Healing
                    f"({len(healing.events)}/{healing.max_restarts})")
 
 
+
+def write_pids(out: Path, pids: dict[str, list[int]]) -> None:
+    """``workers.json``: each handle's worker process ids, in rank order, rewritten after a restart
+    in place. Written aside, then renamed, so that a reader (``benchmarks.healing``'s fault
+    injector, a person's watch script) never reads a half-written file: one did in CI."""
+    tmp = out / "workers.json.tmp"
+    tmp.write_text(json.dumps(pids))
+    os.replace(tmp, out / "workers.json")
+
 def _healed(healing: Healing) -> None:
     """A restart from a checkpoint is over once the workers are back: its event gets its time."""
     last = healing.events[-1] if healing.events else None
@@ -262,7 +271,7 @@ def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resu
         stop.doing = "the Ray start-up, then stop (nothing to save before the first RL step)"
         coord.start()
         _healed(healing)
-        coord.on_pids = lambda pids: (out / "workers.json").write_text(json.dumps(pids))  # process of each rank
+        coord.on_pids = lambda pids: write_pids(out, pids)
         coord.on_pids(coord.pids)
         stop.install()
         _stop_before_rl(stop, out)
