@@ -7,6 +7,7 @@ User errors (config, paths, data) print one line each and exit 2, without a trac
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import shlex
 import sys
@@ -17,7 +18,23 @@ from loguru import logger
 from xrlhf.utils.errors import NonFiniteError, UserError, WorkerDiedError
 
 
-def _parser() -> argparse.ArgumentParser:
+# The commands whose arguments a module of their own adds: (help, module, its function). Only the
+# command being run imports its module; the others import torch or transformers (about 4.5 s on a
+# 2-core box), which ``xrlhf --help``, ``xrlhf validate`` and a config error do not need.
+COMMANDS = {
+    "plan": ("memory per GPU, phase and layout, before anything starts", "xrlhf.plan.cli", "add_arguments"),
+    "make-tiny-model": ("build a small model and tokenizer locally", "xrlhf.models.make", "add_arguments"),
+    "make-dataset": ("write a preference / KTO / Q&A dataset built from the reasoning env", "xrlhf.envs.synthetic",
+                     "add_arguments"),
+    "prepare-data": ("build the datasets the shipped configs read (configs/*.yaml)", "xrlhf.envs.synthetic",
+                     "add_prepare_arguments"),
+    "make-completions": ("a model's completions of an env's training prompts (distillation's teacher data)",
+                         "xrlhf.completions", "add_arguments"),
+}
+
+
+def _parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; of ``COMMANDS``, only ``command``'s arguments are added."""
     p = argparse.ArgumentParser(prog="xrlhf", description="RLHF that runs on a laptop CPU and scales to GPUs.")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train as a config says")
@@ -30,22 +47,10 @@ def _parser() -> argparse.ArgumentParser:
     val = sub.add_parser("validate", help="check a config and print every problem")
     val.add_argument("config")
     val.add_argument("overrides", nargs="*")
-    from xrlhf.plan import cli as plan_cli
-
-    plan_cli.add_arguments(sub.add_parser("plan", help="memory per GPU, phase and layout, before anything starts"))
-    from xrlhf.models import make
-
-    make.add_arguments(sub.add_parser("make-tiny-model", help="build a small model and tokenizer locally"))
-    from xrlhf.envs import synthetic
-
-    synthetic.add_arguments(sub.add_parser("make-dataset", help="write a preference / KTO / Q&A dataset "
-                                                                "built from the reasoning env"))
-    synthetic.add_prepare_arguments(sub.add_parser("prepare-data", help="build the datasets the shipped configs "
-                                                                        "read (configs/*.yaml)"))
-    from xrlhf import completions
-
-    completions.add_arguments(sub.add_parser("make-completions", help="a model's completions of an env's training "
-                                                                      "prompts (distillation's teacher data)"))
+    for name, (text, module, add) in COMMANDS.items():
+        parser = sub.add_parser(name, help=text)
+        if name == command:
+            getattr(importlib.import_module(module), add)(parser)
     return p
 
 
@@ -56,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     logger.remove()
     logger.add(sys.stderr, level=os.environ.get("XRLHF_LOG_LEVEL", "INFO"),
                format="<green>{time:HH:mm:ss}</green> | <level>{level: <7}</level> | {message}")
-    parser = _parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _parser(next((a for a in argv if not a.startswith("-")), None))
     args, rest = parser.parse_known_args(argv)
     unknown = [r for r in rest if r.startswith("-") or "=" not in r or not hasattr(args, "overrides")]
     if unknown:

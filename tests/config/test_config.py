@@ -138,3 +138,27 @@ def test_shipped_configs_validate(tiny_model):
             if isinstance(data.get(section), dict) and data[section].get("model"):
                 data[section]["model"] = tiny_model
         validate_dict(data)
+
+
+def test_cli_help_lists_every_command_without_importing_torch():
+    # each command's own arguments come from its module, imported only when that command runs
+    code = ("import contextlib, io, sys\nfrom xrlhf.cli import main\nout = io.StringIO()\n"
+            "with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):\n    main(['--help'])\n"
+            "print(out.getvalue())\nprint('torch imported:', 'torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for command in ("run", "validate", "report", "plan", "make-tiny-model", "make-dataset", "prepare-data",
+                    "make-completions"):
+        assert command in proc.stdout
+    assert "torch imported: False" in proc.stdout
+
+
+@pytest.mark.parametrize("command, option", [("make-tiny-model", "--preset"), ("plan", "--gpus"),
+                                             ("make-dataset", "--rows"), ("prepare-data", "--root"),
+                                             ("make-completions", "--count")])
+def test_cli_command_help_has_its_own_options(command, option, capsys):
+    from xrlhf.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main([command, "--help"])
+    assert e.value.code == 0 and option in capsys.readouterr().out
