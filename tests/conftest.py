@@ -125,6 +125,13 @@ def base_config(tiny_model) -> dict:
     }
 
 
+def two_ranks(config: dict) -> dict:
+    """``config`` with two policy ranks (and two co-located generators): for the end-to-end tests
+    whose point they are (``tests/e2e/conftest.py`` gives the others one)."""
+    config["policy"] = {**config["policy"], "resources": {"ranks": 2}}
+    return config
+
+
 def build_gpt2(out_dir, *, positions: int = 64, dropout: float = 0.1) -> str:
     """A 2-layer, 32-wide GPT-2 (learned positions, dropout as GPT-2's defaults have it) with the
     char tokenizer, saved like a hub checkpoint: another architecture than the tiny Llama."""

@@ -15,7 +15,6 @@ from xrlhf.data.text import encode_prompt, load_tokenizer
 pytestmark = pytest.mark.usefixtures("ray_session")  # runs handles in this process
 
 
-
 def rl_batch(tok, n=8):
     g = torch.Generator().manual_seed(0)
     prompts = [encode_prompt(tok, f"{i}+{i + 1}=") for i in range(n)]
@@ -30,7 +29,8 @@ def rl_batch(tok, n=8):
 def train_with_ranks(config: dict, ranks: int, batch) -> dict[str, torch.Tensor]:
     data = {**config, "critic": None, "reference": None}
     data["policy"] = {**config["policy"], "resources": {"ranks": ranks, "cpus_per_rank": 0.5}}
-    coord = Coordinator(topology(XConfig.model_validate(data), config["policy"]["model"])).start()
+    # no generators (generate=False): each is a process to start, and the test trains only
+    coord = Coordinator(topology(XConfig.model_validate(data), config["policy"]["model"], generate=False)).start()
     try:
         policy = coord["policy"]
         for _ in range(2):

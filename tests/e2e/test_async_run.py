@@ -20,6 +20,7 @@ import torch
 from xrlhf.runner import run
 from xrlhf.validation import validate_dict
 
+from tests.conftest import two_ranks
 from tests.e2e.test_survival import assert_no_leftovers, final_weights, start, wait_for_step
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -64,7 +65,7 @@ def test_one_step_off_versions_timeline_and_report(base_config, tmp_path, split)
 
 @pytest.mark.long  # a kill-and-resume scenario of over a minute: CI's make test-all runs it
 def test_fixed_schedule_is_reproducible_and_resumes_exactly_after_sigkill(base_config, tmp_path):
-    config = async_config(base_config, 2)
+    config = async_config(two_ranks(base_config), 2)  # every rank's state resumed
     config["trainer"]["steps"] = 5
     config["checkpoint"] = {"every": 2, "keep": 2}
     run(validate_dict(config), tmp_path / "straight")

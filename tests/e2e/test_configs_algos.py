@@ -1,7 +1,10 @@
 """Short end-to-end runs of the algorithm configs (DPO, KTO offline / online, GRPO, reward model
 then PPO on the Q&A env with it), and of a custom env + custom estimator + reward function
 registered in this module. Each run is the shipped YAML with a few overrides: 2 steps, a tiny
-warm-up, small data generated into a temporary directory. One Ray serves all of them."""
+warm-up, small data generated into a temporary directory. One Ray serves all of them. DPO and
+offline KTO run on the shipped two policy ranks (pairs and batches split between ranks); the
+others on one (``ONE_RANK``: each rank is a process of its own, with its generator, ~7 CPU-s to
+start on the 2-core box)."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from xrlhf.models.tiny import build_model
 REPO = Path(__file__).resolve().parents[2]
 SHORT = ["trainer.steps=2", "trainer.eval_every=1", "trainer.eval_size=16", "warmup.steps=4", "warmup.batch_size=16",
          "policy.train.micro_batch_size=16"]
+ONE_RANK = "policy.resources.ranks=1"
 ESTIMATOR_CALLS: list[int] = []
 
 
@@ -119,28 +123,28 @@ def test_kto_offline(assets, ray_session, tmp_path):
 
 
 def test_kto_online(assets, ray_session, tmp_path):
-    run_config("kto_online", tmp_path, [f"policy.model={assets['model']}", "trainer.prompts_per_step=8",
+    run_config("kto_online", tmp_path, [ONE_RANK, f"policy.model={assets['model']}", "trainer.prompts_per_step=8",
                                         "algorithm.mini_batch_size=8"])
     steps = step_metrics(tmp_path)
     assert all("kto/desirable_fraction" in m and "reward/mean" in m for m in steps)
 
 
 def test_grpo(assets, ray_session, tmp_path):
-    run_config("grpo", tmp_path, [f"policy.model={assets['model']}", "trainer.prompts_per_step=4",
+    run_config("grpo", tmp_path, [ONE_RANK, f"policy.model={assets['model']}", "trainer.prompts_per_step=4",
                                   "trainer.samples_per_prompt=4", "algorithm.mini_batch_size=8"])
     steps = step_metrics(tmp_path)
     assert all("advantages/abs_mean" in m and "policy/clip_frac" in m for m in steps)
 
 
 def test_reward_model_then_ppo_on_qa_with_it(assets, ray_session, tmp_path):
-    rm = run_config("rm", tmp_path / "rm", [f"policy.model={assets['model']}", f"algorithm.dataset={assets['preferences']}",
+    rm = run_config("rm", tmp_path / "rm", [ONE_RANK, f"policy.model={assets['model']}", f"algorithm.dataset={assets['preferences']}",
                                             f"algorithm.eval_dataset={assets['pairs_eval']}", "algorithm.batch_size=8"])
     assert 0.0 <= rm["eval_accuracy"] <= 1.0 and rm["eval_pairs"] == 32
     config = json.loads((tmp_path / "rm" / "final" / "config.json").read_text())
     assert config["architectures"] == ["LlamaForSequenceClassification"]
 
     qa = run_config("qa_ppo", tmp_path / "qa", [
-        f"policy.model={assets['model']}", f"env.options.dataset={assets['qa']}",
+        ONE_RANK, f"policy.model={assets['model']}", f"env.options.dataset={assets['qa']}",
         f"env.options.eval_dataset={assets['qa_eval']}", f"reward.model={rm['final_checkpoint']}",
         "trainer.prompts_per_step=16", "algorithm.mini_batch_size=16"])
     assert "eval/exact_match" in qa["eval_final"]
@@ -151,7 +155,7 @@ def test_reward_model_then_ppo_on_qa_with_it(assets, ray_session, tmp_path):
 def test_custom_env_estimator_and_reward_function(assets, ray_session, tmp_path):
     ESTIMATOR_CALLS.clear()
     summary = run_config("grpo", tmp_path, [
-        f"policy.model={assets['model']}", "env.name=test_copy", "env.options={}", "algorithm.name=critic_free",
+        ONE_RANK, f"policy.model={assets['model']}", "env.name=test_copy", "env.options={}", "algorithm.name=critic_free",
         "algorithm.advantage_estimator=test_e2e_centered", "reward.source=function",
         f"reward.function={__name__}:short_answer_reward", "trainer.prompts_per_step=4",
         "trainer.samples_per_prompt=2", "algorithm.mini_batch_size=8"])

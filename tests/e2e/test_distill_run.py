@@ -91,7 +91,8 @@ def test_one_step_off_lora_student_on_tool_episodes(tiny_model, teacher, tmp_pat
                  "warmup.steps=4", "warmup.batch_size=16", "policy.train.micro_batch_size=16",
                  "trainer.prompts_per_step=4", "trainer.samples_per_prompt=2", "algorithm.mini_batch_size=8",
                  "trainer.save_final=false", "rollout.max_staleness=1", "algorithm.off_policy={correction: tis}",
-                 "policy.train.lora={rank: 4, alpha: 8, target_modules: all-linear}", "teacher.evaluate=false"]
+                 "policy.train.lora={rank: 4, alpha: 8, target_modules: all-linear}", "teacher.evaluate=false",
+                 "policy.resources.ranks=1"]  # one rank: each is a process to start (~7 CPU-s here)
     cfg = load_config(REPO / "configs" / "tool_calc.yaml", overrides)
     assert run(cfg, tmp_path / "run")["steps"] == 2
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -1,7 +1,10 @@
 """Short end-to-end runs of the episode configs through Ray (issue 15): tool_calc with GRPO (and
 one-step-off), guess with PPO (per-turn rewards through GAE), multiturn_qa with online KTO and
 with a reward function scoring the whole conversation; plus the config errors of bad tools. One
-Ray serves all of them; each run is 2 steps after a 4-step warm-up."""
+Ray serves all of them; each run is 2 steps after a 4-step warm-up. tool_calc's synchronous run
+keeps the shipped two policy ranks (episodes spread over two generators); the others run on one
+(``ONE_RANK``: each rank is a process of its own, with its generator, ~7 CPU-s to start on the
+2-core box)."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 SHORT = ["trainer.steps=2", "trainer.eval_every=1", "trainer.eval_size=8", "warmup.steps=4", "warmup.batch_size=16",
          "policy.train.micro_batch_size=16", "trainer.prompts_per_step=4", "trainer.samples_per_prompt=4",
          "algorithm.mini_batch_size=16", "trainer.save_final=false"]
+ONE_RANK = "policy.resources.ranks=1"
 
 
 @pytest.fixture(scope="module")
@@ -55,21 +59,21 @@ def test_tool_calc_grpo_sync_and_one_step_off(model, ray_session, tmp_path):
     steps = run_config("tool_calc", tmp_path / "sync", model, [])
     assert all("episode/tool_calls_mean" in s and "episode/tool_errors_mean" in s for s in steps)
     steps = run_config("tool_calc", tmp_path / "async", model,
-                       ["rollout.max_staleness=1", "algorithm.off_policy={correction: tis, cap: 2.0}"])
+                       [ONE_RANK, "rollout.max_staleness=1", "algorithm.off_policy={correction: tis, cap: 2.0}"])
     assert [s["staleness/max"] for s in steps] == [0, 1]
 
 
 def test_guess_ppo_with_turn_rewards(model, ray_session, tmp_path):
-    steps = run_config("guess", tmp_path, model, ["algorithm.name=ppo", "critic={}", "algorithm.ppo_epochs=1",
+    steps = run_config("guess", tmp_path, model, [ONE_RANK, "algorithm.name=ppo", "critic={}", "algorithm.ppo_epochs=1",
                                                   "algorithm.kl_coef=0.01"])
     assert all("critic/loss" in s and "episode/invalid_guesses_mean" in s for s in steps)
 
 
 def test_multiturn_qa_online_kto_and_reward_function(model, ray_session, tmp_path):
-    steps = run_config("multiturn_qa", tmp_path / "kto", model, ["algorithm={name: kto_online, mini_batch_size: 16}"])
+    steps = run_config("multiturn_qa", tmp_path / "kto", model, [ONE_RANK, "algorithm={name: kto_online, mini_batch_size: 16}"])
     assert all("kto/desirable_fraction" in s and "episode/first_turn_correct_mean" in s for s in steps)
     run_config("multiturn_qa", tmp_path / "fn", model,
-               ["reward.source=function", "reward.function=tests.e2e.reward_fns:length_reward"])
+               [ONE_RANK, "reward.source=function", "reward.function=tests.e2e.reward_fns:length_reward"])
 
 
 @pytest.mark.parametrize("tools, message", [

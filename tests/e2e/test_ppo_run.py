@@ -12,10 +12,13 @@ from xrlhf.runner import run
 from xrlhf.utils.errors import UserError
 from xrlhf.validation import validate_dict
 
+from tests.conftest import two_ranks
+
 pytestmark = pytest.mark.usefixtures("ray_session")  # runs handles in this process
 
 
 def test_ppo_run_writes_outputs(base_config, tmp_path):
+    two_ranks(base_config)  # the full run: data-parallel policy ranks and their generators
     base_config["warmup"] = {"steps": 3, "batch_size": 16}
     base_config["algorithm"]["log_entropy"] = True  # policy/entropy is reported only when asked for
     base_config["logging"] = {"memory_timeline": True}  # on CPU: each process's resident set by phase

@@ -24,6 +24,8 @@ from xrlhf.runner import check_output_dir, run
 from xrlhf.validation import load_config, validate_dict
 from xrlhf.utils.errors import UserError
 
+from tests.conftest import two_ranks
+
 pytestmark = pytest.mark.usefixtures("ray_session")  # runs handles in this process
 
 
@@ -75,6 +77,7 @@ def final_weights(out: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.long  # a kill-and-resume scenario of over a minute: CI's make test-all runs it
 def test_sigkill_then_resume_is_bit_identical(survival_config, tmp_path):
+    two_ranks(survival_config)  # every rank's state resumed
     cfg = validate_dict(survival_config)
     run(cfg, tmp_path / "straight")
     proc = start(survival_config, tmp_path, tmp_path / "killed")
@@ -106,6 +109,7 @@ def test_sigkill_then_resume_is_bit_identical(survival_config, tmp_path):
 def test_lora_sigkill_then_resume_ends_with_the_same_adapters(survival_config, tmp_path):
     """LoRA policy and critic: checkpoints hold the adapters (the critic's new head too) and their
     optimizer states, not the base; a run killed and resumed ends with bit-identical adapters."""
+    two_ranks(survival_config)  # every rank's state resumed
     pytest.importorskip("peft")
     survival_config["policy"]["train"]["lora"] = {"rank": 4, "alpha": 8, "save": "adapter"}
     survival_config["critic"]["train"]["lora"] = {"rank": 4}
