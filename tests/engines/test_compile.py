@@ -83,6 +83,7 @@ def test_compile_refuses_what_it_cannot_serve():
     assert DeepSpeedTrainOptions.model_validate({"compile": True, "zero_stage": 2}).compile
 
 
+@pytest.mark.slow  # torch.compile from an empty cache: up to a minute on the 2-core box
 def test_the_compile_cache_goes_under_the_runs_cache_directory(tiny_model, tmp_path, monkeypatch):
     """``EngineSpec.cache_dir``: inductor's caches under ``<cache_dir>/torchinductor``, not /tmp."""
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)

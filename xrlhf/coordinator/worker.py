@@ -61,6 +61,9 @@ def sigterm_again_outside_callbacks(unraisable) -> None:
         # Not from here: a signal sent by this thread is handled at once, still inside the callback.
         again = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM))
         again.daemon = True
-        again.start()
+        try:
+            again.start()
+        except RuntimeError:  # "can't create new thread at interpreter shutdown": exiting already
+            pass
         return
     sys.__unraisablehook__(unraisable)
