@@ -195,7 +195,6 @@ def _restart_from_checkpoint(error: WorkerDiedError, out: Path, healing: Healing
                    f"({len(healing.events)}/{healing.max_restarts})")
 
 
-
 def write_pids(out: Path, pids: dict[str, list[int]]) -> None:
     """``workers.json``: each handle's worker process ids, in rank order, rewritten after a restart
     in place. Written aside, then renamed, so that a reader (``benchmarks.healing``'s fault
