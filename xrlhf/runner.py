@@ -203,6 +203,7 @@ def write_pids(out: Path, pids: dict[str, list[int]]) -> None:
     tmp.write_text(json.dumps(pids))
     os.replace(tmp, out / "workers.json")
 
+
 def _healed(healing: Healing) -> None:
     """A restart from a checkpoint is over once the workers are back: its event gets its time."""
     last = healing.events[-1] if healing.events else None
