@@ -125,6 +125,17 @@ def base_config(tiny_model) -> dict:
     }
 
 
+@pytest.fixture()
+def restore_environ():
+    """``xrlhf.cli.main`` sets the variables a run needs (``HF_HUB_OFFLINE`` ...) in its process: a
+    test that calls it in pytest's own puts them back, so no later test sees them (one that
+    compares this process's variables failed so)."""
+    from unittest import mock
+
+    with mock.patch.dict("os.environ"):
+        yield
+
+
 def two_ranks(config: dict) -> dict:
     """``config`` with two policy ranks (and two co-located generators): for the end-to-end tests
     whose point they are (``tests/e2e/conftest.py`` gives the others one)."""

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 
 from xrlhf.cli import main
 from xrlhf.data.datasets import COMPLETIONS, load_rows
 from xrlhf.envs import build_env
+
+pytestmark = pytest.mark.usefixtures("restore_environ")  # main() runs in this process
 
 
 def test_completions_are_seeded_rows_of_the_env_prompts(tiny_model, tmp_path):

@@ -156,6 +156,7 @@ def test_cli_help_lists_every_command_without_importing_torch():
 @pytest.mark.parametrize("command, option", [("make-tiny-model", "--preset"), ("plan", "--gpus"),
                                              ("make-dataset", "--rows"), ("prepare-data", "--root"),
                                              ("make-completions", "--count")])
+@pytest.mark.usefixtures("restore_environ")
 def test_cli_command_help_has_its_own_options(command, option, capsys):
     from xrlhf.cli import main
 

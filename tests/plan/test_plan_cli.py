@@ -11,6 +11,7 @@ from xrlhf.cli import main
 ROOT = Path(__file__).parents[2]
 W = str(ROOT / "configs" / "gpu" / "grpo_w.yaml")
 SHAPES = ROOT / "configs" / "shapes"
+pytestmark = pytest.mark.usefixtures("restore_environ")  # main() runs in this process
 
 
 def test_plan_of_w_on_one_h100_fits_and_draws(tmp_path, capsys):
