@@ -30,6 +30,7 @@
 #   bash benchmarks/gpu_i25.sh setup carveauto     # the shipped sm_carveout default one step off, beside sync
 #   bash benchmarks/gpu_i25.sh genrounds             # vLLM alone vs our generate, interleaved rounds (medians)
 #   bash benchmarks/gpu_i25.sh setup carveship       # the shipped sm_carveout default one step off, between two sync runs
+#   bash benchmarks/gpu_i25.sh setup startlean       # warm start-up: lean Ray head vs Ray's whole head vs Ray preloading vLLM
 #   bash benchmarks/gpu_i25.sh setup carvesweep      # one step off by sm_carveout share (0.35/0.5/0.65), between two sync runs
 #
 # Measured 2026-11-26 (one H200): setup 31 s, eff 141 s, wvar 334 s, smoke 160 s, inflight 54-77 s,
@@ -235,6 +236,15 @@ stage_carvesweep() {  # one step off by the trainers' share of SMs left to vLLM,
   TAIL=10 run carvesweep 590 python -m benchmarks.w_vs_trl --trl-dtype none --steps 7 --out "$OUT/carvesweep" \
     --variants "$v;sync2=policy.generate.sleep_level=2"
   rm -rf /tmp/w_vs_trl-*
+}
+
+stage_startlean() {  # warm start-up: the lean Ray head (coordinator.lean_head) against Ray's whole head, and
+  # Ray's preload of vLLM in every worker; interleaved, twice each, after a cold run fills the caches
+  mkdir -p "$OUT/startup"
+  TAIL=10 run startup_lean 500 python -m benchmarks.startup --steps 2 --last-steps 2 --timeout 120 \
+    --variants "${STARTUP_VARIANTS:-cold,warm,warm-fullhead,warm-preload,warm,warm-fullhead}" \
+    --work /tmp/xrlhf-startup --out "$OUT/startup"
+  cp /tmp/xrlhf-startup/*.log "$OUT/startup/" 2>/dev/null
 }
 
 stage_carveship() {  # the shipped default (the coordinator's sm_carveout one step off under MPS) between two

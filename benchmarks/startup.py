@@ -21,7 +21,8 @@ Variants (``--variants``, in order; caches are directories of their own, so "col
 * ``warm-eager``: the trainer's and the reference's layers not compiled; ``warm-threads1``:
   Inductor's compile pool of one thread (no worker processes); ``warm-importtime``:
   ``PYTHONPROFILEIMPORTTIME=1`` in every process (why ``import vllm`` takes 12.9 s in the
-  generator's actor and 4.7 s in a process alone).
+  generator's actor and 4.7 s in a process alone); ``warm-fullhead``: Ray's whole head (``ENV``);
+  ``warm-preload``: vLLM imported by every Ray worker before it takes work (``ENV``).
 
 A name starting with ``cold`` empties the caches first.
 
@@ -70,14 +71,18 @@ from benchmarks.common import gpu_name, write_json
 
 CONFIG = "configs/gpu/grpo_w.yaml"
 VARIANTS = ("cold", "warm", "warm-compile", "cold-compile", "warm-nocompile", "cold-nocompile", "warm-multiprocess",
-            "warm-eager", "warm-importtime", "warm-threads1")
+            "warm-eager", "warm-importtime", "warm-threads1", "warm-fullhead", "warm-preload")
 FLAGS = {"compile": ["policy.generate.torch_compile=true"], "nocompile": ["policy.generate.torch_compile=false"],
          "multiprocess": ["policy.generate.multiprocessing=true"],
          "eager": ["policy.train.compile=false", "reference.infer.compile=false"]}
 """What a variant's words after cold/warm override."""
-ENV = {"importtime": {"PYTHONPROFILEIMPORTTIME": "1", "RAY_DEDUP_LOGS": "0"}, "threads1": {"TORCHINDUCTOR_COMPILE_THREADS": "1"}}
+ENV = {"importtime": {"PYTHONPROFILEIMPORTTIME": "1", "RAY_DEDUP_LOGS": "0"}, "threads1": {"TORCHINDUCTOR_COMPILE_THREADS": "1"},
+       "fullhead": {"XRLHF_RAY_FULL_HEAD": "1"}, "preload": {"RAY_preload_python_modules": "vllm"}}
 """What a variant's words set in the run's environment (a local Ray's workers inherit it):
-``importtime``: every process's imports, module by module, on its stderr (the run's log)."""
+``importtime``: every process's imports, module by module, on its stderr (the run's log);
+``fullhead``: Ray's whole head (the dashboard's API server and the autoscaler's monitor too, as
+before ``coordinator.lean_head``); ``preload``: every Ray worker imports vLLM before it takes work
+(Ray's ``preload_python_modules``; the workers Ray prestarts when the driver connects begin then)."""
 
 _VLLM = {
     "engine_init_s": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s",

@@ -61,6 +61,22 @@ def test_handles_that_preload_start_first_and_the_start_up_line():
                           "rollout/up_s": 4.5, "rollout/imports_s": 8.0, "rollout/built_s": 20.0, "ready_s": 20.3})
     assert line == ("Ray 2.0; policy: up 5.0 (train 7.2), built 12.5; "
                     "rollout: up 4.5 (imports 8.0), built 20.0; ready 20.3")
+    # a worker's own points in time (EngineWorker.setup's timeline) come first, in their order
+    line = _startup_line({"ray_s": 2.0, "policy/up_s": 9.5, "policy/train_s": 3.7, "policy/built_s": 13.1,
+                          "policy/called_s": 9.4, "policy/born_s": 2.7, "policy/init_s": 6.6, "policy/module_s": 3.5,
+                          "policy/imported_s": 6.5, "ready_s": 13.5})
+    assert line == ("Ray 2.0; policy: born 2.7, module 3.5, imported 6.5, init 6.6, called 9.4, up 9.5 (train 3.7), "
+                    "built 13.1; ready 13.5")
+
+
+def test_a_workers_timeline_is_in_order_and_since_its_process_began():
+    import time
+
+    from xrlhf.coordinator.worker import IMPORTED_AT, MODULE_AT, process_start
+
+    born = process_start()
+    assert born is not None and born <= MODULE_AT <= IMPORTED_AT <= time.time()
+    assert time.time() - born < 24 * 3600  # this process's start, not the machine's
 
 
 def test_workers_of_a_local_ray_see_the_variables_and_the_driver_keeps_its_own():

@@ -13,7 +13,8 @@ import os
 import sys
 import threading
 import time
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import ray
 from loguru import logger
@@ -68,8 +69,9 @@ def init_ray(options: RayConfig, mps: bool = False) -> bool:
         # Ray starts its workers at nice 15, below everything else on the machine. Ours are the
         # run: beside any other busy process they starved (make test beside one spinning process
         # on the 2-core box: 40% done after 28 minutes, against 25 minutes for all of it alone).
-        ray.init(address="local", num_cpus=options.num_cpus or os.cpu_count(), num_gpus=options.num_gpus,
-                 include_dashboard=False, _system_config={"worker_niceness": 0}, **kwargs)
+        with lean_head():
+            ray.init(address="local", num_cpus=options.num_cpus or os.cpu_count(), num_gpus=options.num_gpus,
+                     include_dashboard=False, _system_config={"worker_niceness": 0}, **kwargs)
     finally:
         for k, v in saved.items():
             if v is None:
@@ -77,6 +79,34 @@ def init_ray(options: RayConfig, mps: bool = False) -> bool:
             else:
                 os.environ[k] = v
     return True
+
+
+FULL_HEAD = "XRLHF_RAY_FULL_HEAD"
+"""Set to 1: a local Ray starts every head process of Ray's own (``lean_head`` leaves two out)."""
+
+
+@contextmanager
+def lean_head() -> Iterator[None]:
+    """Within the block, a local Ray's head starts without two processes a run never uses: the
+    dashboard's API server (with ``include_dashboard=False`` it serves only Ray's usage statistics,
+    and ``ray.init`` polls for ~2 s until it is up) and the autoscaler's monitor (one machine has
+    nothing to scale). On the 2-core box: ``ray.init`` 4.7-5.9 s -> 3.4 s, Ray's processes 6.9 ->
+    5.0 CPU-s, ``ray.shutdown`` 1.5 -> 0.4 s (docs/testing.md). The two are methods of Ray's private
+    ``Node``: where a Ray lacks them, or ``XRLHF_RAY_FULL_HEAD=1``, the head is Ray's whole."""
+    import ray._private.node as node
+
+    names = ("start_api_server", "start_monitor")
+    saved = {n: node.Node.__dict__.get(n) for n in names}
+    if os.environ.get(FULL_HEAD) == "1" or None in saved.values():
+        yield
+        return
+    for n in names:
+        setattr(node.Node, n, lambda self, **_: None)
+    try:
+        yield
+    finally:
+        for n, f in saved.items():
+            setattr(node.Node, n, f)
 
 
 def shutdown_ray() -> None:
@@ -91,14 +121,22 @@ def _preloads(engines: dict[str, tuple[str, EngineSpec]]) -> bool:
     return any(engine_class(name, role).preload.__func__ is not base for role, (name, _) in engines.items())
 
 
+WORKER_POINTS = ("born_s", "module_s", "imported_s", "init_s", "called_s")
+"""When rank 0's process started, began and ended importing the worker's class, was constructed,
+began its first call (s after Ray's start; ``EngineWorker.setup``'s ``timeline``)."""
+
+
 def _startup_line(times: dict[str, float]) -> str:
-    """``Coordinator.startup`` as one line: Ray, then per handle its workers up, what its rank 0's
-    imports and engines took, and when its engines were built."""
+    """``Coordinator.startup`` as one line: Ray, then per handle when its rank 0's process was
+    born, had imported its class and was constructed, its workers up, what rank 0's imports and
+    engines took, and when its engines were built."""
     parts = [f"Ray {times['ray_s']:.1f}"]
     for name in dict.fromkeys(k.split("/")[0] for k in times if "/" in k):
         own = {k.split("/", 1)[1]: v for k, v in times.items() if k.startswith(name + "/")}
-        inner = ", ".join(f"{k.removesuffix('_s')} {v:.1f}" for k, v in own.items() if k not in ("up_s", "built_s"))
-        parts.append(f"{name}: up {own.get('up_s', 0):.1f}" + (f" ({inner})" if inner else "")
+        points = "".join(f"{k.removesuffix('_s')} {own[k]:.1f}, " for k in WORKER_POINTS if k in own)
+        inner = ", ".join(f"{k.removesuffix('_s')} {v:.1f}" for k, v in own.items()
+                          if k not in ("up_s", "built_s", *WORKER_POINTS))
+        parts.append(f"{name}: {points}up {own.get('up_s', 0):.1f}" + (f" ({inner})" if inner else "")
                      + f", built {own.get('built_s', 0):.1f}")
     return "; ".join(parts) + f"; ready {times['ready_s']:.1f}"
 
@@ -138,7 +176,8 @@ class Coordinator:
         self.transport: str | None = None
         self.startup: dict[str, float] = {}
         """Seconds from Ray's start: ``ray_s``, per handle ``<name>/up_s`` (its first worker up),
-        ``<name>/built_s`` (its engines built) and what rank 0 timed (``EngineHost.setup``), ``ready_s``."""
+        ``<name>/built_s`` (its engines built), what rank 0 timed (``EngineHost.setup``) and when its
+        process was born, had imported its class and was constructed (``WORKER_POINTS``), ``ready_s``."""
         self._owns_ray = False
         self._heal_lock = threading.Lock()
 
@@ -238,6 +277,9 @@ class Coordinator:
             # of the wait would credit a fast handle with a slow one's build)
             times[f"{handle.name}/built_s"] = max(r.get("done_at", time.time()) for r in results) - t0
             times.update({f"{handle.name}/{k}": v for k, v in results[0].get("seconds", {}).items()})
+            for k, at in results[0].get("timeline", {}).items():  # rank 0's process: born, imported ...
+                if at is not None:
+                    times.setdefault(f"{handle.name}/{k.removesuffix('_at')}_s", at - t0)
 
         if refs:
             wait(refs)

@@ -8,15 +8,24 @@ a heartbeat and a quiet exit when Ray's SIGTERM lands in a garbage collector's c
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import sys
-import threading
+import time
 
-import ray
+MODULE_AT = time.time()
+"""When this process began importing the worker's class (torch and the engines' host with it)."""
 
-from xrlhf.engines.host import EngineHost
+import os  # noqa: E402 - after MODULE_AT, which times the imports below
+import signal  # noqa: E402
+import socket  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+from typing import Any  # noqa: E402
+
+import ray  # noqa: E402
+
+from xrlhf.engines.base import DistInfo, EngineSpec  # noqa: E402
+from xrlhf.engines.host import EngineHost  # noqa: E402
+
+IMPORTED_AT = time.time()
 
 
 class EngineWorker(EngineHost):
@@ -29,8 +38,20 @@ class EngineWorker(EngineHost):
     """
 
     def __init__(self, handle: str, rank: int, threads: int = 1):
+        self._init_at = time.time()
         super().__init__(handle, rank, threads)
         sys.unraisablehook = sigterm_again_outside_callbacks
+
+    def setup(self, engines: dict[str, tuple[str, EngineSpec]], dist: DistInfo) -> dict[str, Any]:
+        """``EngineHost.setup``, and in ``timeline`` when this process started (``born_at``),
+        began and ended importing its class (``module_at``, ``imported_at``), was constructed
+        (``init_at``) and began its first call, ``preload`` (``called_at``: after Ray unpickled the
+        call's engine specs, which imports the engines' modules: transformers, ~4 s of the 2-core
+        box's start), in seconds since the epoch: where a worker's start-up went."""
+        out = super().setup(engines, dist)
+        out["timeline"] = {"born_at": process_start(), "module_at": MODULE_AT, "imported_at": IMPORTED_AT,
+                           "init_at": self._init_at, "called_at": self._preload_at}
+        return out
 
     def ping(self) -> int:
         """Liveness: answered on the ``health`` concurrency group's own thread, so a worker busy in a
@@ -43,6 +64,19 @@ class EngineWorker(EngineHost):
             s.bind(("", 0))
             port = s.getsockname()[1]
         return ray.util.get_node_ip_address(), port
+
+
+def process_start() -> float | None:
+    """When this process started, in seconds since the epoch (Linux's /proc, to its clock tick);
+    ``None`` where /proc does not tell."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime: ticks since boot
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def sigterm_again_outside_callbacks(unraisable) -> None:

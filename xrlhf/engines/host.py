@@ -46,6 +46,7 @@ class EngineHost:
         self._outbox = None  # the buckets of a sync under way (``begin_send``)
         self._preload_s: float | None = None  # how long ``preload``'s imports took, once done
         self._preloading: threading.Thread | None = None
+        self._preload_at: float | None = None  # when ``preload`` was called (the start-up timeline)
 
     # -- set-up ---------------------------------------------------------------------------
     def setup(self, engines: dict[str, tuple[str, EngineSpec]], dist: DistInfo) -> dict[str, Any]:
@@ -77,6 +78,8 @@ class EngineHost:
         """Start importing what ``engines`` will need (``Engine.preload``: vLLM's ~10 s import) in a
         thread, so that it overlaps whatever this worker waits for before ``setup`` builds them;
         a failure here is left for ``setup`` to report."""
+        self._preload_at = time.time()
+
         def run() -> None:
             t0 = time.perf_counter()
             for role, (name, spec) in engines.items():
