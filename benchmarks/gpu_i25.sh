@@ -31,6 +31,9 @@
 #   bash benchmarks/gpu_i25.sh genrounds             # vLLM alone vs our generate, interleaved rounds (medians)
 #   bash benchmarks/gpu_i25.sh setup carveship       # the shipped sm_carveout default one step off, between two sync runs
 #   bash benchmarks/gpu_i25.sh setup startlean       # warm start-up: lean Ray head vs Ray's whole head vs Ray preloading vLLM
+#   bash benchmarks/gpu_i25.sh setup probe startcold  # vLLM's import in a Ray actor by thread; a cold W start
+#   bash benchmarks/gpu_i25.sh install profprobe     # vLLM's import profiled: a plain process vs a Ray actor
+#   bash benchmarks/gpu_i25.sh startmain             # then warm starts (STARTUP_VARIANTS), interleaved
 #   bash benchmarks/gpu_i25.sh setup carvesweep      # one step off by sm_carveout share (0.35/0.5/0.65), between two sync runs
 #
 # Measured 2026-11-26 (one H200): setup 31 s, eff 141 s, wvar 334 s, smoke 160 s, inflight 54-77 s,
@@ -243,6 +246,30 @@ stage_startlean() {  # warm start-up: the lean Ray head (coordinator.lean_head) 
   mkdir -p "$OUT/startup"
   TAIL=10 run startup_lean 500 python -m benchmarks.startup --steps 2 --last-steps 2 --timeout 120 \
     --variants "${STARTUP_VARIANTS:-cold,warm,warm-fullhead,warm-preload,warm,warm-fullhead}" \
+    --work /tmp/xrlhf-startup --out "$OUT/startup"
+  cp /tmp/xrlhf-startup/*.log "$OUT/startup/" 2>/dev/null
+}
+
+stage_probe() {  # vLLM's import: a plain process, a Ray actor's call, a thread of it (alone, beside two importing actors)
+  TAIL=10 run preload_probe 200 python -m benchmarks.preload_probe --rounds 2 --out "$OUT/startup"
+}
+
+stage_profprobe() {  # vLLM's import under cProfile: a plain process against a Ray actor's call
+  mkdir -p "$OUT/probe"
+  TAIL=6 run preload_profile 150 python -m benchmarks.preload_probe --rounds 1 --modes plain,actor --profile "$OUT/probe" \
+    --out "$OUT/probe"
+}
+
+stage_startcold() {  # one cold W start: fills the caches the warm variants read
+  mkdir -p "$OUT/startup"
+  STARTUP_VARIANTS=cold TAIL=4 run startup_cold 200 python -m benchmarks.startup --steps 2 --last-steps 2 --timeout 150 \
+    --variants cold --work /tmp/xrlhf-startup --out "$OUT/startup/cold"
+}
+
+stage_startmain() {  # warm start-ups, interleaved (2026-11-27: warm,warm-mainpreload,warm; that switch has gone)
+  mkdir -p "$OUT/startup"
+  TAIL=10 run startup_main 560 python -m benchmarks.startup --steps 2 --last-steps 2 --timeout 120 \
+    --variants "${STARTUP_VARIANTS:-warm,warm-fullhead,warm,warm-fullhead}" \
     --work /tmp/xrlhf-startup --out "$OUT/startup"
   cp /tmp/xrlhf-startup/*.log "$OUT/startup/" 2>/dev/null
 }

@@ -20,7 +20,14 @@ run() {  # run NAME LIMIT CMD...: under timeout, logged to $OUT/NAME.log, the ta
   grep -v "^\s*$" "$OUT/$name.log" | grep -E -v "it/s\]|Loading weights|^\s+warnings.warn" | tail -${TAIL:-12} | cut -c1-260
 }
 
-stage_setup() {
+stage_setup() {  # the stack installed, W's model built
+  stage_install
+  if [ ! -f artifacts/model-0.5b/config.json ]; then
+    run model 120 python -m xrlhf.cli make-tiny-model artifacts/model-0.5b --preset 0.5b --dtype bfloat16
+  fi
+}
+
+stage_install() {  # the stack alone (what needs no model)
   if [ ! -d /root/site/vllm ]; then
     log "installing the stack"
     (cd /root/wc && cat $(ls p* | sort -V) > s.tar && tar xf s.tar && rm -f s.tar p* && \
@@ -32,10 +39,17 @@ stage_setup() {
     python3 -m compileall -q -j 0 /root/site > /dev/null 2>&1
     log "byte-compiled the stack in $(( $(date +%s) - t ))s"
   fi
-  nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader
-  if [ ! -f artifacts/model-0.5b/config.json ]; then
-    run model 120 python -m xrlhf.cli make-tiny-model artifacts/model-0.5b --preset 0.5b --dtype bfloat16
+  if [ ! -f "$PYTHONPYCACHEPREFIX/.image" ]; then  # the image's packages' bytecode (gpu_env.sh says why)
+    # (with the prefix set, Python reads bytecode only there: the standard library and the stack too)
+    local t=$(date +%s) image stdlib
+    image=$(python3 -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
+    stdlib=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['stdlib'])")
+    mkdir -p "$PYTHONPYCACHEPREFIX"
+    python3 -m compileall -q -j 0 "$image" "$stdlib" /root/site > /dev/null 2>&1
+    touch "$PYTHONPYCACHEPREFIX/.image"
+    log "byte-compiled the image's packages ($image), $stdlib and /root/site into $PYTHONPYCACHEPREFIX in $(( $(date +%s) - t ))s"
   fi
+  nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader
 }
 
 pack() {  # the archive of everything under $OUT (weights left out), named after the stages run

@@ -29,6 +29,7 @@ from xrlhf.coordinator.spec import HandleSpec, Topology
 from xrlhf.coordinator.weight_routes import WeightRoutes
 from xrlhf.coordinator.worker import EngineWorker
 from xrlhf.engines.base import DistInfo, Engine, EngineSpec, engine_class
+from xrlhf.utils import bytecode
 from xrlhf.utils.errors import WorkerDiedError
 from xrlhf.utils.faults import Healing
 
@@ -63,6 +64,8 @@ def init_ray(options: RayConfig, mps: bool = False) -> bool:
         env.update(DAEMON.start(required=options.mps is True))
     if (warning := sm_limit_warning()) is not None:
         logger.warning(warning)
+    if stale := bytecode.uncompiled():  # the workers are processes of this environment
+        logger.warning(bytecode.warning(stale))
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
