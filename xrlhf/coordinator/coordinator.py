@@ -131,8 +131,8 @@ began its first call (s after Ray's start; ``EngineWorker.setup``'s ``timeline``
 
 def _startup_line(times: dict[str, float]) -> str:
     """``Coordinator.startup`` as one line: Ray, then per handle when its rank 0's process was
-    born, had imported its class and was constructed, its workers up, what rank 0's imports and
-    engines took, and when its engines were built."""
+    born, had imported its class, was constructed and began its first call, its workers up, what
+    rank 0's imports and engines took, and when its engines were built."""
     parts = [f"Ray {times['ray_s']:.1f}"]
     for name in dict.fromkeys(k.split("/")[0] for k in times if "/" in k):
         own = {k.split("/", 1)[1]: v for k, v in times.items() if k.startswith(name + "/")}
@@ -180,7 +180,8 @@ class Coordinator:
         self.startup: dict[str, float] = {}
         """Seconds from Ray's start: ``ray_s``, per handle ``<name>/up_s`` (its first worker up),
         ``<name>/built_s`` (its engines built), what rank 0 timed (``EngineHost.setup``) and when its
-        process was born, had imported its class and was constructed (``WORKER_POINTS``), ``ready_s``."""
+        process was born, had imported its class, was constructed and began its first call
+        (``WORKER_POINTS``), ``ready_s``."""
         self._owns_ray = False
         self._heal_lock = threading.Lock()
 
