@@ -33,14 +33,11 @@ stage_install() {  # the stack alone (what needs no model)
     (cd /root/wc && cat $(ls p* | sort -V) > s.tar && tar xf s.tar && rm -f s.tar p* && \
       python3 -m pip install -q --no-index --no-deps --no-compile --target /root/site wheels/*.whl && echo installed) \
       2>&1 | tail -2
-    # byte-compiled like any installed stack (pip --no-compile above): `import vllm` reads .pyc,
-    # not 20-40 s of source, in every start-up measured after this
-    local t=$(date +%s)
-    python3 -m compileall -q -j 0 /root/site > /dev/null 2>&1
-    log "byte-compiled the stack in $(( $(date +%s) - t ))s"
   fi
-  if [ ! -f "$PYTHONPYCACHEPREFIX/.image" ]; then  # the image's packages' bytecode (gpu_env.sh says why)
-    # (with the prefix set, Python reads bytecode only there: the standard library and the stack too)
+  # Byte-compiled like any installed stack (pip --no-compile above), and the image's packages too
+  # (gpu_env.sh says why): `import vllm` reads .pyc, not source, in every start-up measured after
+  # this. With the prefix set Python reads bytecode only there: the standard library goes there too.
+  if [ ! -f "$PYTHONPYCACHEPREFIX/.image" ]; then
     local t=$(date +%s) image stdlib
     image=$(python3 -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
     stdlib=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['stdlib'])")

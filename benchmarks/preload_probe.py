@@ -27,10 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import write_json
+from benchmarks.common import gpu_name, write_json
+from benchmarks.startup import W_VLLM
 
-W_OPTIONS = {"sleep_level": 2, "gpu_memory_utilization": 0.3, "max_model_len": 512, "max_num_seqs": 512,
-             "dtype": "bfloat16"}
 PLAIN = ("import time; t = time.perf_counter(); from benchmarks.preload_probe import _profiled; "
          "_profiled({what!r}, {profile!r}); print(time.perf_counter() - t)")
 
@@ -60,7 +59,7 @@ def _preload(what: str) -> None:
         return
     from xrlhf.engines.vllm import VLLMGenerateEngine
 
-    VLLMGenerateEngine.preload(dict(W_OPTIONS))
+    VLLMGenerateEngine.preload(dict(W_VLLM))
 
 
 class Importer:
@@ -147,9 +146,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 print(f"round {r + 1} {mode}: {results[mode][-1]} s", flush=True)
     finally:
         shutdown_ray()
-    from benchmarks.common import gpu_name
-
-    out = {"gpu": gpu_name(), "what": args.what, "options": W_OPTIONS, "import_s": results, "cpus": os.cpu_count()}
+    out = {"gpu": gpu_name(), "what": args.what, "options": W_VLLM, "import_s": results, "cpus": os.cpu_count()}
     write_json(args.out, "preload_probe.json", out)
     return out
 
