@@ -35,6 +35,9 @@
 #   bash benchmarks/gpu_i25.sh install profprobe     # vLLM's import profiled: a plain process vs a Ray actor
 #   bash benchmarks/gpu_i25.sh startmain             # then warm starts (STARTUP_VARIANTS), interleaved
 #   bash benchmarks/gpu_i25.sh setup carvesweep      # one step off by sm_carveout share (0.35/0.5/0.65), between two sync runs
+#   STARTUP_VARIANTS=warm,warm-profile bash benchmarks/gpu_i25.sh setup startcold startmain
+#                                                    # with the image's bytecode (2026-11-27, fifth); each build profiled
+#   (the stack as an installed tree in 6 parts: benchmarks/stage_site.sh, .gpu/x-K)
 #
 # Measured 2026-11-26 (one H200): setup 31 s, eff 141 s, wvar 334 s, smoke 160 s, inflight 54-77 s,
 # trlc 490 s, shipped 234 s.
@@ -272,6 +275,7 @@ stage_startmain() {  # warm start-ups, interleaved (2026-11-27: warm,warm-mainpr
     --variants "${STARTUP_VARIANTS:-warm,warm-fullhead,warm,warm-fullhead}" \
     --work /tmp/xrlhf-startup --out "$OUT/startup"
   cp /tmp/xrlhf-startup/*.log "$OUT/startup/" 2>/dev/null
+  cp -r /tmp/xrlhf-startup/profile-* "$OUT/startup/" 2>/dev/null  # warm-profile's cProfile tables
 }
 
 stage_carveship() {  # the shipped default (the coordinator's sm_carveout one step off under MPS) between two

@@ -22,7 +22,10 @@ Variants (``--variants``, in order; caches are directories of their own, so "col
   Inductor's compile pool of one thread (no worker processes); ``warm-importtime``:
   ``PYTHONPROFILEIMPORTTIME=1`` in every process (why ``import vllm`` takes 12.9 s in the
   generator's actor and 4.7 s in a process alone); ``warm-fullhead``: Ray's whole head (``ENV``);
-  ``warm-preload``: vLLM imported by every Ray worker before it takes work (``ENV``).
+  ``warm-preload``: vLLM imported by every Ray worker before it takes work (``ENV``);
+  ``warm-profile``: each worker's engine builds and ``preload`` imports under cProfile, their
+  tables in ``profile-<variant>/`` (``engines.host.PROFILE_ENV``); ``warm-fewgraphs``: vLLM
+  captures 11 decode batch sizes as CUDA graphs instead of 51 (2.0 s of capture warm).
 
 A name starting with ``cold`` empties the caches first.
 
@@ -68,14 +71,17 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import gpu_name, write_json
+from xrlhf.engines.host import PROFILE_ENV
 
 CONFIG = "configs/gpu/grpo_w.yaml"
 VARIANTS = ("cold", "warm", "warm-compile", "cold-compile", "warm-nocompile", "cold-nocompile", "warm-multiprocess",
-            "warm-eager", "warm-importtime", "warm-threads1", "warm-fullhead", "warm-preload")
+            "warm-eager", "warm-importtime", "warm-threads1", "warm-fullhead", "warm-preload", "warm-profile",
+            "warm-fewgraphs")
 FLAGS = {"compile": ["policy.generate.torch_compile=true"], "nocompile": ["policy.generate.torch_compile=false"],
          "multiprocess": ["policy.generate.multiprocessing=true"],
-         "eager": ["policy.train.compile=false", "reference.infer.compile=false"]}
-"""What a variant's words after cold/warm override."""
+         "eager": ["policy.train.compile=false", "reference.infer.compile=false"],
+         "fewgraphs": ["policy.generate.cudagraph_capture_sizes=[1,2,4,8,16,32,64,128,256,384,512]"]}
+"""What a variant's words after cold/warm override (``fewgraphs``: 11 decode CUDA graphs, not 51)."""
 ENV = {"importtime": {"PYTHONPROFILEIMPORTTIME": "1", "RAY_DEDUP_LOGS": "0"}, "threads1": {"TORCHINDUCTOR_COMPILE_THREADS": "1"},
        "fullhead": {"XRLHF_RAY_FULL_HEAD": "1"}, "preload": {"RAY_preload_python_modules": "vllm"}}
 """What a variant's words set in the run's environment (a local Ray's workers inherit it):
@@ -148,6 +154,8 @@ def run_variant(name: str, work: Path, steps: int, model: str, timeout: float) -
     overrides += [o for word in name.split("-")[1:] for o in FLAGS.get(word, [])]
     for word in name.split("-")[1:]:
         env.update(ENV.get(word, {}))
+    if "profile" in name.split("-")[1:]:  # each worker's engine builds and imports under cProfile
+        env[PROFILE_ENV] = str(work / f"profile-{name}")
     run_dir = work / f"run-{name}"
     shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [sys.executable, "-m", "xrlhf.cli", "run", CONFIG, *overrides, "--output-dir", str(run_dir)]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -24,6 +24,34 @@ from xrlhf.data.batch import Batch
 from xrlhf.engines.base import (DistInfo, EngineSpec, GenerateEngine, GenerationOutput, InferEngine, LossFn,
                                 SamplingParams, TrainEngine, build_engine, engine_class)
 from xrlhf.weight_sync import Message, build_transport, checksum, push_weights
+
+PROFILE_ENV = "XRLHF_PROFILE_SETUP"
+"""A folder: with it set, each engine's build and each ``preload``'s imports run under cProfile,
+and their tables go there (``<handle>-<rank>-<what>.txt``): where a start-up's seconds go, in
+the workers themselves (``benchmarks.startup``'s ``warm-profile``)."""
+
+
+def profiled(what: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``; under cProfile where ``PROFILE_ENV`` names a folder, the tables (by
+    cumulative and by own time) written to ``<folder>/<what>.txt`` even if ``fn`` raises."""
+    folder = os.environ.get(PROFILE_ENV)
+    if not folder:
+        return fn(*args)
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    try:
+        return prof.runcall(fn, *args)
+    finally:
+        text = io.StringIO()
+        stats = pstats.Stats(prof, stream=text)
+        stats.sort_stats("cumulative").print_stats(80)
+        stats.sort_stats("tottime").print_stats(40)
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"{what}.txt"), "w") as f:
+            f.write(text.getvalue())
 
 
 class EngineHost:
@@ -66,7 +94,7 @@ class EngineHost:
             if spec.device == "cuda" and not torch.cuda.is_available():
                 raise RuntimeError(f"{self.handle} rank {self.rank}: a GPU was asked for but CUDA is not available")
             t0 = time.perf_counter()
-            engine = build_engine(name, spec, role)  # type: ignore[arg-type]
+            engine = profiled(f"{self.handle}-{self.rank}-{role}", build_engine, name, spec, role)
             seconds[f"{role}_s"] = round(time.perf_counter() - t0, 2)
             setattr(self, {"train": "train", "infer": "infer_engine", "generate": "gen"}[role], engine)
         if self._preload_s:  # engines that import nothing at preload take ~0 s: not worth a word
@@ -84,7 +112,8 @@ class EngineHost:
             t0 = time.perf_counter()
             for role, (name, spec) in engines.items():
                 try:
-                    engine_class(name, role).preload(spec.options)  # type: ignore[arg-type]
+                    profiled(f"{self.handle}-{self.rank}-{role}-preload", engine_class(name, role).preload,
+                             spec.options)
                 except Exception:  # noqa: BLE001 - the build raises it with its context
                     pass
             self._preload_s = round(time.perf_counter() - t0, 2)
