@@ -65,9 +65,11 @@ def ray_session():
 
     import ray
 
+    from xrlhf.coordinator.coordinator import shutdown_ray
+
     start_ray(SimpleNamespace(address=None, num_cpus=2, num_gpus=None, log_to_driver=False))
     yield
-    ray.shutdown()
+    shutdown_ray()
 
 
 def forget_deepspeed_groups() -> None:

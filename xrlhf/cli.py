@@ -15,6 +15,7 @@ from pathlib import Path
 
 from loguru import logger
 
+from xrlhf.utils import package_map
 from xrlhf.utils.errors import NonFiniteError, UserError, WorkerDiedError
 
 
@@ -58,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # per-worker "Loading weights" bars: noise
+    package_map.memoize()  # transformers' import computes it, the workers then read it (utils.package_map)
     logger.remove()
     logger.add(sys.stderr, level=os.environ.get("XRLHF_LOG_LEVEL", "INFO"),
                format="<green>{time:HH:mm:ss}</green> | <level>{level: <7}</level> | {message}")

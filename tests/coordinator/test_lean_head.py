@@ -1,7 +1,8 @@
 """``coordinator.lean_head``: a local Ray started by ``init_ray`` runs without the dashboard's API
 server and the autoscaler's monitor, and still has what a run needs of it (actors; the log
 monitor, which brings the workers' prints to the driver's console); ``XRLHF_RAY_FULL_HEAD=1``
-brings Ray's whole head back. Each case runs
+brings Ray's whole head back. Its workers read the driver's ``packages_distributions``
+(``utils.package_map``). Each case runs
 in a process of its own: pytest's may hold the session's Ray (``ray_session``)."""
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ SCRIPT = """
 import json, os
 from types import SimpleNamespace
 import psutil, ray
-from xrlhf.coordinator.coordinator import init_ray
+from xrlhf.coordinator import coordinator
+from xrlhf.coordinator.coordinator import init_ray, shutdown_ray
 
 init_ray(SimpleNamespace(address=None, num_cpus=1, num_gpus=None, log_to_driver=True, mps=False))
 
@@ -28,15 +30,29 @@ class Echo:
     def pid(self):
         return os.getpid()
 
-pid = ray.get(Echo.remote().pid.remote(), timeout=300)
+    def package_map(self):
+        import importlib.metadata
+        import xrlhf.coordinator.worker  # noqa: F401 - what a worker's process imports first
+        from xrlhf.utils import package_map
+        f = importlib.metadata.packages_distributions
+        # as sets: a worker's path lists some directories twice, and its own answer names their
+        # distributions twice
+        same = {k: set(v) for k, v in f().items()} == {k: set(v) for k, v in package_map._ORIGINAL().items()}
+        return f is not package_map._ORIGINAL and same
+
+echo = Echo.remote()
+pid = ray.get(echo.pid.remote(), timeout=300)
+shared = ray.get(echo.package_map.remote(), timeout=300)
+map_file = coordinator._PACKAGE_MAP
 lines = []
 for p in psutil.Process().children(recursive=True):
     try:
         lines.append(" ".join(p.cmdline()))
     except psutil.Error:  # gone meanwhile (a worker Ray prestarted and let go)
         pass
-ray.shutdown()
-print(json.dumps({"actor": pid, "processes": lines}))
+existed = os.path.exists(map_file)
+shutdown_ray()
+print(json.dumps({"actor": pid, "processes": lines, "shared_map": shared, "map_file": [existed, os.path.exists(map_file)]}))
 """
 
 
@@ -56,6 +72,10 @@ def test_a_local_ray_starts_without_the_dashboard_and_the_monitor():
     assert [p for p in out["processes"] if "log_monitor.py" in p]  # workers' output reaches the driver
     assert not [p for p in out["processes"] if "dashboard/dashboard.py" in p or "autoscaler/_private/monitor.py" in p]
     assert [p for p in out["processes"] if "raylet" in p]
+    # the workers answer packages_distributions from the driver's file, the same answer (utils.package_map);
+    # shutdown_ray removes the file
+    assert out["shared_map"] is True
+    assert out["map_file"] == [True, False]
 
 
 def test_the_whole_head_on_request():

@@ -13,7 +13,7 @@ import os
 import sys
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, Iterator
 
 import ray
@@ -29,7 +29,7 @@ from xrlhf.coordinator.spec import HandleSpec, Topology
 from xrlhf.coordinator.weight_routes import WeightRoutes
 from xrlhf.coordinator.worker import EngineWorker
 from xrlhf.engines.base import DistInfo, Engine, EngineSpec, engine_class
-from xrlhf.utils import bytecode
+from xrlhf.utils import bytecode, package_map
 from xrlhf.utils.errors import WorkerDiedError
 from xrlhf.utils.faults import Healing
 
@@ -42,12 +42,15 @@ def init_ray(options: RayConfig, mps: bool = False) -> bool:
     Returns whether this call started (and so owns) the Ray connection; an already
     initialised Ray (a notebook's, a test session's) is used as it is.
     """
+    global _PACKAGE_MAP
     if ray.is_initialized():
         return False
     path = os.pathsep.join([os.getcwd()] + [p for p in sys.path if p and os.path.isdir(p)])
     # Workers load quietly: no per-worker "Loading weights" bars (xrlhf says what it loads).
     env = {"PYTHONPATH": path, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
            "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    if _PACKAGE_MAP is None and (_PACKAGE_MAP := package_map.share()) is not None:
+        env[package_map.ENV] = _PACKAGE_MAP  # the workers' transformers import skips ~1.2 s (utils.package_map)
     # Ray's notice that token authentication is on (it stays on) is not the user's business here.
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     kwargs: dict[str, Any] = {"log_to_driver": options.log_to_driver, "logging_level": "WARNING",
@@ -114,8 +117,17 @@ def lean_head() -> Iterator[None]:
 
 def shutdown_ray() -> None:
     """Stop Ray, then the MPS daemon started with it (if any)."""
+    global _PACKAGE_MAP
     ray.shutdown()
     DAEMON.stop()
+    if _PACKAGE_MAP is not None:
+        with suppress(OSError):
+            os.remove(_PACKAGE_MAP)
+        _PACKAGE_MAP = None
+
+
+_PACKAGE_MAP: str | None = None
+"""The file of ``utils.package_map.share`` that this process's local Ray's workers read."""
 
 
 def _preloads(engines: dict[str, tuple[str, EngineSpec]]) -> bool:

@@ -13,7 +13,8 @@ import time
 MODULE_AT = time.time()
 """When this process began importing the worker's class (torch and the engines' host with it)."""
 
-import os  # noqa: E402 - after MODULE_AT, which times the imports below
+import gc  # noqa: E402 - after MODULE_AT, which times the imports below
+import os  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
 import sys  # noqa: E402
@@ -22,9 +23,17 @@ from typing import Any  # noqa: E402
 
 import ray  # noqa: E402
 
+from xrlhf.utils import package_map  # noqa: E402
+
+package_map.install()  # before anything imports transformers: the driver's map (utils.package_map)
+
 from xrlhf.engines.base import DistInfo, EngineSpec  # noqa: E402
 from xrlhf.engines.host import EngineHost  # noqa: E402
 
+# What is loaded now (Ray, torch) stays for the process's life: frozen, the garbage collections that
+# the engines' imports trigger (transformers, vLLM: thousands of modules) do not walk it again
+# (~9% of transformers' import on the 2-core box).
+gc.freeze()
 IMPORTED_AT = time.time()
 
 
