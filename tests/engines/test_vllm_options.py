@@ -13,14 +13,19 @@ from pydantic import ValidationError
 
 from tests.engines.test_vllm_cpu import FakeLLM, engine_spec, vllm_module  # noqa: F401
 from xrlhf.engines.base import engine_class, engine_options
-from xrlhf.engines.vllm.options import KV_BLOCK_TOKENS, VLLMOptions, engine_env, kv_cache_bytes, llm_kwargs
+from xrlhf.engines.vllm.options import (KV_BLOCK_TOKENS, VLLMOptions, engine_env, kv_cache_bytes, llm_kwargs,
+                                       rollout_capture_sizes)
 
 
 def test_speed_options_reach_vllm_only_when_set(tiny_model):
     kwargs, _ = llm_kwargs(engine_spec(tiny_model))
-    for key in ("async_scheduling", "enable_prefix_caching", "max_num_batched_tokens", "cudagraph_capture_sizes",
-                "kv_cache_memory_bytes"):
+    for key in ("async_scheduling", "enable_prefix_caching", "max_num_batched_tokens", "kv_cache_memory_bytes"):
         assert key not in kwargs  # vLLM's defaults
+    assert kwargs["cudagraph_capture_sizes"] == rollout_capture_sizes(None)  # ours (below)
+    kwargs, _ = llm_kwargs(engine_spec(tiny_model, cudagraph_capture_sizes=None))
+    assert "cudagraph_capture_sizes" not in kwargs  # null: vLLM's own sizes
+    kwargs, _ = llm_kwargs(engine_spec(tiny_model, enforce_eager=True))
+    assert "cudagraph_capture_sizes" not in kwargs  # eager: no graphs to size
     kwargs, env = llm_kwargs(engine_spec(tiny_model, async_scheduling=False, enable_prefix_caching=False,
                                          max_num_batched_tokens=32768, cudagraph_capture_sizes=[1, 8, 64, 512]))
     assert (kwargs["async_scheduling"], kwargs["enable_prefix_caching"], kwargs["max_num_batched_tokens"],
@@ -35,6 +40,18 @@ def test_speed_options_reach_vllm_only_when_set(tiny_model):
     kwargs, _ = llm_kwargs(engine_spec(tiny_model, enable_prefix_caching=False,
                                        engine_options={"enable_prefix_caching": True}))
     assert kwargs["enable_prefix_caching"] is True  # engine_options has the last word, as documented
+
+
+def test_rollout_graph_sizes_grow_by_half_then_by_64_up_to_the_batch():
+    assert rollout_capture_sizes(512) == [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 320, 384, 448, 512]
+    assert rollout_capture_sizes(None) == rollout_capture_sizes(512) == rollout_capture_sizes(4096)  # vLLM's cap
+    assert rollout_capture_sizes(300) == [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 320]
+    assert rollout_capture_sizes(64) == [1, 2, 4, 8, 16, 24, 32, 48, 64]
+    assert rollout_capture_sizes(3) == [1, 2, 4]  # the last size holds the whole batch
+    assert rollout_capture_sizes(1) == [1]
+    sizes = rollout_capture_sizes(512)
+    steps = [b / a for a, b in zip(sizes, sizes[1:])]
+    assert max(steps[4:12]) == 1.5 and max(steps[12:]) == 320 / 256  # padding: at most 50%, then 25%
 
 
 def test_start_up_options_set_the_environment(tiny_model, tmp_path):
