@@ -52,7 +52,8 @@ for p in psutil.Process().children(recursive=True):
         pass
 existed = os.path.exists(map_file)
 shutdown_ray()
-print(json.dumps({"actor": pid, "processes": lines, "shared_map": shared, "map_file": [existed, os.path.exists(map_file)]}))
+print(json.dumps({"actor": pid, "processes": lines, "shared_map": shared,
+                  "map_file": [existed, os.path.exists(map_file)]}))
 """
 
 

@@ -50,7 +50,7 @@ def init_ray(options: RayConfig, mps: bool = False) -> bool:
     env = {"PYTHONPATH": path, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
            "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     if _PACKAGE_MAP is None and (_PACKAGE_MAP := package_map.share()) is not None:
-        env[package_map.ENV] = _PACKAGE_MAP  # the workers' transformers import skips ~1.2 s (utils.package_map)
+        env[package_map.ENV] = _PACKAGE_MAP  # the workers' transformers import skips ~35k stats (utils.package_map)
     # Ray's notice that token authentication is on (it stays on) is not the user's business here.
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     kwargs: dict[str, Any] = {"log_to_driver": options.log_to_driver, "logging_level": "WARNING",

@@ -30,10 +30,6 @@ package_map.install()  # before anything imports transformers: the driver's map 
 from xrlhf.engines.base import DistInfo, EngineSpec  # noqa: E402
 from xrlhf.engines.host import EngineHost  # noqa: E402
 
-# What is loaded now (Ray, torch) stays for the process's life: frozen, the garbage collections that
-# the engines' imports trigger (transformers, vLLM: thousands of modules) do not walk it again
-# (~9% of transformers' import on the 2-core box).
-gc.freeze()
 IMPORTED_AT = time.time()
 
 
@@ -48,6 +44,11 @@ class EngineWorker(EngineHost):
 
     def __init__(self, handle: str, rank: int, threads: int = 1):
         self._init_at = time.time()
+        # What this process has loaded (Ray, torch) stays for its life: frozen, the collections that
+        # the engines' imports trigger (transformers, vLLM: thousands of modules) do not walk it
+        # again (~9% of transformers' import on the 2-core box). Here, not at import: only a
+        # worker's process, never a driver that imports this module.
+        gc.freeze()
         super().__init__(handle, rank, threads)
         sys.unraisablehook = sigterm_again_outside_callbacks
 

@@ -2,8 +2,8 @@
 
 transformers calls it when imported (5.17: at module level) to map import names to
 distributions. It reads the file list of every installed distribution that has no
-``top_level.txt`` and stats each file: ~35,000 stats and ~1.2 s on the GPU machine (cProfile of
-W's warm start, 2026-11-27), paid by the driver and again by every worker, the generator's
+``top_level.txt`` and stats each file: ~35,000 stats, 2.2-2.4 s of W's warm start under cProfile
+on the GPU machine (2026-11-27), paid by the driver and again by every worker, the generator's
 before vLLM's import can finish. The driver keeps its answer (``memoize``) and writes it to a
 file (``share``); each worker reads it before it imports transformers (``install``, from
 ``coordinator/worker.py``).
