@@ -37,6 +37,9 @@
 #   bash benchmarks/gpu_i25.sh setup carvesweep      # one step off by sm_carveout share (0.35/0.5/0.65), between two sync runs
 #   STARTUP_VARIANTS=warm,warm-profile bash benchmarks/gpu_i25.sh setup startcold startmain
 #                                                    # with the image's bytecode (2026-11-27, fifth); each build profiled
+#   STARTUP_VARIANTS=warm,warm,warm,warm bash benchmarks/gpu_i25.sh setup startcold startmain
+#   bash benchmarks/gpu_i25.sh shipped               # next: the shipped default (17 graph sizes) warm x4, then W as
+#                                                    #   shipped beside TRL's default (carry .bench), two calls
 #   (the stack as an installed tree in 6 parts: benchmarks/stage_site.sh, .gpu/x-K)
 #
 # Measured 2026-11-26 (one H200): setup 31 s, eff 141 s, wvar 334 s, smoke 160 s, inflight 54-77 s,
