@@ -32,4 +32,5 @@ mkdir -p .gpu
 tar cf - -C "$work" site | xz -T0 -6 | split -b "$part" -d -a 2 - "$work/p"
 n=0
 for f in "$work"/p??; do mkdir -p ".gpu/x-$n"; mv "$f" ".gpu/x-$n/p"; n=$((n + 1)); done
-echo "staged $(du -sh --apparent-size .gpu/x-* | awk '{s += $1} END {print s}') MiB as $n parts: .gpu/x-0 .. .gpu/x-$((n - 1))"
+bytes=$(du -cb .gpu/x-*/p | tail -1 | cut -f1)
+echo "staged $((bytes >> 20)) MiB as $n parts of at most $((part >> 20)) MiB: .gpu/x-0 .. .gpu/x-$((n - 1))"
