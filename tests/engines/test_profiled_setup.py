@@ -32,3 +32,9 @@ def test_a_failing_build_still_leaves_its_tables(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="no model there"):
         profiled("rollout-0-generate", broken)
     assert "broken" in (tmp_path / "rollout-0-generate.txt").read_text()
+
+
+def test_an_unwritable_folder_loses_only_the_tables(tmp_path, monkeypatch):
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv(PROFILE_ENV, str(tmp_path / "a-file" / "prof"))  # under a file: cannot be made
+    assert profiled("policy-0-train", _build_something, 10) == 285

@@ -49,9 +49,14 @@ def profiled(what: str, fn: Callable[..., Any], *args: Any) -> Any:
         stats = pstats.Stats(prof, stream=text)
         stats.sort_stats("cumulative").print_stats(80)
         stats.sort_stats("tottime").print_stats(40)
-        os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, f"{what}.txt"), "w") as f:
-            f.write(text.getvalue())
+        try:
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, f"{what}.txt"), "w") as f:
+                f.write(text.getvalue())
+        except OSError as e:  # a diagnostic: the build's own result or error comes first
+            from loguru import logger
+
+            logger.warning(f"{PROFILE_ENV}={folder}: cannot write the profile of {what} ({e})")
 
 
 class EngineHost:
