@@ -26,6 +26,14 @@ def test_speed_options_reach_vllm_only_when_set(tiny_model):
     assert "cudagraph_capture_sizes" not in kwargs  # null: vLLM's own sizes
     kwargs, _ = llm_kwargs(engine_spec(tiny_model, enforce_eager=True))
     assert "cudagraph_capture_sizes" not in kwargs  # eager: no graphs to size
+    # sizes in the user's compilation_config win (vLLM refuses them in both places)
+    kwargs, _ = llm_kwargs(engine_spec(tiny_model, engine_options={"compilation_config": {
+        "cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": [1, 4]}}))
+    assert "cudagraph_capture_sizes" not in kwargs
+    assert kwargs["compilation_config"]["cudagraph_capture_sizes"] == [1, 4]
+    piecewise = {"compilation_config": {"cudagraph_mode": "PIECEWISE"}}
+    kwargs, _ = llm_kwargs(engine_spec(tiny_model, engine_options=piecewise))
+    assert kwargs["cudagraph_capture_sizes"] == rollout_capture_sizes(None)  # other compilation settings keep ours
     kwargs, env = llm_kwargs(engine_spec(tiny_model, async_scheduling=False, enable_prefix_caching=False,
                                          max_num_batched_tokens=32768, cudagraph_capture_sizes=[1, 8, 64, 512]))
     assert (kwargs["async_scheduling"], kwargs["enable_prefix_caching"], kwargs["max_num_batched_tokens"],

@@ -68,8 +68,9 @@ class VLLMOptions(GenerateOptions):
         "the next one): 'rollout' (ours): 1, 2, 4, 8, 16, then x1.5 steps to 256 and every 64 above, up to "
         "max_num_seqs or 512 (17 sizes at 512: at most 50% padding below 256, 25% above, where decoding large "
         "batches is bound by the host or by reading the weights, not by the rows); null: vLLM's own, 1, 2, 4, then "
-        "every 8 to 256 and every 16 above (51 sizes at max_num_seqs 512); or a list. Each size costs ~25 ms of "
-        "start-up (W on an H200: 2.0 s of capture for 51 sizes, 1.0 s for 11)")
+        "every 8 to 256 and every 16 above (51 sizes at max_num_seqs 512); or a list (sizes given in "
+        "engine_options.compilation_config win). Each size costs ~25 ms of start-up (W on an H200: 2.0 s of "
+        "capture for 51 sizes, 1.0 s for 11)")
     # -- start-up --------------------------------------------------------------------------------
     torch_compile: bool = Field(False, description="vLLM compiles the model with torch.compile (true: vLLM's "
                                 "default) or not (false, ours): the decode steps run as whole CUDA graphs either way "
@@ -184,6 +185,11 @@ def llm_kwargs(spec: EngineSpec) -> tuple[dict[str, Any], dict[str, str]]:
         # Inside a Ray actor vLLM would pick its Ray executor and ask Ray for GPUs the actor holds.
         kwargs["distributed_executor_backend"] = "mp"
     kwargs.update(extra)
+    cc = kwargs.get("compilation_config")
+    chosen = cc.get("cudagraph_capture_sizes") if isinstance(cc, dict) else getattr(cc, "cudagraph_capture_sizes", None)
+    if chosen is not None and "cudagraph_capture_sizes" not in extra:
+        # the user's compilation_config names the sizes; vLLM takes them there or as the argument, not both
+        kwargs.pop("cudagraph_capture_sizes", None)
     return kwargs, env
 
 
