@@ -40,7 +40,9 @@
 #   STARTUP_VARIANTS=warm,warm,warm,warm bash benchmarks/gpu_i25.sh setup startcold startmain
 #   bash benchmarks/gpu_i25.sh shipped               # next: the shipped default (17 graph sizes) warm x4, then W as
 #                                                    #   shipped beside TRL's default (carry .bench), two calls
-#   (the stack as an installed tree in 6 parts: benchmarks/stage_site.sh, .gpu/x-K)
+#   bash benchmarks/gpu_i25.sh shipprobe            # W as shipped beside TRL's default, the host sampled (hostprobe)
+#   bash benchmarks/gpu_i25.sh w2probe              # W2 beside TRL's default, the host sampled
+#   (the stack as an installed tree in 6 parts: benchmarks/stage_site.sh, .gpu/x-K; py-spy==0.4.3 among its wheels)
 #
 # Measured 2026-11-26 (one H200): setup 31 s, eff 141 s, wvar 334 s, smoke 160 s, inflight 54-77 s,
 # trlc 490 s, shipped 234 s.
@@ -302,6 +304,23 @@ stage_streams() {  # one process, two streams: vLLM's generation (its thread, a 
   for p in -1 0; do
     TAIL=8 run "streams_p$p" 280 python -m benchmarks.streams_overlap --gen-priority "$p" --out "$OUT/streams"
   done
+}
+
+stage_shipprobe() {  # W as shipped beside TRL's default, 8 steps, the host sampled (benchmarks/hostprobe.py):
+  # why generation takes 2.2 s in one step and 4 s in the next (steal, the loop thread's CPU, py-spy)
+  TAIL=8 run shipprobe 420 python -m benchmarks.hostprobe --out "$OUT/probe" --pyspy 2 -- python -m benchmarks.w_vs_trl \
+    --trl-dtype float32 --trl-timeout 140 --steps 8 --variants default --out "$OUT"
+  TAIL=40 run probesum 60 python -m benchmarks.hostprobe --summarize "$OUT/probe" "$OUT"/xrlhf-default
+  rm -rf /tmp/w_vs_trl-*
+}
+
+stage_w2probe() {  # W2 beside TRL's default (stage_w2), the host sampled as in shipprobe
+  TAIL=8 run w2probe 560 python -m benchmarks.hostprobe --out "$OUT/w2probe" --pyspy 2 -- python -m benchmarks.w_vs_trl \
+    --config configs/gpu/grpo_w2.yaml --model artifacts/model-1.5b --preset 1.5b \
+    --trl-args "--prompts-per-step 32 --micro-batch 16 --max-new-tokens 480 --gpu-memory-utilization 0.4" \
+    --trl-dtype float32 --trl-timeout 300 --steps 6 --variants default --out "$OUT/w2"
+  TAIL=30 run w2probesum 60 python -m benchmarks.hostprobe --summarize "$OUT/w2probe" "$OUT"/w2/xrlhf-default
+  rm -rf /tmp/w_vs_trl-*
 }
 
 for s in "$@"; do "stage_$s"; done

@@ -139,7 +139,7 @@ def run_xrlhf(name: str, overrides: list[str], model: str, args: argparse.Namesp
     rows = read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
     keep = Path(args.out) / f"xrlhf-{name}"  # the run's own log and metrics beside the figures
     keep.mkdir(parents=True, exist_ok=True)
-    for f in ("train.log", "metrics.jsonl", "report.md"):
+    for f in ("train.log", "metrics.jsonl", "report.md", "summary.json"):
         if (run_dir / f).is_file():
             shutil.copy(run_dir / f, keep / f)
     if (run_dir / "plots").is_dir():

@@ -312,7 +312,9 @@ def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resu
                "eval_reward_final": result["eval_reward_final"], "final_checkpoint": final, **extra,
                **result.get("summary", {}), **({"healed": healing.events} if healing.events else {}),
                "eval_initial": result["eval_initial"], "eval_final": result["eval_final"],
-               "startup": coord.startup}  # seconds from Ray's start to each handle up, built, all ready
+               "startup": coord.startup,  # seconds from Ray's start to each handle up, built, all ready
+               # the epoch time the steps' ``timeline`` spans count from: lines them up with outside probes
+               "timeline_origin": round(trainer.timeline.origin, 3) if hasattr(trainer, "timeline") else None}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     logger.info(f"done in {summary['wall_seconds']:.0f}s: eval reward {summary['eval_reward_initial']:.3f} -> "
                 f"{summary['eval_reward_final']:.3f}; summary in {out / 'summary.json'}")

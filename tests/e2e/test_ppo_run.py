@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from transformers import AutoModelForCausalLM
@@ -23,7 +24,9 @@ def test_ppo_run_writes_outputs(base_config, tmp_path):
     base_config["algorithm"]["log_entropy"] = True  # policy/entropy is reported only when asked for
     base_config["logging"] = {"memory_timeline": True}  # on CPU: each process's resident set by phase
     cfg = validate_dict(base_config)
+    t_start = time.time()
     summary = run(cfg, tmp_path / "run")
+    t_end = time.time()
     out = tmp_path / "run"
     assert (out / "config.yaml").is_file()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -42,6 +45,10 @@ def test_ppo_run_writes_outputs(base_config, tmp_path):
     assert on_disk == json.loads(json.dumps(summary))
     for key in ("steps", "wall_seconds", "eval_reward_initial", "eval_reward_final", "final_checkpoint"):
         assert key in on_disk
+    # the steps' spans, put on the epoch clock by timeline_origin, lie inside the run (outside probes use it)
+    spans = [s for r in steps for s in r["timeline"]]
+    origin = on_disk["timeline_origin"]
+    assert spans and t_start - 0.01 <= origin + min(s[2] for s in spans) <= origin + max(s[3] for s in spans) <= t_end
     AutoModelForCausalLM.from_pretrained(on_disk["final_checkpoint"])
     # checkpoint.every: 0 means "at the end and on signals": the last step is checkpointed
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-00000002"]
