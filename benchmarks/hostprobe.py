@@ -56,6 +56,22 @@ def cpu_jiffies() -> dict[str, list[int]]:
     return out
 
 
+CGROUP_CPU = ("/sys/fs/cgroup/cpu.stat", "/sys/fs/cgroup/cpu/cpu.stat")  # v2, v1
+CGROUP_QUOTA = ("/sys/fs/cgroup/cpu.max", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us")
+
+
+def cgroup_throttling() -> dict[str, int]:
+    """The container's CPU throttling counters (``nr_throttled``, ``throttled_usec`` or v1's
+    ``throttled_time`` in ns): a CPU quota stops every thread of the container once spent."""
+    for path in CGROUP_CPU:
+        try:
+            pairs = [line.split() for line in Path(path).read_text().splitlines()]
+        except OSError:
+            continue
+        return {k: int(v) for k, v in pairs if k.startswith(("nr_throttled", "throttled", "nr_periods"))}
+    return {}
+
+
 def cpu_mhz() -> list[float]:
     return [float(ln.split(":")[1]) for ln in Path("/proc/cpuinfo").read_text().splitlines()
             if ln.startswith("cpu MHz")]
@@ -150,10 +166,19 @@ class Sampler:
                     threads.append([int(task.name), ts[0], round(t_used, 3), ts[2]])
             procs.append({"pid": pid, "comm": st[0], "cmd": self._name(pid), "cpu_s": round(used, 3),
                           "vllm": pid == self._vllm, "threads": sorted(threads, key=lambda t: -t[2])[:8]})
-        return {"t": round(now, 3), "dt": round(dt, 3), "cpu": delta, "mhz": cpu_mhz(), "procs": procs}, cpu
+        return {"t": round(now, 3), "dt": round(dt, 3), "cpu": delta, "mhz": cpu_mhz(), "cgroup": cgroup_throttling(),
+                "procs": procs}, cpu
 
     def _loop(self) -> None:
         prev, last = cpu_jiffies(), time.time()
+        quota = []
+        for path in CGROUP_QUOTA:
+            try:
+                quota.append(f"{path}: {Path(path).read_text().strip()}")
+            except OSError:
+                pass
+        (self.out / "host.json").write_text(json.dumps({"cpus": os.cpu_count(), "cgroup_quota": quota,
+                                                        "affinity": sorted(os.sched_getaffinity(0))}) + "\n")
         with open(self.out / "samples.jsonl", "a") as f:
             while not self._stop.wait(self.interval):
                 now = time.time()
@@ -201,7 +226,9 @@ def machine_shares(ws: list[dict[str, Any]]) -> dict[str, float]:
     f = dict(zip(STAT_FIELDS, tot))
     total = sum(tot)
     mhz = [m for s in ws for m in s["mhz"]]
-    return {"busy": round(1 - (f["idle"] + f["iowait"] + f["steal"]) / total, 3),
+    cg = [s.get("cgroup") or {} for s in (ws[0], ws[-1])]
+    throttled = {k: cg[1][k] - cg[0].get(k, cg[1][k]) for k in cg[1] if k.startswith("nr_throttled")}
+    return {**throttled, "busy": round(1 - (f["idle"] + f["iowait"] + f["steal"]) / total, 3),
             "steal": round(f["steal"] / total, 4), "iowait": round(f["iowait"] / total, 4),
             "mhz": round(sum(mhz) / len(mhz)) if mhz else None}
 
@@ -287,7 +314,7 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
         th = ", ".join(f"{t['comm']} {t['cpus']} on {t['ran_on']}" for t in r.get("vllm_threads", []))
         others = ", ".join(f"{o['name'][:30]} {o['cpus']}" for o in r.get("others", [])[:3])
         print(f"{r['run']} step {r['step']} {r['span']}: {r['seconds']} s | busy {r.get('busy')} steal "
-              f"{r.get('steal')} MHz {r.get('mhz')} | vLLM {r.get('vllm_cpus')} CPUs: {th} | {others}")
+              f"{r.get('steal')} throttled {r.get('nr_throttled')} MHz {r.get('mhz')} | vLLM {r.get('vllm_cpus')} CPUs: {th} | {others}")
         if r.get("spy"):
             sp = r["spy"]
             print(f"    py-spy {sp['thread']} ({sp['thread_share']} of samples): leaf "
