@@ -314,6 +314,13 @@ stage_shipprobe() {  # W as shipped beside TRL's default, 8 steps, the host samp
   rm -rf /tmp/w_vs_trl-*
 }
 
+stage_wprobe() {  # W as shipped alone (no TRL), 10 steps, the host sampled: garbage collections and the canary too
+  TAIL=8 run wprobe 300 python -m benchmarks.hostprobe --out "$OUT/wprobe" --pyspy 2 -- python -m benchmarks.w_vs_trl \
+    --trl-dtype none --steps 10 --variants default --out "$OUT/w"
+  TAIL=40 run wprobesum 60 python -m benchmarks.hostprobe --summarize "$OUT/wprobe" "$OUT"/w/xrlhf-default
+  rm -rf /tmp/w_vs_trl-*
+}
+
 stage_w2probe() {  # W2 beside TRL's default (stage_w2), the host sampled as in shipprobe
   TAIL=8 run w2probe 560 python -m benchmarks.hostprobe --out "$OUT/w2probe" --pyspy 2 -- python -m benchmarks.w_vs_trl \
     --config configs/gpu/grpo_w2.yaml --model artifacts/model-1.5b --preset 1.5b \

@@ -11,7 +11,11 @@ command and lines the samples up with each step's timeline:
   CPU each last ran on);
 * the process that maps vLLM's ``_C`` library is tagged ``vllm``;
 * ``--pyspy S``: ``py-spy record`` of that process in chunks of ``S`` s (raw stacks, non-blocking,
-  one file per chunk named by its start time), where ``py-spy`` is on ``PATH`` and may attach.
+  one file per chunk named by its start time), where ``py-spy`` is on ``PATH`` and may attach;
+* every worker's garbage collections (``engines.host.GC_LOG_ENV``, set for the command: ``gc/``);
+* a canary: a process of its own timing a fixed piece of Python (dicts, lists, a sort) over and
+  over (``canary.jsonl``): where the canary slows down too, the host itself ran slower (a
+  neighbour on the same physical machine, its clock), not vLLM's own work.
 
 Run (on the GPU machine)::
 
@@ -22,8 +26,9 @@ Run (on the GPU machine)::
 ``summary.json`` (``timeline_origin``, the epoch time its timeline counts from), and prints and
 writes (``summary.json`` in the probe's folder) per step: the generation span, the machine's
 busy and steal shares then, the vLLM process's CPU and its busiest threads (their share of one
-CPU and how many CPUs they ran on), the other busiest processes and, where py-spy ran, the
-functions that held vLLM's loop thread's stacks most.
+CPU and how many CPUs they ran on), the other busiest processes, the seconds the vLLM process
+spent collecting garbage, the canary's time against its median over the whole probe and, where
+py-spy ran, the functions that held vLLM's loop thread's stacks most.
 """
 
 from __future__ import annotations
@@ -88,6 +93,22 @@ def task_stat(path: Path) -> tuple[str, float, int] | None:
     return comm, (int(rest[11]) + int(rest[12])) / HZ, int(rest[36])  # utime, stime (fields 14, 15), processor (39)
 
 
+CANARY = """
+import json, sys, time
+out = open(sys.argv[1], "a")
+batch, last = [], time.time()
+while True:
+    t = time.perf_counter()
+    d = {i: str(i) for i in range(3000)}
+    sorted((v, k) for k, v in d.items())
+    batch.append([round(time.time(), 3), round(time.perf_counter() - t, 6)])
+    if time.time() - last > 1.0:
+        out.write("".join(json.dumps(b) + "\\n" for b in batch)); out.flush()
+        batch, last = [], time.time()
+"""
+"""The canary's piece of Python (~2 ms a unit on a 2 GHz core); ``[epoch, seconds]`` per unit."""
+
+
 class Sampler:
     """Samples the host every ``interval`` s into ``out/samples.jsonl`` until ``stop()``."""
 
@@ -101,6 +122,7 @@ class Sampler:
         self._vllm: int | None = None
         self._checked: dict[int, float] = {}  # pid -> when its maps were last read
         self._threads_run = [threading.Thread(target=self._loop, daemon=True)]
+        self._canary = subprocess.Popen([sys.executable, "-c", CANARY, str(out / "canary.jsonl")])
         if pyspy > 0 and shutil.which("py-spy"):
             self._threads_run.append(threading.Thread(target=self._spy, daemon=True))
         elif pyspy > 0:
@@ -113,6 +135,8 @@ class Sampler:
 
     def stop(self) -> None:
         self._stop.set()
+        self._canary.kill()
+        self._canary.wait()
         for t in self._threads_run:
             t.join(30)
 
@@ -126,7 +150,7 @@ class Sampler:
         return self._names[pid]
 
     def _is_vllm(self, pid: int, now: float) -> bool:
-        if now - self._checked.get(pid, 0.0) < 5.0:
+        if now - self._checked.get(pid, 0.0) < 1.0:
             return False
         self._checked[pid] = now
         try:
@@ -288,8 +312,40 @@ def spy_functions(probe: Path, t0: float, t1: float, top: int = 6) -> dict[str, 
             "leaf": share(leaf), "ours": share(ours)}
 
 
+def load_gc(probe: Path) -> dict[int, list[list]]:
+    """Each logged process's collections by pid: ``[start, end, generation, collected]``."""
+    out: dict[int, list[list]] = {}
+    for f in (probe / "gc").glob("gc-*.jsonl") if (probe / "gc").is_dir() else []:
+        rows = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        out[int(f.stem.rsplit("-", 1)[1])] = rows
+    return out
+
+
+def gc_seconds(collections: list[list], t0: float, t1: float) -> dict[str, float]:
+    """Seconds of collection inside [t0, t1], all and of generation 2, and how many."""
+    inside = [(max(a, t0), min(b, t1), g) for a, b, g, _ in collections if b > t0 and a < t1]
+    return {"gc_s": round(sum(b - a for a, b, _ in inside), 4),
+            "gc2_s": round(sum(b - a for a, b, g in inside if g == 2), 4), "gc_n": len(inside)}
+
+
+def canary_ratio(canary: list[list], t0: float, t1: float, median: float) -> float | None:
+    """The canary's median unit inside [t0, t1] over its median over the whole probe."""
+    units = sorted(d for t, d in canary if t0 <= t <= t1)
+    return round(units[len(units) // 2] / median, 3) if units and median else None
+
+
+def vllm_pid(samples: list[dict[str, Any]], t0: float, t1: float) -> int | None:
+    pids = Counter(p["pid"] for s in window(samples, t0, t1) for p in s["procs"] if p["vllm"])
+    return pids.most_common(1)[0][0] if pids else None
+
+
 def summarize(probe: Path, run_dirs: list[Path]) -> list[dict[str, Any]]:
     samples = load_samples(probe)
+    gcs = load_gc(probe)
+    canary = [json.loads(line) for line in (probe / "canary.jsonl").read_text().splitlines()
+              if line.strip()] if (probe / "canary.jsonl").is_file() else []
+    units = sorted(d for _, d in canary)
+    median = units[len(units) // 2] if units else 0.0
     rows = []
     for run in run_dirs:
         summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file() else {}
@@ -302,10 +358,14 @@ def summarize(probe: Path, run_dirs: list[Path]) -> list[dict[str, Any]]:
             for lane, name, a, b in m.get("timeline") or []:
                 if lane != "generator":
                     continue
-                ws = window(samples, origin + a, origin + b)
+                t0, t1 = origin + a, origin + b
+                ws = window(samples, t0, t1)
+                pid = vllm_pid(samples, t0, t1)
                 rows.append({"run": run.name, "step": m.get("step"), "span": name, "seconds": round(b - a, 3),
                              "samples": len(ws), **machine_shares(ws), **process_shares(ws),
-                             "spy": spy_functions(probe, origin + a, origin + b)})
+                             **(gc_seconds(gcs[pid], t0, t1) if pid in gcs else {}),
+                             "canary": canary_ratio(canary, t0, t1, median),
+                             "spy": spy_functions(probe, t0, t1)})
     return rows
 
 
@@ -314,7 +374,8 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
         th = ", ".join(f"{t['comm']} {t['cpus']} on {t['ran_on']}" for t in r.get("vllm_threads", []))
         others = ", ".join(f"{o['name'][:30]} {o['cpus']}" for o in r.get("others", [])[:3])
         print(f"{r['run']} step {r['step']} {r['span']}: {r['seconds']} s | busy {r.get('busy')} steal "
-              f"{r.get('steal')} throttled {r.get('nr_throttled')} MHz {r.get('mhz')} | vLLM {r.get('vllm_cpus')} CPUs: {th} | {others}")
+              f"{r.get('steal')} throttled {r.get('nr_throttled')} canary {r.get('canary')} gc {r.get('gc_s')} s "
+              f"(gen 2: {r.get('gc2_s')}, {r.get('gc_n')}) | vLLM {r.get('vllm_cpus')} CPUs: {th} | {others}")
         if r.get("spy"):
             sp = r["spy"]
             print(f"    py-spy {sp['thread']} ({sp['thread_share']} of samples): leaf "
@@ -340,8 +401,10 @@ def main(argv: list[str] | None = None) -> int:
     if not cmd or args.out is None:
         p.error("give --out DIR -- CMD ..., or --summarize PROBE RUN_DIR ...")
     sampler = Sampler(args.out, args.interval, args.pyspy).start()
+    from xrlhf.engines.host import GC_LOG_ENV
+
     try:
-        return subprocess.call(cmd)
+        return subprocess.call(cmd, env={**os.environ, GC_LOG_ENV: str(args.out / "gc")})
     finally:
         sampler.stop()
 

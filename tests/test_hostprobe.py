@@ -7,17 +7,21 @@ import sys
 import time
 
 from benchmarks import hostprobe
-from benchmarks.hostprobe import Sampler, machine_shares, spy_functions, summarize
+from benchmarks.hostprobe import Sampler, canary_ratio, gc_seconds, machine_shares, spy_functions, summarize
+from xrlhf.engines.host import log_gc
 
 # A child that maps a file of a name nothing else maps (the probe tags it as the sampler tags
-# vLLM's process, by its maps), then keeps one CPU busy for ~1.5 s.
+# vLLM's process, by its maps), then keeps one CPU busy for ~2.5 s.
 BUSY = """
-import mmap, sys, time
+import gc, mmap, os, sys, time
 f = open(sys.argv[1], "rb")
 m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+from xrlhf.engines.host import GC_LOG_ENV, log_gc
+log_gc(os.environ[GC_LOG_ENV], "busy-0")
 t = time.time()
-while time.time() - t < 1.5:
+while time.time() - t < 2.5:
     sum(range(1000))
+    gc.collect(0)
 """
 
 
@@ -30,7 +34,12 @@ def test_a_busy_child_is_tagged_and_its_cpu_lines_up_with_a_step(tmp_path, monke
     t0 = time.time()
     import subprocess
 
-    subprocess.run([sys.executable, "-c", BUSY, str(marker)], check=True, timeout=120)
+    import os
+
+    from xrlhf.engines.host import GC_LOG_ENV
+
+    subprocess.run([sys.executable, "-c", BUSY, str(marker)], check=True, timeout=120,
+                   env={**os.environ, GC_LOG_ENV: str(probe / "gc")})
     t1 = time.time()
     time.sleep(0.3)
     sampler.stop()
@@ -46,9 +55,36 @@ def test_a_busy_child_is_tagged_and_its_cpu_lines_up_with_a_step(tmp_path, monke
     (row,) = summarize(probe, [run])
     assert row["step"] == 1 and row["samples"] >= 3
     # the child kept about one CPU busy (a loaded box gives it less; the sampling edges cost some)
-    assert 0.3 < row["vllm_cpus"] <= 1.2
+    assert 0.2 < row["vllm_cpus"] <= 1.2
     assert row["vllm_threads"] and row["vllm_threads"][0]["ran_on"] >= 1
     assert 0.0 < row["busy"] <= 1.0 and 0.0 <= row["steal"] < 1.0
+    assert row["gc_n"] > 10 and 0.0 < row["gc_s"] < t1 - t0 and row["gc2_s"] == 0.0  # its gen-0 collections
+    assert row["canary"] is not None and row["canary"] > 0  # the canary ran beside it
+    assert (probe / "canary.jsonl").is_file()
+
+
+def test_log_gc_writes_each_collection(tmp_path):
+    import gc
+
+    before = list(gc.callbacks)
+    try:
+        log_gc(str(tmp_path), "policy-0")
+        gc.collect()
+        time.sleep(1.1)
+        gc.collect(1)  # more than a second after the last write: both are written now
+    finally:
+        gc.callbacks[:] = before
+    (f,) = tmp_path.glob("gc-policy-0-*.jsonl")
+    rows = [json.loads(line) for line in f.read_text().splitlines()]
+    assert [r[2] for r in rows[-2:]] == [2, 1] and all(r[0] <= r[1] for r in rows)
+
+
+def test_gc_seconds_and_canary_by_hand():
+    cols = [[0.0, 1.0, 0, 5], [2.0, 2.5, 2, 100], [9.0, 9.1, 1, 0]]
+    # [0.5, 2.2]: half of the first, 0.2 s of the gen-2 one; the last is outside
+    assert gc_seconds(cols, 0.5, 2.2) == {"gc_s": 0.7, "gc2_s": 0.2, "gc_n": 2}
+    canary = [[1.0, 0.002], [2.0, 0.004], [3.0, 0.004], [9.0, 0.002]]
+    assert canary_ratio(canary, 1.5, 3.5, 0.002) == 2.0 and canary_ratio(canary, 20, 30, 0.002) is None
 
 
 def test_machine_shares_by_hand():

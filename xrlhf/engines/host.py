@@ -59,6 +59,51 @@ def profiled(what: str, fn: Callable[..., Any], *args: Any) -> Any:
             logger.warning(f"{PROFILE_ENV}={folder}: cannot write the profile of {what} ({e})")
 
 
+GC_LOG_ENV = "XRLHF_GC_LOG"
+"""A folder: with it set, each worker appends every garbage collection of its process (epoch
+start and end, generation, objects collected) to ``<folder>/gc-<handle>-<rank>-<pid>.jsonl``:
+whether Python's collector is in a phase's seconds (``benchmarks.hostprobe`` lines them up with
+the steps' timelines)."""
+
+
+def log_gc(folder: str, name: str) -> None:
+    """Record this process's collections (``gc.callbacks``) to ``<folder>/gc-<name>-<pid>.jsonl``,
+    written in batches (every 64 collections, a second after the last write, and at exit)."""
+    import atexit
+    import gc
+    import json
+
+    path = os.path.join(folder, f"gc-{name}-{os.getpid()}.jsonl")
+    rows: list[list] = []
+    state = {"start": 0.0, "written": time.time()}
+
+    def write() -> None:
+        if rows:
+            with open(path, "a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in rows)
+            rows.clear()
+        state["written"] = time.time()
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            state["start"] = time.time()
+            return
+        end = time.time()
+        rows.append([round(state["start"], 6), round(end, 6), info.get("generation"), info.get("collected")])
+        if len(rows) >= 64 or end - state["written"] > 1.0:
+            write()
+
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        from loguru import logger
+
+        logger.warning(f"{GC_LOG_ENV}={folder}: cannot write there ({e}); collections not logged")
+        return
+    gc.callbacks.append(callback)
+    atexit.register(write)
+
+
 class EngineHost:
     """One rank of a handle: its engines by role, and the calls a handle makes on them.
 
@@ -72,6 +117,8 @@ class EngineHost:
         self.handle = handle
         self.rank = rank
         torch.set_num_threads(max(1, threads))
+        if os.environ.get(GC_LOG_ENV):
+            log_gc(os.environ[GC_LOG_ENV], f"{handle}-{rank}")
         self.train: TrainEngine | None = None
         self.infer_engine: InferEngine | None = None
         self.gen: GenerateEngine | None = None
