@@ -13,9 +13,10 @@ command and lines the samples up with each step's timeline:
 * ``--pyspy S``: ``py-spy record`` of that process in chunks of ``S`` s (raw stacks, non-blocking,
   one file per chunk named by its start time), where ``py-spy`` is on ``PATH`` and may attach;
 * every worker's garbage collections (``engines.host.GC_LOG_ENV``, set for the command: ``gc/``);
-* a canary: a process of its own timing a fixed piece of Python (dicts, lists, a sort) over and
-  over (``canary.jsonl``): where the canary slows down too, the host itself ran slower (a
-  neighbour on the same physical machine, its clock), not vLLM's own work.
+* canaries: one process pinned to each CPU times a fixed piece of Python (a dict, a sort; ~1 ms)
+  every 50 ms (``canary-<cpu>.jsonl``). Where the canary on the CPU of vLLM's loop thread slows
+  down with it, that CPU itself ran slower (a neighbour of the virtual machine on the same
+  physical core, its clock), not vLLM's own work: the VM's own counters cannot see that.
 
 Run (on the GPU machine)::
 
@@ -27,7 +28,8 @@ Run (on the GPU machine)::
 writes (``summary.json`` in the probe's folder) per step: the generation span, the machine's
 busy and steal shares then, the vLLM process's CPU and its busiest threads (their share of one
 CPU and how many CPUs they ran on), the other busiest processes, the seconds the vLLM process
-spent collecting garbage, the canary's time against its median over the whole probe and, where
+spent collecting garbage, the canary of the loop thread's CPU and the other CPUs' canaries
+against their medians over the whole probe and, where
 py-spy ran, the functions that held vLLM's loop thread's stacks most.
 """
 
@@ -94,19 +96,21 @@ def task_stat(path: Path) -> tuple[str, float, int] | None:
 
 
 CANARY = """
-import json, sys, time
+import json, os, sys, time
+os.sched_setaffinity(0, {int(sys.argv[2])})
 out = open(sys.argv[1], "a")
 batch, last = [], time.time()
 while True:
     t = time.perf_counter()
-    d = {i: str(i) for i in range(3000)}
+    d = {i: str(i) for i in range(1500)}
     sorted((v, k) for k, v in d.items())
     batch.append([round(time.time(), 3), round(time.perf_counter() - t, 6)])
     if time.time() - last > 1.0:
         out.write("".join(json.dumps(b) + "\\n" for b in batch)); out.flush()
         batch, last = [], time.time()
+    time.sleep(0.05)
 """
-"""The canary's piece of Python (~2 ms a unit on a 2 GHz core); ``[epoch, seconds]`` per unit."""
+"""A canary: ``python -c CANARY FILE CPU``; ``[epoch, seconds]`` per unit (~1 ms on a 2 GHz core)."""
 
 
 class Sampler:
@@ -122,7 +126,8 @@ class Sampler:
         self._vllm: int | None = None
         self._checked: dict[int, float] = {}  # pid -> when its maps were last read
         self._threads_run = [threading.Thread(target=self._loop, daemon=True)]
-        self._canary = subprocess.Popen([sys.executable, "-c", CANARY, str(out / "canary.jsonl")])
+        self._canaries = [subprocess.Popen([sys.executable, "-c", CANARY, str(out / f"canary-{cpu}.jsonl"), str(cpu)])
+                          for cpu in sorted(os.sched_getaffinity(0))]
         if pyspy > 0 and shutil.which("py-spy"):
             self._threads_run.append(threading.Thread(target=self._spy, daemon=True))
         elif pyspy > 0:
@@ -135,8 +140,9 @@ class Sampler:
 
     def stop(self) -> None:
         self._stop.set()
-        self._canary.kill()
-        self._canary.wait()
+        for c in self._canaries:
+            c.kill()
+            c.wait()
         for t in self._threads_run:
             t.join(30)
 
@@ -328,10 +334,43 @@ def gc_seconds(collections: list[list], t0: float, t1: float) -> dict[str, float
             "gc2_s": round(sum(b - a for a, b, g in inside if g == 2), 4), "gc_n": len(inside)}
 
 
+def load_canaries(probe: Path) -> dict[int, tuple[list[list], float]]:
+    """Each CPU's canary units and their median, by CPU."""
+    out = {}
+    for f in probe.glob("canary-*.jsonl"):
+        units = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        if units:
+            ds = sorted(d for _, d in units)
+            out[int(f.stem.split("-")[1])] = (units, ds[len(ds) // 2])
+    return out
+
+
 def canary_ratio(canary: list[list], t0: float, t1: float, median: float) -> float | None:
     """The canary's median unit inside [t0, t1] over its median over the whole probe."""
     units = sorted(d for t, d in canary if t0 <= t <= t1)
     return round(units[len(units) // 2] / median, 3) if units and median else None
+
+
+def canaries(cans: dict[int, tuple[list[list], float]], cpus: set[int], t0: float, t1: float) -> dict[str, Any]:
+    """The canary ratio on the CPUs ``cpus`` (the loop thread's) and the median ratio elsewhere."""
+    mine = [canary_ratio(u, t0, t1, m) for c, (u, m) in cans.items() if c in cpus]
+    rest = sorted(r for c, (u, m) in cans.items() if c not in cpus
+                  for r in [canary_ratio(u, t0, t1, m)] if r is not None)
+    return {"canary": max((r for r in mine if r is not None), default=None),
+            "canary_others": rest[len(rest) // 2] if rest else None}
+
+
+def loop_cpus(ws: list[dict[str, Any]]) -> set[int]:
+    """The CPUs the vLLM process's busiest thread ran on over the samples."""
+    used: Counter = Counter()
+    cpus: dict[int, set] = defaultdict(set)
+    for s in ws:
+        for p in s["procs"]:
+            if p["vllm"]:
+                for tid, _, cpu_s, cpu in p["threads"]:
+                    used[tid] += cpu_s
+                    cpus[tid].add(cpu)
+    return cpus[used.most_common(1)[0][0]] if used else set()
 
 
 def vllm_pid(samples: list[dict[str, Any]], t0: float, t1: float) -> int | None:
@@ -342,10 +381,7 @@ def vllm_pid(samples: list[dict[str, Any]], t0: float, t1: float) -> int | None:
 def summarize(probe: Path, run_dirs: list[Path]) -> list[dict[str, Any]]:
     samples = load_samples(probe)
     gcs = load_gc(probe)
-    canary = [json.loads(line) for line in (probe / "canary.jsonl").read_text().splitlines()
-              if line.strip()] if (probe / "canary.jsonl").is_file() else []
-    units = sorted(d for _, d in canary)
-    median = units[len(units) // 2] if units else 0.0
+    cans = load_canaries(probe)
     rows = []
     for run in run_dirs:
         summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file() else {}
@@ -364,7 +400,7 @@ def summarize(probe: Path, run_dirs: list[Path]) -> list[dict[str, Any]]:
                 rows.append({"run": run.name, "step": m.get("step"), "span": name, "seconds": round(b - a, 3),
                              "samples": len(ws), **machine_shares(ws), **process_shares(ws),
                              **(gc_seconds(gcs[pid], t0, t1) if pid in gcs else {}),
-                             "canary": canary_ratio(canary, t0, t1, median),
+                             **canaries(cans, loop_cpus(ws), t0, t1),
                              "spy": spy_functions(probe, t0, t1)})
     return rows
 
@@ -374,7 +410,7 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
         th = ", ".join(f"{t['comm']} {t['cpus']} on {t['ran_on']}" for t in r.get("vllm_threads", []))
         others = ", ".join(f"{o['name'][:30]} {o['cpus']}" for o in r.get("others", [])[:3])
         print(f"{r['run']} step {r['step']} {r['span']}: {r['seconds']} s | busy {r.get('busy')} steal "
-              f"{r.get('steal')} throttled {r.get('nr_throttled')} canary {r.get('canary')} gc {r.get('gc_s')} s "
+              f"{r.get('steal')} throttled {r.get('nr_throttled')} canary {r.get('canary')} (others {r.get('canary_others')}) gc {r.get('gc_s')} s "
               f"(gen 2: {r.get('gc2_s')}, {r.get('gc_n')}) | vLLM {r.get('vllm_cpus')} CPUs: {th} | {others}")
         if r.get("spy"):
             sp = r["spy"]
