@@ -76,19 +76,21 @@ from xrlhf.engines.host import PROFILE_ENV
 CONFIG = "configs/gpu/grpo_w.yaml"
 VARIANTS = ("cold", "warm", "warm-compile", "cold-compile", "warm-nocompile", "cold-nocompile", "warm-multiprocess",
             "warm-eager", "warm-importtime", "warm-threads1", "warm-fullhead", "warm-preload", "warm-profile",
-            "warm-fewgraphs")
+            "warm-fewgraphs", "warm-keepsklearn")
 FLAGS = {"compile": ["policy.generate.torch_compile=true"], "nocompile": ["policy.generate.torch_compile=false"],
          "multiprocess": ["policy.generate.multiprocessing=true"],
          "eager": ["policy.train.compile=false", "reference.infer.compile=false"],
          "fewgraphs": ["policy.generate.cudagraph_capture_sizes=[1,2,4,8,16,32,64,128,256,384,512]"]}
 """What a variant's words after cold/warm override (``fewgraphs``: 11 decode CUDA graphs, not 51)."""
 ENV = {"importtime": {"PYTHONPROFILEIMPORTTIME": "1", "RAY_DEDUP_LOGS": "0"}, "threads1": {"TORCHINDUCTOR_COMPILE_THREADS": "1"},
-       "fullhead": {"XRLHF_RAY_FULL_HEAD": "1"}, "preload": {"RAY_preload_python_modules": "vllm"}}
+       "fullhead": {"XRLHF_RAY_FULL_HEAD": "1"}, "preload": {"RAY_preload_python_modules": "vllm"},
+       "keepsklearn": {"XRLHF_KEEP_SKLEARN": "1"}}
 """What a variant's words set in the run's environment (a local Ray's workers inherit it):
 ``importtime``: every process's imports, module by module, on its stderr (the run's log);
 ``fullhead``: Ray's whole head (the dashboard's API server and the autoscaler's monitor too, as
 before ``coordinator.lean_head``); ``preload``: every Ray worker imports vLLM before it takes work
-(Ray's ``preload_python_modules``; the workers Ray prestarts when the driver connects begin then).
+(Ray's ``preload_python_modules``; the workers Ray prestarts when the driver connects begin then);
+``keepsklearn``: the workers' transformers imports scikit-learn as it would (``utils.lean_imports``).
 (2026-11-27 also ran ``warm-mainpreload``, the worker's ``preload`` importing in the call rather than
 in a thread: 27.8 s against 27.8 and 28.0 s; the switch left the code.)"""
 

@@ -27,6 +27,11 @@ from xrlhf.utils import package_map  # noqa: E402
 
 package_map.install()  # before anything imports transformers: the driver's map (utils.package_map)
 
+from xrlhf.utils.lean_imports import cache_entry_points, transformers_without_sklearn  # noqa: E402
+
+transformers_without_sklearn()  # transformers < 5.24 would import scikit-learn for nothing (utils.lean_imports)
+cache_entry_points()  # vLLM's plugin loading reads every distribution's entry points 8 times
+
 from xrlhf.engines.base import DistInfo, EngineSpec  # noqa: E402
 from xrlhf.engines.host import EngineHost  # noqa: E402
 
