@@ -321,6 +321,15 @@ stage_wprobe() {  # W as shipped alone (no TRL), 10 steps, the host sampled: gar
   rm -rf /tmp/w_vs_trl-*
 }
 
+stage_startprobe() {  # warm starts with the host sampled (hostprobe, no py-spy): which processes burn the CPUs
+  # while W's handles start in a fresh `xrlhf run` (15.7-20 s) against a reused driver (13.6-15.3 s, 2026-11-27e)
+  mkdir -p "$OUT/startup"
+  TAIL=6 run startprobe 400 python -m benchmarks.hostprobe --out "$OUT/startprobe" --interval 0.2 -- \
+    python -m benchmarks.startup --steps 2 --last-steps 2 --timeout 120 --variants warm,warm \
+    --work /tmp/xrlhf-startup --out "$OUT/startup"
+  cp /tmp/xrlhf-startup/*.log "$OUT/startup/" 2>/dev/null
+}
+
 stage_w2probe() {  # W2 beside TRL's default (stage_w2), the host sampled as in shipprobe
   TAIL=8 run w2probe 560 python -m benchmarks.hostprobe --out "$OUT/w2probe" --pyspy 2 -- python -m benchmarks.w_vs_trl \
     --config configs/gpu/grpo_w2.yaml --model artifacts/model-1.5b --preset 1.5b \
