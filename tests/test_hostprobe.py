@@ -76,7 +76,8 @@ def test_log_gc_writes_each_collection(tmp_path):
         gc.callbacks[:] = before
     (f,) = tmp_path.glob("gc-policy-0-*.jsonl")
     rows = [json.loads(line) for line in f.read_text().splitlines()]
-    assert [r[2] for r in rows[-2:]] == [2, 1] and all(r[0] <= r[1] for r in rows)
+    gens = [r[2] for r in rows]  # (automatic collections may fall between the two asked for)
+    assert gens[-1] == 1 and 2 in gens and all(r[0] <= r[1] for r in rows)
 
 
 def test_gc_seconds_and_canary_by_hand():
