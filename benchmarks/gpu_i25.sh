@@ -42,6 +42,7 @@
 #                                                    #   shipped beside TRL's default (carry .bench), two calls
 #   bash benchmarks/gpu_i25.sh shipprobe            # W as shipped beside TRL's default, the host sampled (hostprobe)
 #   bash benchmarks/gpu_i25.sh w2probe              # W2 beside TRL's default, the host sampled
+#   bash benchmarks/gpu_i25.sh setup prefix         # next: W with vLLM's prefix caching on (default) and off, interleaved
 #   (the stack as an installed tree in 6 parts: benchmarks/stage_site.sh, .gpu/x-K; py-spy==0.4.3 among its wheels)
 #
 # Measured 2026-11-26 (one H200): setup 31 s, eff 141 s, wvar 334 s, smoke 160 s, inflight 54-77 s,
@@ -328,6 +329,14 @@ stage_startprobe() {  # warm starts with the host sampled (hostprobe, no py-spy)
     python -m benchmarks.startup --steps 2 --last-steps 2 --timeout 120 --variants warm,warm \
     --work /tmp/xrlhf-startup --out "$OUT/startup"
   cp /tmp/xrlhf-startup/*.log "$OUT/startup/" 2>/dev/null
+}
+
+stage_prefix() {  # W as shipped against prefix caching off, interleaved (issue 25 item 3: never measured on W).
+  # py-spy of 2026-11-27e: block hashing and caching (cache_blocks, create_kv_cache_blocks) ~5% of vLLM's loop thread
+  local off="policy.generate.enable_prefix_caching=false"
+  TAIL=8 run prefix 590 python -m benchmarks.w_vs_trl --trl-dtype none --steps 7 --out "$OUT/prefix" \
+    --variants "default;noprefix=$off;default2=policy.generate.sleep_level=2;noprefix2=$off"
+  rm -rf /tmp/w_vs_trl-*
 }
 
 stage_w2probe() {  # W2 beside TRL's default (stage_w2), the host sampled as in shipprobe
