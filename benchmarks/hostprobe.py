@@ -165,7 +165,8 @@ class Sampler:
         except OSError:
             return False
 
-    def _sample(self, prev_cpu: dict[str, list[int]], dt: float) -> dict[str, Any]:
+    def _sample(self, prev_cpu: dict[str, list[int]], dt: float) -> tuple[dict[str, Any], dict[str, list[int]]]:
+        """One sample's row, and the CPU counters it was taken against."""
         now, cpu = time.time(), cpu_jiffies()
         if self._vllm is not None and not os.path.exists(f"/proc/{self._vllm}"):
             self._vllm = None  # TRL's vLLM ends before xrlhf's starts: find the next one
@@ -185,7 +186,11 @@ class Sampler:
             if self._vllm is None and used > 0.2 * dt and self._is_vllm(pid, now):
                 self._vllm = pid
             threads = []
-            for task in os.scandir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else []:
+            try:
+                tasks = list(os.scandir(f"/proc/{pid}/task"))
+            except OSError:  # the process ended meanwhile
+                tasks = []
+            for task in tasks:
                 ts = task_stat(Path(task.path) / "stat")
                 if ts is None:
                     continue
@@ -212,7 +217,12 @@ class Sampler:
         with open(self.out / "samples.jsonl", "a") as f:
             while not self._stop.wait(self.interval):
                 now = time.time()
-                row, prev = self._sample(prev, now - last)
+                try:
+                    row, prev = self._sample(prev, now - last)
+                except Exception as e:  # noqa: BLE001 - a probe keeps sampling; the error is kept
+                    with open(self.out / "errors.txt", "a") as err:
+                        err.write(f"{now:.3f} {type(e).__name__}: {e}\n")
+                    continue
                 last = now
                 f.write(json.dumps(row, separators=(",", ":")) + "\n")
                 f.flush()
