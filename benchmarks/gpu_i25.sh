@@ -38,8 +38,8 @@
 #   STARTUP_VARIANTS=warm,warm-profile bash benchmarks/gpu_i25.sh setup startcold startmain
 #                                                    # with the image's bytecode (2026-11-27, fifth); each build profiled
 #   STARTUP_VARIANTS=warm,warm,warm,warm bash benchmarks/gpu_i25.sh setup startcold startmain
-#   bash benchmarks/gpu_i25.sh shipped               # next: the shipped default (17 graph sizes) warm x4, then W as
-#                                                    #   shipped beside TRL's default (carry .bench), two calls
+#   bash benchmarks/gpu_i25.sh shipped               # W as shipped beside TRL's default (carry .bench); with the
+#                                                    #   17 graph sizes: 2026-11-27e, as shipprobe
 #   bash benchmarks/gpu_i25.sh shipprobe            # W as shipped beside TRL's default, the host sampled (hostprobe)
 #   bash benchmarks/gpu_i25.sh w2probe              # W2 beside TRL's default, the host sampled
 #   bash benchmarks/gpu_i25.sh setup prefix         # next: W with vLLM's prefix caching on (default) and off, interleaved
