@@ -42,7 +42,9 @@
 #                                                    #   17 graph sizes: 2026-11-27e, as shipprobe
 #   bash benchmarks/gpu_i25.sh shipprobe            # W as shipped beside TRL's default, the host sampled (hostprobe)
 #   bash benchmarks/gpu_i25.sh w2probe              # W2 beside TRL's default, the host sampled
-#   bash benchmarks/gpu_i25.sh setup prefix         # next: W with vLLM's prefix caching on (default) and off, interleaved
+#   bash benchmarks/gpu_i25.sh setup prefix         # W with vLLM's prefix caching on (default) and off, interleaved
+#   bash benchmarks/gpu_i25.sh startpre             # warm starts with and without Ray's prestarted idle workers
+#   bash benchmarks/gpu_i25.sh trainchunk           # W's train phase by the logprob head's chunk (1k / 4k / 8k tokens)
 #   (the stack as an installed tree in 6 parts: benchmarks/stage_site.sh, .gpu/x-K; py-spy==0.4.3 among its wheels)
 #
 # Measured 2026-11-26 (one H200): setup 31 s, eff 141 s, wvar 334 s, smoke 160 s, inflight 54-77 s,
@@ -337,6 +339,19 @@ stage_prefix() {  # W as shipped against prefix caching off, interleaved (issue 
   TAIL=8 run prefix 590 python -m benchmarks.w_vs_trl --trl-dtype none --steps 7 --out "$OUT/prefix" \
     --variants "default;noprefix=$off;default2=policy.generate.sleep_level=2;noprefix2=$off"
   rm -rf /tmp/w_vs_trl-*
+}
+
+stage_trainchunk() {  # the train phase on an H100 (1.03-1.14 s against the 1.0 s target): the logprob head's chunk
+  # of 1,024 tokens (default) against 4,096 and 8,192 (fewer launches of the head's GEMM and log-softmax), interleaved
+  local c="policy.train.logprob_chunk_tokens"
+  TAIL=8 run trainchunk 590 python -m benchmarks.w_vs_trl --trl-dtype none --steps 7 --out "$OUT/trainchunk" \
+    --variants "default;chunk4k=$c=4096;chunk8k=$c=8192;default2=policy.generate.sleep_level=2"
+  rm -rf /tmp/w_vs_trl-*
+}
+
+stage_startpre() {  # warm starts: Ray's idle workers prestarted (one per CPU: 16 import Ray beside the run's
+  # actors) against none (RAY_enable_worker_prestart=0), interleaved; a fresh driver each
+  STARTUP_VARIANTS="${STARTUP_VARIANTS:-warm,warm-noprestart,warm,warm-noprestart,warm-noprestart}" stage_startmain
 }
 
 stage_w2probe() {  # W2 beside TRL's default (stage_w2), the host sampled as in shipprobe
