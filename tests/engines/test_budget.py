@@ -61,6 +61,25 @@ def test_the_shape_of_gpt2_and_grouped_query_configs():
     assert gqa.kv_width == 16 and gqa.intermediate == 96
 
 
+def test_the_automatic_logprob_chunk_holds_about_a_gib_of_fp32_logits_on_a_gpu():
+    # 2^30 / (4 x 32,000) = 8,388 tokens: 8,192; 152k (Qwen) 1,766: 1,024; 128k (Llama 3) 2,093: 2,048
+    assert [budget.logprob_chunk(v, "cuda") for v in (32_000, 151_936, 128_256, 50_257)] == [8192, 1024, 2048, 4096]
+    assert budget.logprob_chunk(100, "cuda") == 8192 and budget.logprob_chunk(10**7, "cuda") == 1024  # clamped
+    # on a CPU, and where the config names no vocabulary, the chunk of before
+    assert budget.logprob_chunk(32_000, "cpu") == 1024 and budget.logprob_chunk(0, "cuda") == 1024
+
+
+def test_an_engine_takes_the_chunk_set_or_the_automatic_one(tiny_model):
+    from xrlhf.engines.hf.model import HFModelOptions
+
+    assert HFModelOptions().chunk_tokens("cuda:0", 32_000) == 8192
+    assert HFModelOptions().chunk_tokens("cpu", 32_000) == 1024
+    assert HFModelOptions(logprob_chunk_tokens=0).chunk_tokens("cuda", 32_000) == 0  # full logits
+    assert HFModelOptions(logprob_chunk_tokens=512).chunk_tokens("cuda", 32_000) == 512
+    # the CPU engine's chunk, as before the automatic one (its numbers unchanged)
+    assert HFInferEngine(EngineSpec(tiny_model, options={"micro_batch_size": 4})).hf.logprob_chunk == 1024
+
+
 def test_on_the_cpu_nothing_is_derived(tiny_model):
     train = HFTrainEngine(EngineSpec(tiny_model, options={"micro_batch_size": 4}))
     infer = HFInferEngine(EngineSpec(tiny_model, options={"micro_batch_size": 4}))

@@ -45,6 +45,13 @@ W_MODEL = str(ROOT / "configs" / "shapes" / "model-0.5b")
 H100 = Cluster(1, 1, 79.2)
 
 
+@pytest.fixture(autouse=True)
+def chunks_of_the_measured_runs(monkeypatch):
+    """Every run measured here had logprob chunks of 1,024 tokens, the default on a GPU before
+    2026-11-27f (since: ``engines.budget.logprob_chunk``, 8,192 for W's vocabulary)."""
+    monkeypatch.setattr("xrlhf.engines.budget.CHUNK_TOKENS", (1024, 1024))
+
+
 def timeline(run: str) -> list[dict]:
     rows = [json.loads(line) for line in (RESULTS / "gpu_i25" / run / "metrics.jsonl").read_text().splitlines()]
     return [r for r in rows if r.get("step", 0) >= 2 and "memory/train/policy_gib" in r]
@@ -282,3 +289,14 @@ def test_w_reference_forward_peak(run, eager):
         str(ROOT / "configs" / "gpu" / "grpo_w.yaml"), [f"policy.model={W_MODEL}"]), prompt_tokens=28), H100
     ).configured.groups[0]
     assert g.alloc[("infer", "reference")] / GIB == pytest.approx(measured, rel=0.15)
+
+
+def test_the_plan_takes_the_engines_logprob_chunk_for_a_gpu(monkeypatch):
+    # the automatic chunk of a GPU engine (8,192 tokens for W's vocabulary of 32,000), or the one set
+    monkeypatch.undo()  # this file's fixture pins the chunk of the measured runs
+    cfg = load_for_plan(str(ROOT / "configs" / "gpu" / "grpo_w.yaml"), [f"policy.model={W_MODEL}"])
+    handles = {h.name: h for h in plan_input(cfg, prompt_tokens=28).handles}
+    assert handles["policy"].trainer.chunk == 8192 and handles["reference"].frozen.chunk == 8192
+    cfg = load_for_plan(str(ROOT / "configs" / "gpu" / "grpo_w.yaml"),
+                        [f"policy.model={W_MODEL}", "policy.train.logprob_chunk_tokens=1024"])
+    assert {h.name: h for h in plan_input(cfg, prompt_tokens=28).handles}["policy"].trainer.chunk == 1024

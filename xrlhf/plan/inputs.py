@@ -99,7 +99,13 @@ def _options(section, role: str, path: str):
         raise UserError(*format_errors(e, None, path)) from None
 
 
-def _trainer(section, path: str, head: str, ranks: int, adapter_params: int | None) -> Trainer:
+def _chunk(o, head: str, shape: ModelShape) -> int:
+    """The logprob chunk an engine with options ``o`` takes on a GPU (0: no chunked head)."""
+    tokens = getattr(o, "chunk_tokens", None)
+    return tokens("cuda", shape.vocab) if head == "causal_lm" and tokens is not None else 0
+
+
+def _trainer(section, path: str, head: str, ranks: int, adapter_params: int | None, shape: ModelShape) -> Trainer:
     o = _options(section, "train", path)
     mixed = getattr(o, "mixed_precision", None)
     precision = "fp32" if o.dtype == "float32" else ("bf16" if mixed is False else "mixed")
@@ -110,16 +116,15 @@ def _trainer(section, path: str, head: str, ranks: int, adapter_params: int | No
                    offload_optimizer=getattr(o, "offload_optimizer", False),
                    offload_params=getattr(o, "offload_params", False), ranks=ranks, tokens=budget,
                    infer_tokens=infer, checkpointing=o.gradient_checkpointing,
-                   chunk=getattr(o, "logprob_chunk_tokens", 0) if head == "causal_lm" else 0,
-                   rows=o.micro_batch_size if budget else 0, compiled=o.compiles("cuda"))
+                   chunk=_chunk(o, head, shape), rows=o.micro_batch_size if budget else 0,
+                   compiled=o.compiles("cuda"))
 
 
-def _frozen(section, path: str, head: str, ranks: int) -> Frozen:
+def _frozen(section, path: str, head: str, ranks: int, shape: ModelShape) -> Frozen:
     o = _options(section, "infer", path)
     return Frozen(head=head, dtype_bytes=4 if o.dtype == "float32" else 2, zero_stage=getattr(o, "zero_stage", 0),
                   ranks=ranks, tokens=o.max_tokens_per_micro_batch,
-                  chunk=getattr(o, "logprob_chunk_tokens", 0) if head == "causal_lm" else 0,
-                  rows=o.micro_batch_size if o.max_tokens_per_micro_batch else 0,
+                  chunk=_chunk(o, head, shape), rows=o.micro_batch_size if o.max_tokens_per_micro_batch else 0,
                   compiled=bool(getattr(o, "compiles", lambda device: False)("cuda")))
 
 
@@ -172,7 +177,7 @@ def plan_input(cfg: XConfig, prompt_tokens: int = 64) -> PlanInput:
     lora = _adapter_params(cfg, adapter) if adapter is not None else None
     p = cfg.policy
     handles = [Handle("policy", shape, p.resources.ranks, p.resources.gpus_per_rank, anchors["policy"],
-                      trainer=_trainer(p.train, "policy.train", "causal_lm", p.resources.ranks, lora))]
+                      trainer=_trainer(p.train, "policy.train", "causal_lm", p.resources.ranks, lora, shape))]
     gres = generator_resources(cfg)
     sync_adapter = adapter is not None and adapter.sync == "adapter"
     handles.append(Handle("rollout", shape, gres.ranks, gres.gpus_per_rank, anchors["rollout"],
@@ -181,22 +186,23 @@ def plan_input(cfg: XConfig, prompt_tokens: int = 64) -> PlanInput:
         c = cfg.critic
         cshape = model_shape(c.model) if c.model else shape
         handles.append(Handle("critic", cshape, c.resources.ranks, c.resources.gpus_per_rank, anchors["critic"],
-                              trainer=_trainer(c.train, "critic.train", "value", c.resources.ranks, None)))
+                              trainer=_trainer(c.train, "critic.train", "value", c.resources.ranks, None, cshape)))
     if cfg.reference is not None and not reference_is_policy_base(cfg):
         r = cfg.reference
         rshape = model_shape(r.model) if r.model else shape
         handles.append(Handle("reference", rshape, r.resources.ranks, r.resources.gpus_per_rank,
                               anchors["reference"], frozen=_frozen(r.infer, "reference.infer", "causal_lm",
-                                                                   r.resources.ranks)))
+                                                                   r.resources.ranks, rshape)))
     if cfg.reward.source == "model":
         w = cfg.reward
-        handles.append(Handle("reward", model_shape(w.model), w.resources.ranks, w.resources.gpus_per_rank,
-                              anchors["reward"], frozen=_frozen(w.infer, "reward.infer", "score", w.resources.ranks)))
+        wshape = model_shape(w.model)
+        handles.append(Handle("reward", wshape, w.resources.ranks, w.resources.gpus_per_rank, anchors["reward"],
+                              frozen=_frozen(w.infer, "reward.infer", "score", w.resources.ranks, wshape)))
     if cfg.teacher is not None:  # distillation: a frozen model scoring the student's tokens
         t = cfg.teacher
-        handles.append(Handle("teacher", model_shape(t.model), t.resources.ranks, t.resources.gpus_per_rank,
-                              anchors["teacher"], frozen=_frozen(t.infer, "teacher.infer", "causal_lm",
-                                                                 t.resources.ranks)))
+        tshape = model_shape(t.model)
+        handles.append(Handle("teacher", tshape, t.resources.ranks, t.resources.gpus_per_rank, anchors["teacher"],
+                              frozen=_frozen(t.infer, "teacher.infer", "causal_lm", t.resources.ranks, tshape)))
     notes = (f"prompts assumed {prompt_tokens} tokens (--prompt-tokens)",)
     return PlanInput(tuple(handles), work, cfg.rollout.max_staleness, p.weight_sync.transport,
                      p.weight_sync.bucket_mb << 20, notes)

@@ -100,9 +100,11 @@ class HFModelOptions(BaseModel):
     packing: Literal["auto", "varlen", "masked", "off"] = Field(
         "auto", description="micro-batches packed into one row without padding: auto (varlen attention where a "
         "probe at start-up passes, else padded), varlen, masked (transformers' block-diagonal mask: dense), off")
-    logprob_chunk_tokens: int = Field(1024, ge=0, description="logprobs and entropy from the last hidden states, "
-                                      "this many tokens at a time (fp32 logits of one chunk at once); 0: the "
-                                      "model's full logits at once")
+    logprob_chunk_tokens: int | None = Field(
+        None, ge=0, description="logprobs and entropy from the last hidden states, this many tokens at a time (fp32 "
+        "logits of one chunk at once); 0: the model's full logits at once. Default: 1024 on CPU; on a GPU the most "
+        "tokens (1024-8192, a power of two) whose fp32 logits take ~1 GiB (engines.budget.logprob_chunk): 8192 for "
+        "a vocabulary of 32k")
 
     compile: bool | None = Field(
         None, description="torch.compile each decoder layer (regional compilation, dynamic shapes): fuses the "
@@ -116,6 +118,13 @@ class HFModelOptions(BaseModel):
         "target, through torch's experimental carveout; GEMMs then go through cuBLASLt): room for vLLM's kernels "
         "beside the trainer one step off. Default: 0.65 for the engines on the generator's GPU where one step off "
         "overlaps under MPS (ray.mps; W on H100s: 1.33-1.39x the synchronous step, 0.5 gave 1.12-1.31x), else 0")
+
+    def chunk_tokens(self, device: str, vocab: int) -> int:
+        """Tokens per logprob chunk on ``device`` for a vocabulary of ``vocab``: the option where
+        set, else ``engines.budget.logprob_chunk``."""
+        if self.logprob_chunk_tokens is not None:
+            return self.logprob_chunk_tokens
+        return budget.logprob_chunk(vocab, "cuda" if device.startswith("cuda") else device)
 
     def compiles(self, device: str) -> bool:
         """Whether the layers are compiled on ``device``: ``compile`` where set, else the default above."""
@@ -194,11 +203,12 @@ class HFModel:
         ZeRO-3 group together); logged once and returned."""
         o = self.options
         head = "logprobs: full logits"
-        if self.spec.head == "causal_lm" and o.logprob_chunk_tokens:
-            problem = probe_chunked(self, o.logprob_chunk_tokens)
+        chunk = o.chunk_tokens(self.spec.device, budget.Shape.of(self.module.config).vocab)
+        if self.spec.head == "causal_lm" and chunk:
+            problem = probe_chunked(self, chunk)
             if problem is None:
-                self.logprob_chunk = o.logprob_chunk_tokens
-                head = f"logprobs: chunks of {self.logprob_chunk} tokens"
+                self.logprob_chunk = chunk
+                head = f"logprobs: chunks of {chunk} tokens"
             else:
                 head = f"logprobs: full logits ({problem})"
         self.attention_path, detail = choose_path(self, o.packing)
