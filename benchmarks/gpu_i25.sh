@@ -45,6 +45,7 @@
 #   bash benchmarks/gpu_i25.sh setup prefix         # W with vLLM's prefix caching on (default) and off, interleaved
 #   bash benchmarks/gpu_i25.sh startpre             # warm starts with and without Ray's prestarted idle workers
 #   bash benchmarks/gpu_i25.sh trainchunk           # W's train phase by the logprob head's chunk (1k / 4k / 8k tokens)
+#   bash benchmarks/gpu_i25.sh setup wship          # W as shipped alone, 6 steps (2026-11-27f: the automatic chunk)
 #   (the stack as an installed tree in 6 parts: benchmarks/stage_site.sh, .gpu/x-K; py-spy==0.4.3 among its wheels)
 #
 # Measured 2026-11-26 (one H200): setup 31 s, eff 141 s, wvar 334 s, smoke 160 s, inflight 54-77 s,
@@ -346,6 +347,11 @@ stage_trainchunk() {  # the train phase on an H100 (1.03-1.14 s against the 1.0 
   local c="policy.train.logprob_chunk_tokens"
   TAIL=8 run trainchunk 590 python -m benchmarks.w_vs_trl --trl-dtype none --steps 7 --out "$OUT/trainchunk" \
     --variants "default;chunk4k=$c=4096;chunk8k=$c=8192;default2=policy.generate.sleep_level=2"
+  rm -rf /tmp/w_vs_trl-*
+}
+
+stage_wship() {  # W as shipped alone, 6 steps (a short lease's check of a new default: the automatic logprob chunk)
+  TAIL=6 run wship 250 python -m benchmarks.w_vs_trl --trl-dtype none --variants default --steps 6 --out "$OUT/wship"
   rm -rf /tmp/w_vs_trl-*
 }
 
