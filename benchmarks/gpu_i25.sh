@@ -46,6 +46,7 @@
 #   bash benchmarks/gpu_i25.sh startpre             # warm starts with and without Ray's prestarted idle workers
 #   bash benchmarks/gpu_i25.sh trainchunk           # W's train phase by the logprob head's chunk (1k / 4k / 8k tokens)
 #   bash benchmarks/gpu_i25.sh setup wship          # W as shipped alone, 6 steps (2026-11-27f: the automatic chunk)
+#   bash benchmarks/gpu_i25.sh setup twogen shipped # next: one vLLM engine vs two on W's shape; W as shipped vs TRL
 #   (the stack as an installed tree in 6 parts: benchmarks/stage_site.sh, .gpu/x-K; py-spy==0.4.3 among its wheels)
 #
 # Measured 2026-11-26 (one H200): setup 31 s, eff 141 s, wvar 334 s, smoke 160 s, inflight 54-77 s,
@@ -353,6 +354,16 @@ stage_trainchunk() {  # the train phase on an H100 (1.03-1.14 s against the 1.0 
 stage_wship() {  # W as shipped alone, 6 steps (a short lease's check of a new default: the automatic logprob chunk)
   TAIL=6 run wship 250 python -m benchmarks.w_vs_trl --trl-dtype none --variants default --steps 6 --out "$OUT/wship"
   rm -rf /tmp/w_vs_trl-*
+}
+
+stage_twogen() {  # issue 25 item 3's "two engine replicas per GPU", on W's shape before any code for it: one
+  # engine of 512 x 256 tokens, then two of 256 each in their own processes, with W's vLLM options, 5 rounds each
+  # (vllm_overhead --engines-per-gpu 1 2; 2026-11-22's H200 figure, +14%, predates in-process engines and the
+  # worker's logprob path). If two pay, the co-located rollout needs 2 generators per policy rank (docs/design/generation-speed.md)
+  # (no max_num_seqs: each engine's is its share of the prompts, and its KV cache holds that share)
+  local w='"sleep_level": 2, "gpu_memory_utilization": 0.3, "max_model_len": 512, "kv_cache_tokens": "batch"'
+  TAIL=8 run twogen 300 python -m benchmarks.vllm_overhead --skip-sweep --engines-per-gpu 1 2 --rounds 5 --prompts 512 \
+    --new-tokens 256 --engine-options "{$w}" --out "$OUT/twogen"
 }
 
 stage_startpre() {  # warm starts: Ray's idle workers prestarted (one per CPU: 16 import Ray beside the run's

@@ -6,7 +6,8 @@ called directly with each way of asking for the sampled tokens' logprobs (none, 
 process frozen or not, and at 64/128/256 prompts (time per decoding step against the batch: a
 flat line means per-step host work, not the GPU, sets the pace). With ``--engines-per-gpu N``
 (N > 1) it then starts N engines on the same GPU, each in its own process with 1/N of the
-prompts and of the memory, and times them generating together.
+prompts and of the memory, and times them generating together (``--rounds K``: K times, the
+median kept; ``--engines-per-gpu 1 2`` puts one engine's baseline in the same call).
 
     python -m benchmarks.vllm_overhead --out benchmarks/results --engines-per-gpu 2
 
@@ -21,6 +22,7 @@ import argparse
 import gc
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -101,18 +103,19 @@ def worker(args) -> None:
     raw(eng.llm, prompts[:8], 16, 0)
     sync = Path(args.sync_dir)
     (sync / f"ready-{args.index}").touch()
-    results = {}
-    for run in ("xrlhf_engine", "no_logprobs"):
-        go = sync / f"go-{run}"
-        while not go.exists():
-            time.sleep(0.01)
-        t0 = time.time()
-        if run == "xrlhf_engine":
-            xrlhf_generate(eng, prompts, args.new_tokens)
-        else:
-            raw(eng.llm, prompts, args.new_tokens, None)
-        results[run] = {"start": t0, "end": time.time(), "tokens": len(prompts) * args.new_tokens}
-        (sync / f"done-{run}-{args.index}").touch()
+    results: dict[str, list[dict]] = {run: [] for run in RUNS}
+    for r in range(args.rounds):
+        for run in RUNS:
+            go = sync / f"go-{run}-{r}"
+            while not go.exists():
+                time.sleep(0.01)
+            t0 = time.time()
+            if run == "xrlhf_engine":
+                xrlhf_generate(eng, prompts, args.new_tokens)
+            else:
+                raw(eng.llm, prompts, args.new_tokens, None)
+            results[run].append({"start": t0, "end": time.time(), "tokens": len(prompts) * args.new_tokens})
+            (sync / f"done-{run}-{r}-{args.index}").touch()
     (sync / f"result-{args.index}.json").write_text(json.dumps(results))
     eng.shutdown()
 
@@ -128,7 +131,7 @@ def together(args) -> dict:
     procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.vllm_overhead", "--worker", "--index", str(i),
                                "--engines-per-gpu", str(n), "--sync-dir", str(sync), "--prompts", str(args.prompts),
                                "--new-tokens", str(args.new_tokens), "--memory", str(args.memory),
-                               "--engine-options", args.engine_options]
+                               "--engine-options", args.engine_options, "--rounds", str(args.rounds)]
                               + (["--model", args.model] if args.model else []),
                               env={**os.environ, "VLLM_CACHE_ROOT": f"{os.environ.get('TMPDIR', '/tmp')}/vc-{n}-{i}"})
              for i in range(n)]
@@ -142,17 +145,34 @@ def together(args) -> dict:
     wait_for([f"ready-{i}" for i in range(n)])
     startup = round(time.perf_counter() - t0, 1)
     out: dict = {"engines": n, "startup_s": startup}
-    for run in ("xrlhf_engine", "no_logprobs"):
-        (sync / f"go-{run}").touch()
-        wait_for([f"done-{run}-{i}" for i in range(n)])
+    for r in range(args.rounds):  # the engines start each generate together, round by round
+        for run in RUNS:
+            (sync / f"go-{run}-{r}").touch()
+            wait_for([f"done-{run}-{r}-{i}" for i in range(n)])
     for p in procs:
         p.wait(timeout=120)
-    res = [json.loads((sync / f"result-{i}.json").read_text()) for i in range(n)]
-    for run in ("xrlhf_engine", "no_logprobs"):
-        start, end = min(r[run]["start"] for r in res), max(r[run]["end"] for r in res)
-        out[run] = {"seconds": round(end - start, 3), "tokens_per_s": round(sum(r[run]["tokens"] for r in res)
-                                                                          / (end - start))}
+    out.update(rounds_together([json.loads((sync / f"result-{i}.json").read_text()) for i in range(n)]))
     print(out, flush=True)
+    return out
+
+
+RUNS = ("xrlhf_engine", "no_logprobs")
+"""What each engine times, in this order every round: its ``generate`` (W's path), then
+``LLM.generate`` without logprobs."""
+
+
+def rounds_together(results: list[dict[str, list[dict]]]) -> dict[str, dict]:
+    """Per run, the rounds' wall time from the first engine's start to the last one's end: the
+    median's seconds and tokens/s, each round's seconds. ``results``: per engine, per run, each
+    round's ``start``, ``end`` (epoch s) and ``tokens``."""
+    out = {}
+    for run in RUNS:
+        rounds = list(zip(*(r[run] for r in results)))  # round k: every engine's k-th generate
+        seconds = [max(x["end"] for x in rnd) - min(x["start"] for x in rnd) for rnd in rounds]
+        tokens = sum(x["tokens"] for x in rounds[0])
+        med = statistics.median(seconds)
+        out[run] = {"seconds": round(med, 3), "tokens_per_s": round(tokens / med),
+                    "rounds_s": [round(x, 3) for x in seconds]}
     return out
 
 
@@ -163,6 +183,8 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=512)
     p.add_argument("--memory", type=float, default=0.5, help="gpu_memory_utilization of all engines together")
     p.add_argument("--engines-per-gpu", type=int, nargs="*", default=[])
+    p.add_argument("--rounds", type=int, default=1, help="generates per engine and run, their median reported "
+                   "(one generate moved by up to 1.6x between steps on an H100)")
     p.add_argument("--skip-sweep", action="store_true")
     p.add_argument("--engine-options", default="{}", help="JSON: VLLMOptions fields of the --engines-per-gpu engines "
                    "(default: a KV cache of their prompts x 1024 tokens)")
