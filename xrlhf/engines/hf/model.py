@@ -203,8 +203,9 @@ class HFModel:
         ZeRO-3 group together); logged once and returned."""
         o = self.options
         head = "logprobs: full logits"
-        chunk = o.chunk_tokens(self.spec.device, budget.Shape.of(self.module.config).vocab)
-        if self.spec.head == "causal_lm" and chunk:
+        vocab = int(getattr(self.module.config, "vocab_size", 0) or 0)  # 0 (not named): the CPU's chunk
+        chunk = o.chunk_tokens(self.spec.device, vocab) if self.spec.head == "causal_lm" else 0
+        if chunk:
             problem = probe_chunked(self, chunk)
             if problem is None:
                 self.logprob_chunk = chunk
