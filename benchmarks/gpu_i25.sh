@@ -47,7 +47,7 @@
 #   bash benchmarks/gpu_i25.sh trainchunk           # W's train phase by the logprob head's chunk (1k / 4k / 8k tokens)
 #   bash benchmarks/gpu_i25.sh setup wship          # W as shipped alone, 6 steps (2026-11-27f: the automatic chunk)
 #   bash benchmarks/gpu_i25.sh setup twogen shipped # next: one vLLM engine vs two on W's shape; W as shipped vs TRL
-#   (the stack as an installed tree in 6 parts: benchmarks/stage_site.sh, .gpu/x-K; py-spy==0.4.3 among its wheels)
+#   (the stack as an installed tree in 6-7 parts: benchmarks/stage_site.sh, .gpu/x-K, docs/testing.md; py-spy==0.4.3 among its wheels)
 #
 # Measured 2026-11-26 (one H200): setup 31 s, eff 141 s, wvar 334 s, smoke 160 s, inflight 54-77 s,
 # trlc 490 s, shipped 234 s.
