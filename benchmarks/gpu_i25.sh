@@ -46,7 +46,8 @@
 #   bash benchmarks/gpu_i25.sh startpre             # warm starts with and without Ray's prestarted idle workers
 #   bash benchmarks/gpu_i25.sh trainchunk           # W's train phase by the logprob head's chunk (1k / 4k / 8k tokens)
 #   bash benchmarks/gpu_i25.sh setup wship          # W as shipped alone, 6 steps (2026-11-27f: the automatic chunk)
-#   bash benchmarks/gpu_i25.sh setup twogen shipped # next: one vLLM engine vs two on W's shape; W as shipped vs TRL
+#   bash benchmarks/gpu_i25.sh setup twogen startcold startfloor  # one vLLM engine vs two on W's shape; the warm start's floor
+#   bash benchmarks/gpu_i25.sh shippedc             # W as shipped beside TRL's default, and the 1,024-token chunk
 #   (the stack as an installed tree in 6-7 parts: benchmarks/stage_site.sh, .gpu/x-K, docs/testing.md; py-spy==0.4.3 among its wheels)
 #
 # Measured 2026-11-26 (one H200): setup 31 s, eff 141 s, wvar 334 s, smoke 160 s, inflight 54-77 s,
@@ -369,6 +370,21 @@ stage_twogen() {  # issue 25 item 3's "two engine replicas per GPU", on W's shap
 stage_startpre() {  # warm starts: Ray's idle workers prestarted (one per CPU: 16 import Ray beside the run's
   # actors) against none (RAY_enable_worker_prestart=0), interleaved; a fresh driver each
   STARTUP_VARIANTS="${STARTUP_VARIANTS:-warm,warm-noprestart,warm,warm-noprestart,warm-noprestart}" stage_startmain
+}
+
+stage_startfloor() {  # the floor of W's warm start (benchmarks/startfloor.py): Ray to an actor's process, and W's
+  # generate engine built in a plain process from its birth (torch, transformers, vLLM, the engine), each alone, 2
+  # rounds interleaved, then W's warm start twice in the same call (after startcold: its caches)
+  TAIL=14 run startfloor 560 python -m benchmarks.startfloor --rounds 2 --warm 2 --out "$OUT/startfloor"
+  cp /tmp/xrlhf-startup/floor-*.log "$OUT/startfloor/" 2>/dev/null
+}
+
+stage_shippedc() {  # W as shipped (the automatic logprob chunk: 8,192 tokens on W) beside TRL's default, and the
+  # 1,024-token chunk of before as the same call's baseline (6 steps each)
+  local c="policy.train.logprob_chunk_tokens=1024|reference.infer.logprob_chunk_tokens=1024"
+  TAIL=8 run shippedc 590 python -m benchmarks.w_vs_trl --trl-dtype float32 --trl-timeout 140 --steps 6 \
+    --variants "default;chunk1k=$c" --out "$OUT/shippedc"
+  rm -rf /tmp/w_vs_trl-*
 }
 
 stage_w2probe() {  # W2 beside TRL's default (stage_w2), the host sampled as in shipprobe

@@ -150,13 +150,20 @@ def _rows(run_dir: Path) -> list[dict]:
     return read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
 
 
+def cache_env(work: Path) -> dict[str, str]:
+    """This process's environment with vLLM's, Inductor's and Triton's caches in ``work/caches``
+    (one set for every variant, and for ``benchmarks.startfloor``'s probes)."""
+    caches = work / "caches"
+    return dict(os.environ, VLLM_CACHE_ROOT=str(caches / "vllm"), TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"),
+                TRITON_CACHE_DIR=str(caches / "triton"))
+
+
 def run_variant(name: str, work: Path, steps: int, model: str, timeout: float) -> dict[str, Any]:
     """One ``xrlhf run`` of W for variant ``name``; its figures."""
     caches = work / "caches"  # one set for all variants: "cold" empties it
     if name.startswith("cold") and caches.exists():
         shutil.rmtree(caches)
-    env = dict(os.environ, VLLM_CACHE_ROOT=str(caches / "vllm"), TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"),
-               TRITON_CACHE_DIR=str(caches / "triton"))
+    env = cache_env(work)
     overrides = [f"trainer.steps={steps}", f"policy.model={model}", "logging.tensorboard=false"]
     overrides += [o for word in name.split("-")[1:] for o in FLAGS.get(word, [])]
     for word in name.split("-")[1:]:

@@ -72,7 +72,8 @@ def test_handles_that_preload_start_first_and_the_start_up_line():
 def test_a_workers_timeline_is_in_order_and_since_its_process_began():
     import time
 
-    from xrlhf.coordinator.worker import IMPORTED_AT, MODULE_AT, process_start
+    from xrlhf.coordinator.worker import IMPORTED_AT, MODULE_AT
+    from xrlhf.utils.timeline import process_start
 
     born = process_start()
     assert born is not None and born <= MODULE_AT <= IMPORTED_AT <= time.time()

@@ -30,6 +30,7 @@ package_map.install()  # before anything imports transformers: the driver's map 
 from xrlhf.engines.base import DistInfo, EngineSpec  # noqa: E402
 from xrlhf.engines.host import EngineHost  # noqa: E402
 from xrlhf.utils.lean_imports import cache_entry_points, transformers_without_sklearn  # noqa: E402
+from xrlhf.utils.timeline import process_start  # noqa: E402
 
 IMPORTED_AT = time.time()
 
@@ -80,19 +81,6 @@ class EngineWorker(EngineHost):
             s.bind(("", 0))
             port = s.getsockname()[1]
         return ray.util.get_node_ip_address(), port
-
-
-def process_start() -> float | None:
-    """When this process started, in seconds since the epoch (Linux's /proc, to its clock tick);
-    ``None`` where /proc does not tell."""
-    try:
-        with open("/proc/self/stat") as f:
-            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime: ticks since boot
-        with open("/proc/uptime") as f:
-            uptime = float(f.read().split()[0])
-        return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def sigterm_again_outside_callbacks(unraisable) -> None:

@@ -9,6 +9,7 @@ producer records from its own thread.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from contextlib import contextmanager
@@ -40,3 +41,16 @@ class Timeline:
         with self._lock:
             spans, self._spans = self._spans, []
         return spans
+
+
+def process_start() -> float | None:
+    """When this process started, in seconds since the epoch (Linux's /proc, to its clock tick);
+    ``None`` where /proc does not tell."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime: ticks since boot
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None

@@ -1,0 +1,203 @@
+"""The floor of W's warm start on one GPU: its critical path in parts that xrlhf does not own,
+each timed alone in fresh processes of one call (issue 25's 15 s target).
+
+W's handles are ready when its generator is (the coordinator's timeline: the trainers are built
+3-4 s before it). The generator's path: Ray starts and hands the generator's actor a worker
+process; that process imports torch, transformers and vLLM; vLLM builds W's engine. The probes
+time those parts with nothing of xrlhf's coordination between them:
+
+* ``ray``: a fresh driver starts Ray as a run does (``coordinator.init_ray``: the lean head, one
+  idle worker prestarted per CPU) and creates one actor: ``ray_s`` when ``init_ray`` returned,
+  ``actor_s`` when the actor's process began importing its class (this module: nothing heavy),
+  ``up_s`` when its first call returned; seconds from just before ``init_ray``, W's ``t0``.
+* ``generator``: a fresh process imports torch, transformers and xrlhf's vLLM engine, reads W's
+  config and topology (what the driver ships to the actor), imports vLLM (``preload``) and builds
+  W's generate engine exactly as W's topology specifies it, with ``benchmarks.startup``'s warm
+  caches: each part's seconds, and ``total_s`` from the process's birth (Python's own start too).
+* ``generator-cudathread``: the same, with CUDA's context made in a second thread while vLLM
+  imports (``--cuda-thread``): whether the context's ~0.3-1 s can leave the critical path.
+
+``floor_s`` = median ``actor_s`` + median generator ``total_s``: a run whose generator is a Ray
+actor started after Ray cannot be ready sooner on this machine. ``--warm N`` then times W's warm
+start N times (``benchmarks.startup``'s ``warm``) in the same call, for what xrlhf adds. Run
+``benchmarks.startup --variants cold`` first (the caches). Writes ``startfloor.json``::
+
+    python -m benchmarks.startfloor --rounds 2 --warm 2 --out $OUT/startfloor
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+MODULE_AT = time.time()
+"""When this module began to be imported: in the ``ray`` probe's actor, when its class came."""
+
+CONFIG = "configs/gpu/grpo_w.yaml"
+
+
+class Probe:
+    """The ``ray`` probe's actor: it only says when its module came and when it was made."""
+
+    def __init__(self):
+        self.init_at = time.time()
+
+    def times(self) -> dict[str, float]:
+        return {"module_at": MODULE_AT, "init_at": self.init_at}
+
+
+def ray_probe() -> dict[str, Any]:
+    """Start Ray as ``xrlhf run`` does, one actor up; seconds from just before ``init_ray``."""
+    import ray
+
+    from xrlhf.config.schema import RayConfig
+    from xrlhf.coordinator.coordinator import init_ray, shutdown_ray
+
+    t0 = time.time()
+    init_ray(RayConfig(num_gpus=1))
+    ray_s = time.time() - t0
+    # by reference (this file runs as __main__ here, whose classes Ray would pickle by value): the
+    # actor's process imports this module, and its MODULE_AT is that process's
+    from benchmarks.startfloor import Probe as ByName
+
+    actor = ray.remote(num_cpus=1)(ByName).remote()
+    times = ray.get(actor.times.remote(), timeout=120)
+    out = {"ray_s": ray_s, "actor_s": times["module_at"] - t0, "up_s": time.time() - t0}
+    shutdown_ray()
+    return {k: round(v, 2) for k, v in out.items()}
+
+
+def _cuda_context() -> None:
+    import torch
+
+    torch.cuda.init()
+    torch.empty(1, device="cuda")
+
+
+def generator_probe(cuda_thread: bool) -> dict[str, Any]:
+    """W's generate engine built in this fresh process, part by part (the module docstring)."""
+    from xrlhf.utils.timeline import process_start
+
+    born, t = process_start(), time.time()
+    out: dict[str, Any] = {"python_s": t - born if born else None}
+
+    def lap(name: str) -> None:
+        nonlocal t
+        now = time.time()
+        out[name] = now - t
+        t = now
+
+    import torch  # noqa: F401
+
+    lap("torch_s")
+    import transformers  # noqa: F401
+
+    lap("transformers_s")
+    from xrlhf.engines.base import build_engine, engine_class
+    from xrlhf.topology import topology
+    from xrlhf.validation import load_config
+
+    cfg = load_config(CONFIG, [])
+    plan = topology(cfg, cfg.policy.model)
+    name, spec = next(s for s in plan.handles if "generate" in s.engines).engines["generate"]
+    lap("xrlhf_s")
+    cuda = threading.Thread(target=_cuda_context, name="cuda-context") if cuda_thread else None
+    if cuda is not None:
+        cuda.start()
+    engine_class(name, "generate").preload(spec.options)
+    lap("vllm_s")
+    if cuda is not None:
+        cuda.join()
+        lap("cuda_wait_s")
+    engine = build_engine(name, spec, "generate")
+    lap("engine_s")
+    out["total_s"] = time.time() - born if born else None
+    engine.shutdown()
+    return {k: (round(v, 2) if isinstance(v, float) else v) for k, v in out.items()}
+
+
+def _probe(kind: str, work: Path, timeout: float) -> dict[str, Any]:
+    """``kind`` (ray / generator / generator-cudathread) in a fresh process; its figures."""
+    from benchmarks.startup import cache_env
+
+    result = work / f"floor-{kind}.json"
+    result.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "benchmarks.startfloor", "--probe", kind, "--result", str(result)]
+    with open(work / f"floor-{kind}.log", "a") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=cache_env(work), timeout=timeout)
+    if proc.returncode != 0 or not result.is_file():
+        return {"exit": proc.returncode, "log": str(work / f"floor-{kind}.log")}
+    return json.loads(result.read_text())
+
+
+def summarize(rounds: dict[str, list[dict[str, Any]]], warm: list[float | None]) -> dict[str, Any]:
+    """The medians of each probe's figures and ``floor_s`` (median ``actor_s`` + median generator
+    ``total_s``); ``warm_ready_s`` and, where both exist, ``above_floor_s``: what W's warm start
+    takes beyond the floor."""
+    med = {kind: {k: round(statistics.median(r[k] for r in rs if r.get(k) is not None), 2)
+                  for k in rs[0] if all(isinstance(r.get(k), (int, float)) for r in rs)}
+           for kind, rs in rounds.items() if rs}
+    out: dict[str, Any] = {"median": med}
+    ray_s, gen = med.get("ray", {}).get("actor_s"), med.get("generator", {}).get("total_s")
+    if ray_s is not None and gen is not None:
+        out["floor_s"] = round(ray_s + gen, 2)
+    ready = [w for w in warm if w is not None]
+    if ready:
+        out["warm_ready_s"] = ready
+        if "floor_s" in out:
+            out["above_floor_s"] = round(statistics.median(ready) - out["floor_s"], 2)
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--work", default="/tmp/xrlhf-startup", help="benchmarks.startup's folder (its warm caches)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--kinds", default="ray,generator,generator-cudathread")
+    ap.add_argument("--warm", type=int, default=0, help="then W's warm start this many times (benchmarks.startup)")
+    ap.add_argument("--timeout", type=float, default=180)
+    ap.add_argument("--probe", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--result", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.probe:
+        out = ray_probe() if args.probe == "ray" else generator_probe(args.probe.endswith("cudathread"))
+        Path(args.result).write_text(json.dumps(out))
+        return out
+    from benchmarks.common import gpu_name, versions, write_json
+    from benchmarks.startup import run_variant
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    kinds = [k for k in args.kinds.split(",") if k]
+    rounds: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
+    warm: list[dict[str, Any]] = []
+    data: dict[str, Any] = {}
+    for i in range(args.rounds):  # interleaved: a machine's drift spreads over every kind alike
+        for kind in kinds:
+            r = _probe(kind, work, args.timeout)
+            print(f"round {i + 1} {kind}: {r}", flush=True)
+            rounds[kind].append(r)
+    for i in range(args.warm):
+        r = run_variant("warm", work, 1, "artifacts/model-0.5b", args.timeout)
+        print(f"W warm {i + 1}: ready {r['ready_s']} s, timeline {r.get('timeline')}", flush=True)
+        warm.append({k: r.get(k) for k in ("exit", "ready_s", "timeline", "vllm")})
+    ok = {k: [r for r in rs if "exit" not in r] for k, rs in rounds.items()}
+    data = {"gpu": gpu_name(), "command": "python -m benchmarks.startfloor " + " ".join(argv or sys.argv[1:]),
+            "versions": versions(), "cpus": os.cpu_count(), "rounds": rounds, "warm": warm,
+            **summarize(ok, [w["ready_s"] for w in warm])}
+    write_json(args.out, "startfloor.json", data)
+    print(json.dumps({k: data[k] for k in data if k not in ("rounds", "warm")}, indent=1))
+    return data
+
+
+if __name__ == "__main__":
+    main()
