@@ -10,12 +10,15 @@ time those parts with nothing of xrlhf's coordination between them:
   idle worker prestarted per CPU) and creates one actor: ``ray_s`` when ``init_ray`` returned,
   ``actor_s`` when the actor's process began importing its class (this module: nothing heavy),
   ``up_s`` when its first call returned; seconds from just before ``init_ray``, W's ``t0``.
-* ``generator``: a fresh process imports torch, transformers and xrlhf's vLLM engine, reads W's
-  config and topology (what the driver ships to the actor), imports vLLM (``preload``) and builds
-  W's generate engine exactly as W's topology specifies it, with ``benchmarks.startup``'s warm
-  caches: each part's seconds, and ``total_s`` from the process's birth (Python's own start too).
-* ``generator-cudathread``: the same, with CUDA's context made in a second thread while vLLM
-  imports (``--cuda-thread``): whether the context's ~0.3-1 s can leave the critical path.
+* ``generator``: a fresh process does what the generator's actor does, in its order: imports the
+  worker's class (torch, Ray, the engines' host), unpickles W's engine spec (made by the parent
+  from W's config and topology, as the driver makes it: unpickling imports the engines' modules),
+  imports vLLM (``preload``) and builds W's generate engine, with ``benchmarks.startup``'s warm
+  caches: each part's seconds, and ``total_s`` from the process's birth (Python's start too).
+
+(2026-11-27, eighth session: ``generator-cudathread``, CUDA's context made in a second thread
+while vLLM imported, gave vLLM's import 4.9-5.0 s against 3.7-3.8 s and the build 3.9 s against
+3.3 s: no overlap to be had; it left the probe.)
 
 ``floor_s`` = median ``actor_s`` + median generator ``total_s``: a run whose generator is a Ray
 actor started after Ray cannot be ready sooner on this machine. ``--warm N`` then times W's warm
@@ -33,7 +36,6 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -75,15 +77,10 @@ def ray_probe() -> dict[str, Any]:
     return {k: round(v, 2) for k, v in out.items()}
 
 
-def _cuda_context() -> None:
-    import torch
-
-    torch.cuda.init()
-    torch.empty(1, device="cuda")
-
-
-def generator_probe(cuda_thread: bool) -> dict[str, Any]:
-    """W's generate engine built in this fresh process, part by part (the module docstring)."""
+def generator_probe(spec_path: str) -> dict[str, Any]:
+    """W's generate engine built in this fresh process as its actor builds it, part by part: the
+    worker's class (torch, Ray, the engines' host), the engine spec unpickled (what Ray does with
+    the ``preload`` call's arguments: the engines' modules), vLLM's import, the build."""
     from xrlhf.utils.timeline import process_start
 
     born, t = process_start(), time.time()
@@ -98,30 +95,37 @@ def generator_probe(cuda_thread: bool) -> dict[str, Any]:
     import torch  # noqa: F401
 
     lap("torch_s")
-    import transformers  # noqa: F401
+    import ray  # noqa: F401
 
-    lap("transformers_s")
+    from xrlhf.engines.host import EngineHost  # noqa: F401 - what the worker's class imports
+
+    lap("host_s")
+    import pickle
+
+    name, spec = pickle.loads(Path(spec_path).read_bytes())
+    lap("spec_s")
     from xrlhf.engines.base import build_engine, engine_class
-    from xrlhf.topology import topology
-    from xrlhf.validation import load_config
 
-    cfg = load_config(CONFIG, [])
-    plan = topology(cfg, cfg.policy.model)
-    name, spec = next(s for s in plan.handles if "generate" in s.engines).engines["generate"]
-    lap("xrlhf_s")
-    cuda = threading.Thread(target=_cuda_context, name="cuda-context") if cuda_thread else None
-    if cuda is not None:
-        cuda.start()
     engine_class(name, "generate").preload(spec.options)
     lap("vllm_s")
-    if cuda is not None:
-        cuda.join()
-        lap("cuda_wait_s")
     engine = build_engine(name, spec, "generate")
     lap("engine_s")
     out["total_s"] = time.time() - born if born else None
     engine.shutdown()
     return {k: (round(v, 2) if isinstance(v, float) else v) for k, v in out.items()}
+
+
+def write_spec(path: Path, config: str = CONFIG, overrides: list[str] | None = None) -> None:
+    """The generate engine (name, spec) of ``config`` (W) with ``overrides`` as its topology gives
+    it to the actor, pickled to ``path``."""
+    import pickle
+
+    from xrlhf.topology import topology
+    from xrlhf.validation import load_config
+
+    cfg = load_config(config, overrides or [])
+    plan = topology(cfg, cfg.policy.model)
+    path.write_bytes(pickle.dumps(next(s for s in plan.handles if "generate" in s.engines).engines["generate"]))
 
 
 def _probe(kind: str, work: Path, timeout: float) -> dict[str, Any]:
@@ -130,7 +134,8 @@ def _probe(kind: str, work: Path, timeout: float) -> dict[str, Any]:
 
     result = work / f"floor-{kind}.json"
     result.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "benchmarks.startfloor", "--probe", kind, "--result", str(result)]
+    cmd = [sys.executable, "-m", "benchmarks.startfloor", "--probe", kind, "--result", str(result),
+           "--spec", str(work / "gen-spec.pkl")]
     with open(work / f"floor-{kind}.log", "a") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=cache_env(work), timeout=timeout)
     if proc.returncode != 0 or not result.is_file():
@@ -162,14 +167,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--work", default="/tmp/xrlhf-startup", help="benchmarks.startup's folder (its warm caches)")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--kinds", default="ray,generator,generator-cudathread")
+    ap.add_argument("--kinds", default="ray,generator")
+    ap.add_argument("--config", default=CONFIG, help="the run whose generator is probed (W)")
     ap.add_argument("--warm", type=int, default=0, help="then W's warm start this many times (benchmarks.startup)")
     ap.add_argument("--timeout", type=float, default=180)
     ap.add_argument("--probe", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--result", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--spec", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.probe:
-        out = ray_probe() if args.probe == "ray" else generator_probe(args.probe.endswith("cudathread"))
+        out = ray_probe() if args.probe == "ray" else generator_probe(args.spec)
         Path(args.result).write_text(json.dumps(out))
         return out
     from benchmarks.common import gpu_name, versions, write_json
@@ -178,6 +185,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     kinds = [k for k in args.kinds.split(",") if k]
+    if "generator" in kinds:
+        write_spec(work / "gen-spec.pkl", args.config)
     rounds: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
     warm: list[dict[str, Any]] = []
     data: dict[str, Any] = {}

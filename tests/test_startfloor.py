@@ -7,6 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from benchmarks.startfloor import summarize
 
 
@@ -26,6 +28,7 @@ def test_a_part_missing_in_a_round_leaves_the_figure_out_and_no_probe_no_floor()
     assert "floor_s" not in summarize({"ray": [{"actor_s": 3.0}]}, [14.0])
 
 
+@pytest.mark.slow
 def test_the_ray_probe_starts_ray_and_times_the_actor_in_its_own_process(tmp_path):
     result = tmp_path / "r.json"
     subprocess.run([sys.executable, "-m", "benchmarks.startfloor", "--probe", "ray", "--result", str(result)],
@@ -35,3 +38,21 @@ def test_the_ray_probe_starts_ray_and_times_the_actor_in_its_own_process(tmp_pat
     out = json.loads(result.read_text())
     # the actor's module came after Ray was up (its own process's clock, not the driver's import)
     assert 0 < out["ray_s"] <= out["actor_s"] <= out["up_s"]
+
+
+@pytest.mark.slow
+def test_the_generator_probe_builds_a_runs_generate_engine_in_its_own_process(tmp_path, tiny_model):
+    """The quickstart's generator (the HF engine on CPU) through the probe's own path: the spec
+    pickled as the driver makes it, then the class imports, vLLM's place (``preload``), the build."""
+    import json
+
+    from benchmarks.startfloor import write_spec
+
+    spec, result = tmp_path / "spec.pkl", tmp_path / "g.json"
+    write_spec(spec, "configs/grpo.yaml", [f"policy.model={tiny_model}"])
+    subprocess.run([sys.executable, "-m", "benchmarks.startfloor", "--probe", "generator", "--spec", str(spec),
+                    "--result", str(result)], check=True, timeout=300)
+    out = json.loads(result.read_text())
+    parts = ("torch_s", "host_s", "spec_s", "vllm_s", "engine_s")
+    assert all(out[k] >= 0 for k in parts)
+    assert out["total_s"] >= sum(out[k] for k in parts)  # from the process's birth: Python's start too
