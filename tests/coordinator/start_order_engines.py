@@ -29,10 +29,17 @@ def stamp(spec, event: str) -> None:
 
 
 class AloneGenerator(HFGenerateEngine):
-    """Sizes nothing from free memory, but says it does: built alone, after the other engines."""
+    """Sizes nothing from free memory, but says it does: built alone, after the other engines;
+    and imports something at ``preload`` (stamped), as vLLM does."""
 
     Options = StampGenerateOptions
     starts_alone = True
+
+    @classmethod
+    def preload(cls, options) -> None:
+        stamps = Path(options["stamps"] if isinstance(options, dict) else options.stamps)
+        stamps.mkdir(exist_ok=True)
+        (stamps / f"preload-{os.getpid()}").write_text(repr(time.time()))
 
     def __init__(self, spec):
         stamp(spec, "alone-start")

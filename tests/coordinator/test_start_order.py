@@ -36,8 +36,10 @@ def test_engines_that_start_alone_are_built_when_nothing_else_is(tiny_model, tmp
     coord = Coordinator(topology(cfg, tiny_model, {"policy": 1})).start()
     try:
         t = stamps(where)
-        assert set(t) == {"alone-start", "alone-end", "infer-start", "infer-end"}
+        assert set(t) == {"preload", "alone-start", "alone-end", "infer-start", "infer-end"}
         assert len(coord.pids["policy"]) == 1 and len(coord.pids["rollout"]) == 1 and len(coord.pids["reference"]) == 1
+        # the generator's imports began in its own process, before its build
+        assert (where / f"preload-{coord.pids['rollout'][0]}").is_file() and t["preload"] <= t["alone-start"]
         assert t["alone-start"] > t["infer-end"], "the alone engine was built while the reference was"
         # the start-up's timeline: every handle up, then built, then all ready
         up = coord.startup
@@ -48,6 +50,44 @@ def test_engines_that_start_alone_are_built_when_nothing_else_is(tiny_model, tmp
         assert up["policy/train_s"] > 0 and up["rollout/generate_s"] > 0
     finally:
         coord.shutdown()
+
+
+def test_a_preloading_handles_workers_get_their_engines_in_the_constructor(monkeypatch):
+    """The imports begin in the worker's constructor: a first call would wait for the driver to
+    hear that the actor is up (0.5-0.8 s of W's warm start on an H100). Workers whose engines
+    import nothing at ``preload`` get none."""
+    from types import SimpleNamespace
+
+    from xrlhf.coordinator import coordinator as cmod
+    from xrlhf.engines.base import EngineSpec
+
+    made = []
+
+    class Actor:  # ray.remote(...)(EngineWorker): records the constructor's arguments; no method calls
+        def options(self, **kwargs):
+            return self
+
+        def remote(self, *args):
+            made.append(args)
+            return SimpleNamespace(preload=SimpleNamespace(remote=lambda engines: made.append(("call", engines))))
+
+    monkeypatch.setattr(cmod.ray, "remote", lambda **kwargs: (lambda cls: Actor()))
+    coord = SimpleNamespace(topology=SimpleNamespace(concurrent_generate=0))
+    slot = SimpleNamespace(options=lambda rank: {}, threads=2)
+    spec = EngineSpec("m")
+    gen = {"generate": ("vllm", spec)}
+    cmod.Coordinator._spawn(coord, SimpleNamespace(name="rollout", engines=gen, resources=SimpleNamespace(ranks=2)),
+                            slot)
+    assert made == [("rollout", 0, 2, gen), ("rollout", 1, 2, gen)]
+    made.clear()
+    hf = {"train": ("hf", spec)}
+    cmod.Coordinator._spawn(coord, SimpleNamespace(name="policy", engines=hf, resources=SimpleNamespace(ranks=1)), slot)
+    assert made == [("policy", 0, 2, None)]
+    made.clear()  # the way before, kept for benchmarks.startup's warm-precall: a first call
+    monkeypatch.setenv(cmod.PRELOAD_IN_CALL, "1")
+    cmod.Coordinator._spawn(coord, SimpleNamespace(name="rollout", engines=gen, resources=SimpleNamespace(ranks=1)),
+                            slot)
+    assert made == [("rollout", 0, 2, None), ("call", gen)]
 
 
 def test_handles_that_preload_start_first_and_the_start_up_line():

@@ -136,14 +136,19 @@ def _preloads(engines: dict[str, tuple[str, EngineSpec]]) -> bool:
     return any(engine_class(name, role).preload.__func__ is not base for role, (name, _) in engines.items())
 
 
+PRELOAD_IN_CALL = "XRLHF_PRELOAD_IN_CALL"
+"""Set to 1: the workers' imports begin in a first call, not in the constructor (the way before
+2026-11-27's eighth session; ``benchmarks.startup``'s ``warm-precall`` measures against it)."""
+
 WORKER_POINTS = ("born_s", "module_s", "imported_s", "init_s", "called_s")
 """When rank 0's process started, began and ended importing the worker's class, was constructed,
-began its first call (s after Ray's start; ``EngineWorker.setup``'s ``timeline``)."""
+began its engines' imports (``preload``: in the constructor where they take long, vLLM's, else
+the first call); s after Ray's start, ``EngineWorker.setup``'s ``timeline``."""
 
 
 def _startup_line(times: dict[str, float]) -> str:
     """``Coordinator.startup`` as one line: Ray, then per handle when its rank 0's process was
-    born, had imported its class, was constructed and began its first call, its workers up, what
+    born, had imported its class, was constructed and began its preload, its workers up, what
     rank 0's imports and engines took, and when its engines were built."""
     parts = [f"Ray {times['ray_s']:.1f}"]
     for name in dict.fromkeys(k.split("/")[0] for k in times if "/" in k):
@@ -244,7 +249,7 @@ class Coordinator:
 
     def _spawn(self, s: HandleSpec, slot: Slot) -> ModelHandle:
         """New workers of handle ``s`` in ``slot`` (not waited for); each starts importing what its
-        engines need (``EngineHost.preload``) as soon as its process is up."""
+        engines need (``EngineHost.preload``) in its constructor, as soon as its process is up."""
         # a generator runs generate calls beside each other (the parts of a batch, an evaluation,
         # episode turns) and beside a weight sync (in-flight updates)
         concurrent = "generate" in s.engines
@@ -252,11 +257,13 @@ class Coordinator:
         if concurrent:
             groups["rollout"] = max(ROLLOUT_GROUPS["rollout"], self.topology.concurrent_generate)
         actor = ray.remote(concurrency_groups=groups)(EngineWorker)
+        preload = s.engines if _preloads(s.engines) else None  # imports that take long (vLLM): at once
+        in_call = os.environ.get(PRELOAD_IN_CALL) == "1"
         workers = [actor.options(**slot.options(rank), max_restarts=0,
-                                 name=None).remote(s.name, rank, slot.threads)
+                                 name=None).remote(s.name, rank, slot.threads, None if in_call else preload)
                    for rank in range(s.resources.ranks)]
-        for w in workers:  # imports that take long (vLLM) start now, beside everything else
-            w.preload.remote(s.engines)
+        for w in workers if in_call and preload else []:
+            w.preload.remote(preload)
         return ModelHandle(s.name, workers, trainable="train" in s.engines, concurrent=concurrent)
 
     def _setup(self, s: HandleSpec, handle: ModelHandle, timeout: float | None = None,

@@ -42,9 +42,11 @@ class EngineWorker(EngineHost):
         handle: the handle's name (for messages).
         rank: this worker's rank in the handle.
         threads: torch CPU threads for this worker.
+        preload: the engines whose imports start at once (``EngineHost.preload``), if any.
     """
 
-    def __init__(self, handle: str, rank: int, threads: int = 1):
+    def __init__(self, handle: str, rank: int, threads: int = 1,
+                 preload: dict[str, tuple[str, EngineSpec]] | None = None):
         self._init_at = time.time()
         # What this process has loaded (Ray, torch) stays for its life: frozen, the collections that
         # the engines' imports trigger (transformers, vLLM: thousands of modules) do not walk it
@@ -58,13 +60,18 @@ class EngineWorker(EngineHost):
         cache_entry_points()
         super().__init__(handle, rank, threads)
         sys.unraisablehook = sigterm_again_outside_callbacks
+        if preload:
+            # Here, not in a first call: a call waits for the driver to hear that the actor is up
+            # (0.5-0.8 s of W's warm start on an H100, 2026-11-27; seconds on the 2-core box),
+            # and vLLM's import is the generator's critical path.
+            self.preload(preload)
 
     def setup(self, engines: dict[str, tuple[str, EngineSpec]], dist: DistInfo) -> dict[str, Any]:
         """``EngineHost.setup``, and in ``timeline`` when this process started (``born_at``),
         began and ended importing its class (``module_at``, ``imported_at``), was constructed
-        (``init_at``) and began its first call, ``preload`` (``called_at``: after Ray unpickled the
-        call's engine specs, which imports the engines' modules: transformers, ~4 s of the 2-core
-        box's start), in seconds since the epoch: where a worker's start-up went."""
+        (``init_at``) and began ``preload``'s imports (``called_at``: at the end of the constructor
+        where it was given the engines, else the first call, ``EngineHost.preload``), in seconds
+        since the epoch: where a worker's start-up went."""
         out = super().setup(engines, dist)
         out["timeline"] = {"born_at": process_start(), "module_at": MODULE_AT, "imported_at": IMPORTED_AT,
                            "init_at": self._init_at, "called_at": self._preload_at}
