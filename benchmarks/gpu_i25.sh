@@ -48,7 +48,7 @@
 #   bash benchmarks/gpu_i25.sh setup wship          # W as shipped alone, 6 steps (2026-11-27f: the automatic chunk)
 #   bash benchmarks/gpu_i25.sh setup twogen startcold startfloor  # one vLLM engine vs two on W's shape; the warm start's floor
 #   bash benchmarks/gpu_i25.sh shippedc             # W as shipped beside TRL's default, and the 1,024-token chunk
-#   bash benchmarks/gpu_i25.sh setup startcold startpc  # the floor's probes; warm starts: preload in the constructor / a call
+#   bash benchmarks/gpu_i25.sh setup startcold startpc  # the floor's probes (the worker's class outside Ray); warm starts
 #   (the stack as an installed tree in 6-7 parts: benchmarks/stage_site.sh, .gpu/x-K, docs/testing.md; py-spy==0.4.3 among its wheels)
 #
 # Measured 2026-11-26 (one H200): setup 31 s, eff 141 s, wvar 334 s, smoke 160 s, inflight 54-77 s,
@@ -380,11 +380,11 @@ stage_startfloor() {  # the floor of W's warm start (benchmarks/startfloor.py): 
   cp /tmp/xrlhf-startup/floor-*.log "$OUT/startfloor/" 2>/dev/null
 }
 
-stage_startpc() {  # the floor's probes (no W runs), then W's warm start with vLLM's import begun in the
-  # generator's constructor (shipped) and in a first call (warm-precall, the way before), interleaved
+stage_startpc() {  # the floor's probes (no W runs), then W's warm starts (2026-11-27, eighth: against
+  # warm-precall, vLLM's import begun in a first call as before, a switch that has left the code)
   TAIL=14 run startfloor 300 python -m benchmarks.startfloor --rounds 2 --warm 0 --out "$OUT/startfloor"
   cp /tmp/xrlhf-startup/floor-*.log "$OUT/startfloor/" 2>/dev/null
-  STARTUP_VARIANTS="${STARTUP_VARIANTS:-warm,warm-precall,warm,warm-precall}" stage_startmain
+  STARTUP_VARIANTS="${STARTUP_VARIANTS:-warm,warm,warm}" stage_startmain
 }
 
 stage_shippedc() {  # W as shipped (the automatic logprob chunk: 8,192 tokens on W) beside TRL's default, and the

@@ -10,15 +10,18 @@ time those parts with nothing of xrlhf's coordination between them:
   idle worker prestarted per CPU) and creates one actor: ``ray_s`` when ``init_ray`` returned,
   ``actor_s`` when the actor's process began importing its class (this module: nothing heavy),
   ``up_s`` when its first call returned; seconds from just before ``init_ray``, W's ``t0``.
-* ``generator``: a fresh process does what the generator's actor does, in its order: imports the
-  worker's class (torch, Ray, the engines' host), unpickles W's engine spec (made by the parent
-  from W's config and topology, as the driver makes it: unpickling imports the engines' modules),
-  imports vLLM (``preload``) and builds W's generate engine, with ``benchmarks.startup``'s warm
-  caches: each part's seconds, and ``total_s`` from the process's birth (Python's start too).
+* ``generator``: a fresh process does what the generator's actor does, without Ray: imports the
+  worker's class (``EngineWorker``: torch, Ray, the engines' host), constructs it with W's engine
+  spec to preload (made by the parent from W's config and topology, as the driver makes it; the
+  constructor's lean imports, then vLLM's import in a thread), then ``setup`` builds W's generate
+  engine once that import is done; with ``benchmarks.startup``'s warm caches. Each part's
+  seconds, ``setup``'s own (vLLM's import, the build), and ``total_s`` from the process's birth.
 
-(2026-11-27, eighth session: ``generator-cudathread``, CUDA's context made in a second thread
-while vLLM imported, gave vLLM's import 4.9-5.0 s against 3.7-3.8 s and the build 3.9 s against
-3.3 s: no overlap to be had; it left the probe.)
+(2026-11-27, eighth session, the first version of this probe imported torch, transformers and
+vLLM itself, without the worker's lean imports: ~1 s slower than the actor, no floor. Its
+``generator-cudathread``, CUDA's context made in a second thread while vLLM imported, gave
+vLLM's import 4.9-5.0 s against 3.7-3.8 s and the build 3.9 s against 3.3 s: no overlap to be
+had; it left the probe.)
 
 ``floor_s`` = median ``actor_s`` + median generator ``total_s``: a run whose generator is a Ray
 actor started after Ray cannot be ready sooner on this machine. ``--warm N`` then times W's warm
@@ -78,9 +81,10 @@ def ray_probe() -> dict[str, Any]:
 
 
 def generator_probe(spec_path: str) -> dict[str, Any]:
-    """W's generate engine built in this fresh process as its actor builds it, part by part: the
-    worker's class (torch, Ray, the engines' host), the engine spec unpickled (what Ray does with
-    the ``preload`` call's arguments: the engines' modules), vLLM's import, the build."""
+    """W's generate engine built in this fresh process by the generator's own worker class, outside
+    Ray: the class imported (torch, Ray, the engines' host), constructed with the engines to
+    preload (its lean imports, then vLLM's import in a thread), ``setup`` (which waits for that
+    import, then builds). Each part's seconds, and ``total_s`` from the process's birth."""
     from xrlhf.utils.timeline import process_start
 
     born, t = process_start(), time.time()
@@ -92,26 +96,21 @@ def generator_probe(spec_path: str) -> dict[str, Any]:
         out[name] = now - t
         t = now
 
-    import torch  # noqa: F401
+    from xrlhf.coordinator.worker import EngineWorker
 
-    lap("torch_s")
-    import ray  # noqa: F401
-
-    from xrlhf.engines.host import EngineHost  # noqa: F401 - what the worker's class imports
-
-    lap("host_s")
+    lap("class_s")
     import pickle
 
-    name, spec = pickle.loads(Path(spec_path).read_bytes())
-    lap("spec_s")
-    from xrlhf.engines.base import build_engine, engine_class
+    engines = {"generate": pickle.loads(Path(spec_path).read_bytes())}
+    worker = EngineWorker("rollout", 0, 1, preload=engines)
+    lap("init_s")
+    from xrlhf.engines.base import DistInfo
 
-    engine_class(name, "generate").preload(spec.options)
-    lap("vllm_s")
-    engine = build_engine(name, spec, "generate")
-    lap("engine_s")
+    done = worker.setup(engines, DistInfo())
+    lap("setup_s")
+    out.update({f"setup/{k}": v for k, v in done["seconds"].items()})  # imports_s (vLLM's), generate_s (the build)
     out["total_s"] = time.time() - born if born else None
-    engine.shutdown()
+    worker.gen.shutdown()
     return {k: (round(v, 2) if isinstance(v, float) else v) for k, v in out.items()}
 
 

@@ -27,8 +27,7 @@ Variants (``--variants``, in order; caches are directories of their own, so "col
   tables in ``profile-<variant>/`` (``engines.host.PROFILE_ENV``); ``warm-fewgraphs``: vLLM
   captures 11 decode batch sizes as CUDA graphs instead of 51 (2.0 s of capture warm);
   ``warm-keepsklearn``: transformers imports scikit-learn in the workers; ``warm-noprestart``:
-  Ray prestarts no idle workers (``ENV``); ``warm-precall``: vLLM's import begins in the
-  generator's first call, not its constructor (``ENV``).
+  Ray prestarts no idle workers (``ENV``).
 
 A name starting with ``cold`` empties the caches first.
 
@@ -79,7 +78,7 @@ from xrlhf.engines.host import PROFILE_ENV
 CONFIG = "configs/gpu/grpo_w.yaml"
 VARIANTS = ("cold", "warm", "warm-compile", "cold-compile", "warm-nocompile", "cold-nocompile", "warm-multiprocess",
             "warm-eager", "warm-importtime", "warm-threads1", "warm-fullhead", "warm-preload", "warm-profile",
-            "warm-fewgraphs", "warm-keepsklearn", "warm-noprestart", "warm-precall")
+            "warm-fewgraphs", "warm-keepsklearn", "warm-noprestart")
 FLAGS = {"compile": ["policy.generate.torch_compile=true"], "nocompile": ["policy.generate.torch_compile=false"],
          "multiprocess": ["policy.generate.multiprocessing=true"],
          "eager": ["policy.train.compile=false", "reference.infer.compile=false"],
@@ -88,8 +87,7 @@ FLAGS = {"compile": ["policy.generate.torch_compile=true"], "nocompile": ["polic
 ENV = {"importtime": {"PYTHONPROFILEIMPORTTIME": "1", "RAY_DEDUP_LOGS": "0"}, "threads1": {"TORCHINDUCTOR_COMPILE_THREADS": "1"},
        "fullhead": {"XRLHF_RAY_FULL_HEAD": "1"}, "preload": {"RAY_preload_python_modules": "vllm"},
        "keepsklearn": {"XRLHF_KEEP_SKLEARN": "1"},
-       "noprestart": {"RAY_enable_worker_prestart": "0", "RAY_prestart_worker_first_driver": "0"},
-       "precall": {"XRLHF_PRELOAD_IN_CALL": "1"}}
+       "noprestart": {"RAY_enable_worker_prestart": "0", "RAY_prestart_worker_first_driver": "0"}}
 """What a variant's words set in the run's environment (a local Ray's workers inherit it):
 ``importtime``: every process's imports, module by module, on its stderr (the run's log);
 ``fullhead``: Ray's whole head (the dashboard's API server and the autoscaler's monitor too, as
@@ -97,9 +95,10 @@ before ``coordinator.lean_head``); ``preload``: every Ray worker imports vLLM be
 (Ray's ``preload_python_modules``; the workers Ray prestarts when the driver connects begin then);
 ``keepsklearn``: the workers' transformers imports scikit-learn as it would (``utils.lean_imports``);
 ``noprestart``: Ray starts no idle workers when the driver connects (it starts one per CPU, 16 on
-the GPU machine, that import Ray beside the run's own workers; a run's workers are actors only);
-``precall``: the generator's vLLM import begins in a first call, as before 2026-11-27's eighth
-session, not in its constructor (``coordinator.PRELOAD_IN_CALL``).
+the GPU machine, that import Ray beside the run's own workers; a run's workers are actors only).
+(2026-11-27, eighth session, also ran ``warm-precall``: vLLM's import begun in the generator's
+first call, as before, not in its constructor: 19.7 and 19.7 s against 16.0 and 19.0 s; the
+switch left the code.)
 (2026-11-27 also ran ``warm-mainpreload``, the worker's ``preload`` importing in the call rather than
 in a thread: 27.8 s against 27.8 and 28.0 s; the switch left the code.)"""
 

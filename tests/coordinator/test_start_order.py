@@ -69,7 +69,7 @@ def test_a_preloading_handles_workers_get_their_engines_in_the_constructor(monke
 
         def remote(self, *args):
             made.append(args)
-            return SimpleNamespace(preload=SimpleNamespace(remote=lambda engines: made.append(("call", engines))))
+            return SimpleNamespace()
 
     monkeypatch.setattr(cmod.ray, "remote", lambda **kwargs: (lambda cls: Actor()))
     coord = SimpleNamespace(topology=SimpleNamespace(concurrent_generate=0))
@@ -83,11 +83,6 @@ def test_a_preloading_handles_workers_get_their_engines_in_the_constructor(monke
     hf = {"train": ("hf", spec)}
     cmod.Coordinator._spawn(coord, SimpleNamespace(name="policy", engines=hf, resources=SimpleNamespace(ranks=1)), slot)
     assert made == [("policy", 0, 2, None)]
-    made.clear()  # the way before, kept for benchmarks.startup's warm-precall: a first call
-    monkeypatch.setenv(cmod.PRELOAD_IN_CALL, "1")
-    cmod.Coordinator._spawn(coord, SimpleNamespace(name="rollout", engines=gen, resources=SimpleNamespace(ranks=1)),
-                            slot)
-    assert made == [("rollout", 0, 2, None), ("call", gen)]
 
 
 def test_handles_that_preload_start_first_and_the_start_up_line():

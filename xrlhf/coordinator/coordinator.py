@@ -136,10 +136,6 @@ def _preloads(engines: dict[str, tuple[str, EngineSpec]]) -> bool:
     return any(engine_class(name, role).preload.__func__ is not base for role, (name, _) in engines.items())
 
 
-PRELOAD_IN_CALL = "XRLHF_PRELOAD_IN_CALL"
-"""Set to 1: the workers' imports begin in a first call, not in the constructor (the way before
-2026-11-27's eighth session; ``benchmarks.startup``'s ``warm-precall`` measures against it)."""
-
 WORKER_POINTS = ("born_s", "module_s", "imported_s", "init_s", "called_s")
 """When rank 0's process started, began and ended importing the worker's class, was constructed,
 began its engines' imports (``preload``: in the constructor where they take long, vLLM's, else
@@ -258,12 +254,9 @@ class Coordinator:
             groups["rollout"] = max(ROLLOUT_GROUPS["rollout"], self.topology.concurrent_generate)
         actor = ray.remote(concurrency_groups=groups)(EngineWorker)
         preload = s.engines if _preloads(s.engines) else None  # imports that take long (vLLM): at once
-        in_call = os.environ.get(PRELOAD_IN_CALL) == "1"
         workers = [actor.options(**slot.options(rank), max_restarts=0,
-                                 name=None).remote(s.name, rank, slot.threads, None if in_call else preload)
+                                 name=None).remote(s.name, rank, slot.threads, preload)
                    for rank in range(s.resources.ranks)]
-        for w in workers if in_call and preload else []:
-            w.preload.remote(preload)
         return ModelHandle(s.name, workers, trainable="train" in s.engines, concurrent=concurrent)
 
     def _setup(self, s: HandleSpec, handle: ModelHandle, timeout: float | None = None,
