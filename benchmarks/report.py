@@ -110,6 +110,23 @@ def vllm_overhead(r: dict | None) -> list[str]:
     return out + [""]
 
 
+def vllm_engines_w(r: dict | None) -> list[str]:
+    """``vllm_overhead --engines-per-gpu 1 2 --rounds K`` on W's shape: one engine against two."""
+    if r is None:
+        return []
+    out = ["### One vLLM engine or two on W's shape", "",
+           f"GPU: **{r['gpu']}**, the 0.5B model, {r['prompts']} prompts x {r['new_tokens']} new tokens in all, W's "
+           "vLLM options; two engines each in its own process with half the prompts, generating at the same time; "
+           "the median of the rounds (`bash benchmarks/gpu_i25.sh twogen`, " + r.get("date", "") + ").", "",
+           "| engines | xrlhf engine (s) | its rounds (s) | no logprobs (s) | its rounds (s) |", "|---|---|---|---|---|"]
+    for k in sorted(k for k in r if k.startswith("engines_per_gpu_")):
+        e = r[k]
+        x, n = e["xrlhf_engine"], e["no_logprobs"]
+        out.append(f"| {e['engines']} | {fmt(x['seconds'])} | {', '.join(fmt(v) for v in x['rounds_s'])} | "
+                   f"{fmt(n['seconds'])} | {', '.join(fmt(v) for v in n['rounds_s'])} |")
+    return out + [""]
+
+
 def vllm_runner(r: dict | None) -> list[str]:
     """vLLM's V2 model runner (0.25.1's default) against V1, one start-up each, one after the other."""
     if r is None:
@@ -645,6 +662,7 @@ def main() -> None:
     lines += generation(load(res / "generation.json"))
     lines += generation_gqa(load(res / "generation-0.5b-gqa.json"))
     lines += vllm_overhead(load(res / "vllm_overhead.json"))
+    lines += vllm_engines_w(load(res / "vllm_engines_w.json"))
     lines += vllm_runner(load(res / "vllm_runner.json"))
     lines += weight_sync(load(res / "weight_sync.json"))
     lines += weight_sync_cpu(load(res / "weight_sync_cpu.json"))
