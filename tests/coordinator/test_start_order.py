@@ -54,7 +54,7 @@ def test_engines_that_start_alone_are_built_when_nothing_else_is(tiny_model, tmp
 
 def test_a_preloading_handles_workers_get_their_engines_in_the_constructor(monkeypatch):
     """The imports begin in the worker's constructor: a first call would wait for the driver to
-    hear that the actor is up (0.5-0.8 s of W's warm start on an H100). Workers whose engines
+    hear that the actor is up (0-0.4 s of W's warm start on an H100). Workers whose engines
     import nothing at ``preload`` get none."""
     from types import SimpleNamespace
 

@@ -62,8 +62,8 @@ class EngineWorker(EngineHost):
         sys.unraisablehook = sigterm_again_outside_callbacks
         if preload:
             # Here, not in a first call: a call waits for the driver to hear that the actor is up
-            # (0.5-0.8 s of W's warm start on an H100, 2026-11-27; seconds on the 2-core box),
-            # and vLLM's import is the generator's critical path.
+            # (0-0.4 s of W's warm start on an H100, 2026-11-27; up to seconds on a loaded 2-core
+            # box), and vLLM's import is the generator's critical path.
             self.preload(preload)
 
     def setup(self, engines: dict[str, tuple[str, EngineSpec]], dist: DistInfo) -> dict[str, Any]:
