@@ -17,14 +17,15 @@ time those parts with nothing of xrlhf's coordination between them:
   engine once that import is done; with ``benchmarks.startup``'s warm caches. Each part's
   seconds, ``setup``'s own (vLLM's import, the build), and ``total_s`` from the process's birth.
 
-(2026-11-27, eighth session, the first version of this probe imported torch, transformers and
-vLLM itself, without the worker's lean imports: ~1 s slower than the actor, no floor. Its
-``generator-cudathread``, CUDA's context made in a second thread while vLLM imported, gave
-vLLM's import 4.9-5.0 s against 3.7-3.8 s and the build 3.9 s against 3.3 s: no overlap to be
-had; it left the probe.)
+(2026-11-27, eighth session: the probe's first two versions imported the packages themselves,
+the first with the driver's config and topology, the second without the worker's lean imports:
+14.2-14.9 s from the process's birth, more than W's actor took, so neither was a floor. The
+first also made CUDA's context in a second thread while vLLM imported: vLLM's import 4.9-5.0 s
+against 3.7-3.8 s, the build 3.9 s against 3.3 s; no overlap to be had, dropped.)
 
-``floor_s`` = median ``actor_s`` + median generator ``total_s``: a run whose generator is a Ray
-actor started after Ray cannot be ready sooner on this machine. ``--warm N`` then times W's warm
+``floor_s`` = median ``actor_s`` + median generator ``total_s``: what a generator started as a Ray
+actor after Ray, as xrlhf's is, takes on this machine with nothing beside it (W's trainers build
+meanwhile; the probes leave them out). ``--warm N`` then times W's warm
 start N times (``benchmarks.startup``'s ``warm``) in the same call, for what xrlhf adds. Run
 ``benchmarks.startup --variants cold`` first (the caches). Writes ``startfloor.json``::
 
@@ -128,7 +129,7 @@ def write_spec(path: Path, config: str = CONFIG, overrides: list[str] | None = N
 
 
 def _probe(kind: str, work: Path, timeout: float) -> dict[str, Any]:
-    """``kind`` (ray / generator / generator-cudathread) in a fresh process; its figures."""
+    """``kind`` (ray / generator) in a fresh process; its figures."""
     from benchmarks.startup import cache_env
 
     result = work / f"floor-{kind}.json"
@@ -188,7 +189,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         write_spec(work / "gen-spec.pkl", args.config)
     rounds: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
     warm: list[dict[str, Any]] = []
-    data: dict[str, Any] = {}
     for i in range(args.rounds):  # interleaved: a machine's drift spreads over every kind alike
         for kind in kinds:
             r = _probe(kind, work, args.timeout)
