@@ -21,8 +21,7 @@ class StampInferOptions(HFInferOptions):
     stamps: str = Field(description="the directory build events are stamped into")
 
 
-def stamp(spec, event: str) -> None:
-    options = spec.options
+def stamp(options, event: str) -> None:
     stamps = Path(options["stamps"] if isinstance(options, dict) else options.stamps)
     stamps.mkdir(exist_ok=True)
     (stamps / f"{event}-{os.getpid()}").write_text(repr(time.time()))
@@ -37,14 +36,12 @@ class AloneGenerator(HFGenerateEngine):
 
     @classmethod
     def preload(cls, options) -> None:
-        stamps = Path(options["stamps"] if isinstance(options, dict) else options.stamps)
-        stamps.mkdir(exist_ok=True)
-        (stamps / f"preload-{os.getpid()}").write_text(repr(time.time()))
+        stamp(options, "preload")
 
     def __init__(self, spec):
-        stamp(spec, "alone-start")
+        stamp(spec.options, "alone-start")
         super().__init__(spec)
-        stamp(spec, "alone-end")
+        stamp(spec.options, "alone-end")
 
 
 class SlowInfer(HFInferEngine):
@@ -53,7 +50,7 @@ class SlowInfer(HFInferEngine):
     Options = StampInferOptions
 
     def __init__(self, spec):
-        stamp(spec, "infer-start")
+        stamp(spec.options, "infer-start")
         time.sleep(1.0)
         super().__init__(spec)
-        stamp(spec, "infer-end")
+        stamp(spec.options, "infer-end")
