@@ -49,6 +49,7 @@
 #   bash benchmarks/gpu_i25.sh setup twogen startcold startfloor  # one vLLM engine vs two on W's shape; the warm start's floor
 #   bash benchmarks/gpu_i25.sh shippedc             # W as shipped beside TRL's default, and the 1,024-token chunk
 #   bash benchmarks/gpu_i25.sh setup startcold startpc  # the floor's probes (the worker's class outside Ray); warm starts
+#   bash benchmarks/gpu_i25.sh setup startcold startfork  # warm starts: the fork server (shipped) vs none, interleaved
 #   (the stack as an installed tree in 6-7 parts: benchmarks/stage_site.sh, .gpu/x-K, docs/testing.md; py-spy==0.4.3 among its wheels)
 #
 # Measured 2026-11-26 (one H200): setup 31 s, eff 141 s, wvar 334 s, smoke 160 s, inflight 54-77 s,
@@ -385,6 +386,10 @@ stage_startpc() {  # the floor's probes (no W runs), then W's warm starts (2026-
   TAIL=14 run startfloor 300 python -m benchmarks.startfloor --rounds 2 --warm 0 --out "$OUT/startfloor"
   cp /tmp/xrlhf-startup/floor-*.log "$OUT/startfloor/" 2>/dev/null
   STARTUP_VARIANTS="${STARTUP_VARIANTS:-warm,warm,warm}" stage_startmain
+}
+
+stage_startfork() {  # warm starts with the fork server (as shipped) and without it (warm-nofork), interleaved
+  STARTUP_VARIANTS="${STARTUP_VARIANTS:-warm,warm-nofork,warm,warm-nofork,warm}" stage_startmain
 }
 
 stage_shippedc() {  # W as shipped (the automatic logprob chunk: 8,192 tokens on W) beside TRL's default, and the

@@ -78,12 +78,14 @@ from xrlhf.engines.host import PROFILE_ENV
 CONFIG = "configs/gpu/grpo_w.yaml"
 VARIANTS = ("cold", "warm", "warm-compile", "cold-compile", "warm-nocompile", "cold-nocompile", "warm-multiprocess",
             "warm-eager", "warm-importtime", "warm-threads1", "warm-fullhead", "warm-preload", "warm-profile",
-            "warm-fewgraphs", "warm-keepsklearn", "warm-noprestart")
+            "warm-fewgraphs", "warm-keepsklearn", "warm-noprestart", "warm-nofork")
 FLAGS = {"compile": ["policy.generate.torch_compile=true"], "nocompile": ["policy.generate.torch_compile=false"],
          "multiprocess": ["policy.generate.multiprocessing=true"],
          "eager": ["policy.train.compile=false", "reference.infer.compile=false"],
-         "fewgraphs": ["policy.generate.cudagraph_capture_sizes=[1,2,4,8,16,32,64,128,256,384,512]"]}
-"""What a variant's words after cold/warm override (``fewgraphs``: 11 decode CUDA graphs, not 51)."""
+         "fewgraphs": ["policy.generate.cudagraph_capture_sizes=[1,2,4,8,16,32,64,128,256,384,512]"],
+         "nofork": ["ray.fork_server=false"]}
+"""What a variant's words after cold/warm override (``fewgraphs``: 11 decode CUDA graphs, not 51;
+``nofork``: the generator's worker starts the usual way, not from the fork server)."""
 ENV = {"importtime": {"PYTHONPROFILEIMPORTTIME": "1", "RAY_DEDUP_LOGS": "0"}, "threads1": {"TORCHINDUCTOR_COMPILE_THREADS": "1"},
        "fullhead": {"XRLHF_RAY_FULL_HEAD": "1"}, "preload": {"RAY_preload_python_modules": "vllm"},
        "keepsklearn": {"XRLHF_KEEP_SKLEARN": "1"},

@@ -54,3 +54,21 @@ class SlowInfer(HFInferEngine):
         time.sleep(1.0)
         super().__init__(spec)
         stamp(spec.options, "infer-end")
+
+
+class RayShyGenerator(AloneGenerator):
+    """``AloneGenerator`` whose preload also imports a module that takes Ray if it can (``ray_shy``)."""
+
+    @classmethod
+    def preload(cls, options) -> None:
+        import tests.coordinator.ray_shy  # noqa: F401
+
+        super().preload(options)
+
+
+class BrokenPreload(AloneGenerator):
+    """A preload that fails (a missing package, say): the build reports it, not the preload."""
+
+    @classmethod
+    def preload(cls, options) -> None:
+        raise ImportError("no module named 'not_installed'")

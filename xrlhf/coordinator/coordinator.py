@@ -22,6 +22,7 @@ from loguru import logger
 from xrlhf.config.schema import RayConfig
 from xrlhf.coordinator.handle import ROLLOUT_GROUPS, BaseReference, ModelHandle
 from xrlhf.coordinator.health import HEALTH_GROUP, Heartbeat
+from xrlhf.coordinator.forkserver import SERVER, fork_server_works
 from xrlhf.coordinator.mps import (DAEMON, OVERLAP_SM_SHARE, carve_for_overlap, overlaps_on_a_gpu, running,
                                    sm_limit_warning, wanted)
 from xrlhf.coordinator.resources import Slot, place
@@ -34,10 +35,12 @@ from xrlhf.utils.errors import WorkerDiedError
 from xrlhf.utils.faults import Healing
 
 
-def init_ray(options: RayConfig, mps: bool = False) -> bool:
+def init_ray(options: RayConfig, mps: bool = False, preload: list[tuple[str, str, Any]] | None = None) -> bool:
     """Start a local Ray, or join ``ray.address``; workers see the driver's import path. ``mps``:
     a local Ray's processes become the clients of an MPS daemon started here (``coordinator.mps``;
-    ``shutdown_ray`` quits it).
+    ``shutdown_ray`` quits it). ``preload``: (name, role, options) of the engines that import long
+    (vLLM): a local Ray's fork server imports them while Ray starts (``coordinator.forkserver``,
+    ``ray.fork_server``; ``shutdown_ray`` stops it).
 
     Returns whether this call started (and so owns) the Ray connection; an already
     initialised Ray (a notebook's, a test session's) is used as it is.
@@ -72,6 +75,8 @@ def init_ray(options: RayConfig, mps: bool = False) -> bool:
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
+        if preload and getattr(options, "fork_server", False) and fork_server_works():
+            SERVER.start(preload)  # before Ray (its imports overlap Ray's start), in Ray's workers' environment
         # Ray starts its workers at nice 15, below everything else on the machine. Ours are the
         # run: beside any other busy process they starved (make test beside one spinning process
         # on the 2-core box: 40% done after 28 minutes, against 25 minutes for all of it alone).
@@ -120,6 +125,7 @@ def shutdown_ray() -> None:
     global _PACKAGE_MAP
     ray.shutdown()
     DAEMON.stop()
+    SERVER.stop()
     if _PACKAGE_MAP is not None:
         with suppress(OSError):
             os.remove(_PACKAGE_MAP)
@@ -147,13 +153,15 @@ def _startup_line(times: dict[str, float]) -> str:
     born, had imported its class, was constructed and began its preload, its workers up, what
     rank 0's imports and engines took, and when its engines were built."""
     parts = [f"Ray {times['ray_s']:.1f}"]
-    for name in dict.fromkeys(k.split("/")[0] for k in times if "/" in k):
+    for name in dict.fromkeys(k.split("/")[0] for k in times if "/" in k and not k.startswith("fork_server/")):
         own = {k.split("/", 1)[1]: v for k, v in times.items() if k.startswith(name + "/")}
         points = "".join(f"{k.removesuffix('_s')} {own[k]:.1f}, " for k in WORKER_POINTS if k in own)
         inner = ", ".join(f"{k.removesuffix('_s')} {v:.1f}" for k, v in own.items()
                           if k not in ("up_s", "built_s", *WORKER_POINTS))
         parts.append(f"{name}: {points}up {own.get('up_s', 0):.1f}" + (f" ({inner})" if inner else "")
                      + f", built {own.get('built_s', 0):.1f}")
+    if "fork_server/imported_s" in times:
+        parts.append(f"fork server: imported {times['fork_server/imported_s']:.1f}")
     return "; ".join(parts) + f"; ready {times['ready_s']:.1f}"
 
 
@@ -202,7 +210,12 @@ class Coordinator:
         t0 = time.time()
         logger.info("starting Ray and the workers (" + ", ".join(f"{s.name} x{s.resources.ranks}" for s in self.specs)
                     + "); this takes 20-40 s on a laptop CPU")
-        self._owns_ray = init_ray(self.topology.ray, mps=wanted(self.topology))
+        preload = [(name, role, spec.options) for s in self.specs if _preloads(s.engines)
+                   for role, (name, spec) in s.engines.items()]
+        self._owns_ray = init_ray(self.topology.ray, mps=wanted(self.topology), preload=preload)
+        if SERVER.running:
+            logger.info(f"fork server (pid {SERVER.proc.pid}): importing what {', '.join(sorted({n for n, _, _ in preload}))} "
+                        "needs while Ray starts; those workers are forked from it")
         if running() and overlaps_on_a_gpu(self.topology) and (carved := carve_for_overlap(self.topology)):
             logger.info(f"one step off under MPS: {', '.join(carved)} leave {OVERLAP_SM_SHARE:.0%} of the GPU's SMs "
                         "to vLLM (sm_carveout)")
@@ -229,6 +242,8 @@ class Coordinator:
             if alone:
                 self._finish(handle, [], alone, dists, times, t0)
         self._wire_weight_sync()
+        if SERVER.running:
+            times.update(self._fork_server_times(t0))
         ft = self.topology.fault_tolerance
         monitor = Heartbeat(lambda: self.handles, ft.heartbeat_timeout_s) if ft.heartbeat_timeout_s > 0 else None
         for h in self.handles.values():
@@ -243,6 +258,15 @@ class Coordinator:
                         "no model of its own)")
         return self
 
+    @staticmethod
+    def _fork_server_times(t0: float) -> dict[str, float]:
+        """When the fork server's imports ended (s after ``t0``); warns where it could not fork."""
+        status = SERVER.status()
+        if status and not status.get("usable"):
+            logger.warning(f"fork server: {str(status.get('why')).splitlines()[0]}; its workers started the usual "
+                           "way (ray.fork_server: false skips it)")
+        return {"fork_server/imported_s": status["imported_at"] - t0} if status.get("imported_at") else {}
+
     def _spawn(self, s: HandleSpec, slot: Slot) -> ModelHandle:
         """New workers of handle ``s`` in ``slot`` (not waited for); each starts importing what its
         engines need (``EngineHost.preload``) in its constructor, as soon as its process is up."""
@@ -254,7 +278,9 @@ class Coordinator:
             groups["rollout"] = max(ROLLOUT_GROUPS["rollout"], self.topology.concurrent_generate)
         actor = ray.remote(concurrency_groups=groups)(EngineWorker)
         preload = s.engines if _preloads(s.engines) else None  # imports that take long (vLLM): at once
-        workers = [actor.options(**slot.options(rank), max_restarts=0,
+        # and from the fork server, where one runs: the process begins with them imported
+        forked = {"runtime_env": env} if preload and (env := SERVER.runtime_env()) else {}
+        workers = [actor.options(**slot.options(rank), **forked, max_restarts=0,
                                  name=None).remote(s.name, rank, slot.threads, preload)
                    for rank in range(s.resources.ranks)]
         return ModelHandle(s.name, workers, trainable="train" in s.engines, concurrent=concurrent)

@@ -1,0 +1,207 @@
+"""The fork server (``coordinator.forkserver``): a preloading handle's worker begins as a fork of
+a process that imported its engines while Ray started.
+
+The protocol is tested with a probe script in place of Ray's worker entry point (what the child
+runs, its environment, exit status and signals, the fallbacks); then a real local Ray runs a
+handle whose engine preloads (``start_order_engines``), its worker forked from the server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from xrlhf.coordinator.forkserver import CLIENT, FORKED_ENV, SOCKET, ForkServer
+
+MODULE = "tests.coordinator.start_order_engines"
+PROBE = '''
+import json, os, sys, time
+shy = sys.modules.get("tests.coordinator.ray_shy")
+json.dump({"pid": os.getpid(), "ppid": os.getppid(), "forked": os.environ.get("XRLHF_FORKED_FROM"),
+           "mine": os.environ.get("PROBE_VAR"), "host": "xrlhf.engines.host" in sys.modules,
+           "argv": sys.argv, "cwd": os.getcwd(), "path": sys.path[:3],
+           "shy_has_ray": None if shy is None else shy.ray is not None}, open(sys.argv[1], "w"))
+time.sleep(float(sys.argv[2]))
+sys.exit(5)
+'''
+
+
+@pytest.fixture()
+def probe(tmp_path) -> Path:
+    p = tmp_path / "probe.py"
+    p.write_text(PROBE)
+    return p
+
+
+def wait_for(predicate, timeout: float = 120.0, what: str = "") -> None:
+    deadline = time.time() + timeout
+    while not predicate():
+        if time.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def client(server: ForkServer | None, probe: Path, out: Path, sleep: float = 0.0, socket_path: str | None = None,
+           **kwargs) -> subprocess.Popen:
+    """The client as Ray would start it, with the probe as Ray's worker command."""
+    path = socket_path or str(server.dir / SOCKET)
+    env = {**os.environ, "PROBE_VAR": "from-the-client"}
+    return subprocess.Popen([sys.executable, "-I", "-S", CLIENT, path, str(probe), str(out), str(sleep)],
+                            cwd=str(out.parent), env=env, **kwargs)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_the_child_runs_the_command_with_the_engines_imported_and_the_clients_environment(tmp_path, probe):
+    stamps = tmp_path / "stamps"
+    server = ForkServer()
+    server.start([(f"{MODULE}:RayShyGenerator", "generate", {"stamps": str(stamps)})])
+    try:
+        assert server.running and server.runtime_env()["py_executable"].endswith(str(server.dir / SOCKET))
+        out = tmp_path / "out.json"
+        c = client(server, probe, out)
+        assert c.wait(180) == 5  # the child's exit status is the client's
+        seen = json.loads(out.read_text())
+        assert seen["ppid"] == server.proc.pid == int(seen["forked"]) and seen["pid"] != c.pid
+        assert seen["host"], "the worker's modules were imported before the fork"
+        assert seen["mine"] == "from-the-client" and seen["cwd"] == str(tmp_path)
+        assert seen["argv"] == [str(probe), str(out), "0.0"] # as `python probe.py` (before Ray's own, which its import puts first)
+        assert str(probe.parent) in seen["path"]
+        assert (stamps / f"preload-{server.proc.pid}").is_file(), "the engine's preload ran in the server"
+        # Ray was held back while the server imported; the module that tried is imported again in the child
+        status = server.status()
+        assert status["usable"] and status["retry"] == ["tests.coordinator.ray_shy"]
+        assert seen["shy_has_ray"] is True
+    finally:
+        server.stop()
+    assert server.proc is None and server.dir is None
+
+
+def test_signals_reach_the_child_and_a_killed_client_takes_its_child_along(tmp_path, probe):
+    server = ForkServer()
+    server.start([(f"{MODULE}:AloneGenerator", "generate", {"stamps": str(tmp_path / "stamps")})])
+    try:
+        outs = [tmp_path / "a.json", tmp_path / "b.json"]
+        clients = [client(server, probe, out, sleep=300) for out in outs]
+        for out in outs:
+            wait_for(lambda: out.exists() and out.stat().st_size > 0, what="the probe's report")
+        children = [json.loads(out.read_text())["pid"] for out in outs]
+        # SIGTERM to the client (how Ray stops a worker) goes on to the child; the client ends as it did
+        clients[0].send_signal(signal.SIGTERM)
+        assert clients[0].wait(60) == -signal.SIGTERM
+        wait_for(lambda: not alive(children[0]), 60, "the first child's end")
+        # SIGKILL cannot be forwarded: the server sees the client's connection close and kills the child
+        clients[1].kill()
+        clients[1].wait(60)
+        wait_for(lambda: not alive(children[1]), 60, "the second child's end")
+        assert server.running, "the server outlives its workers"
+    finally:
+        server.stop()
+
+
+def test_without_a_usable_server_the_client_becomes_the_usual_worker(tmp_path, probe):
+    out = tmp_path / "out.json"
+    c = client(None, probe, out, socket_path=str(tmp_path / "no-such-socket"))
+    assert c.wait(120) == 5
+    seen = json.loads(out.read_text())
+    assert seen["pid"] == c.pid and seen["forked"] is None and not seen["host"]  # exec'd: the same process
+    server = ForkServer()
+    server.start([(f"{MODULE}:BrokenPreload", "generate", {"stamps": str(tmp_path / "stamps")})])
+    try:
+        c = client(server, probe, out)
+        assert c.wait(180) == 5
+        seen = json.loads(out.read_text())
+        assert seen["pid"] == c.pid and seen["forked"] is None
+        status = server.status()
+        assert not status["usable"] and "not_installed" in status["why"]
+    finally:
+        server.stop()
+
+
+def test_a_server_whose_driver_dies_ends(tmp_path):
+    """Whatever ends the driver (here SIGKILL), its fork server does not linger."""
+    code = (f"from xrlhf.coordinator.forkserver import SERVER\n"
+            f"SERVER.start([('{MODULE}:AloneGenerator', 'generate', {{'stamps': {str(tmp_path)!r}}})])\n"
+            f"print(SERVER.proc.pid, flush=True)\n"
+            f"import time; time.sleep(600)\n")
+    driver = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        server = int(driver.stdout.readline())
+        assert alive(server)
+        driver.kill()
+        driver.wait(60)
+        wait_for(lambda: not alive(server), 60, "the server's end")
+    finally:
+        driver.kill()
+
+
+RUN = """
+import json, os, sys
+import ray
+from xrlhf.coordinator import Coordinator
+from xrlhf.coordinator.forkserver import SERVER
+from xrlhf.topology import topology
+from xrlhf.validation import validate_dict
+
+model, stamps, fork = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+cfg = validate_dict({
+    "name": "fork", "seed": 0, "ray": {"num_cpus": 2, "fork_server": fork, "log_to_driver": False},
+    "env": {"name": "reasoning", "options": {"eval_size": 8}},
+    "policy": {"model": model, "train": {"lr": 1e-3, "micro_batch_size": 8},
+               "generate": {"engine": "%s:RayShyGenerator", "max_new_tokens": 4, "stamps": stamps},
+               "resources": {"ranks": 1, "cpus_per_rank": 0.5}},
+    "algorithm": {"name": "grpo", "mini_batch_size": 8},
+    "trainer": {"steps": 1, "prompts_per_step": 4, "samples_per_prompt": 2},
+})
+coord = Coordinator(topology(cfg, model, {"policy": 1})).start()
+server = SERVER.proc.pid if SERVER.running else None
+rollout, policy = coord.pids["rollout"][0], coord.pids["policy"][0]
+def ppid(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().split(")")[-1].split()[1])
+worker = coord.handles["rollout"].workers[0]
+shy = ray.get(worker.__ray_call__.remote(lambda self: sys.modules["tests.coordinator.ray_shy"].ray is not None))
+out = {"server": server, "rollout": rollout, "rollout_ppid": ppid(rollout), "policy_ppid": ppid(policy),
+       "ping": ray.get(worker.ping.remote()), "shy_has_ray": shy, "startup": coord.startup}
+coord.shutdown()
+out["server_after"] = SERVER.running
+print("RESULT " + json.dumps(out), flush=True)
+""" % MODULE
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fork", [True, False], ids=["fork_server", "usual"])
+def test_a_local_ray_forks_the_preloading_handles_workers(tiny_model, tmp_path, fork):
+    """A run's own Ray (a process of its own: pytest's may hold the session's Ray): the generator's
+    worker is the fork server's child, built its engine there, and answers calls; the policy's
+    worker starts the usual way; nothing of the server outlives the run."""
+    stamps = tmp_path / "stamps"
+    r = subprocess.run([sys.executable, "-c", RUN, tiny_model, str(stamps), "1" if fork else "0"],
+                       capture_output=True, text=True, timeout=600, cwd=str(Path(__file__).parents[2]))
+    lines = [line for line in r.stdout.splitlines() if line.startswith("RESULT ")]
+    assert r.returncode == 0 and lines, r.stderr[-3000:]
+    out = json.loads(lines[-1].removeprefix("RESULT "))
+    assert out["ping"] == out["rollout"] and out["server_after"] is False
+    assert out["policy_ppid"] != out["server"]
+    built = {p.name for p in stamps.iterdir()}
+    assert f"alone-start-{out['rollout']}" in built
+    if fork:
+        assert out["server"] and out["rollout_ppid"] == out["server"]
+        assert f"preload-{out['server']}" in built, "vLLM's stand-in imported in the server, before Ray's start"
+        assert out["shy_has_ray"], "the module that found Ray absent in the server has it in the worker"
+        assert out["startup"]["fork_server/imported_s"] > 0
+        wait_for(lambda: not alive(out["server"]) and not alive(out["rollout"]), 60, "the server's and worker's end")
+    else:
+        assert out["server"] is None and "fork_server/imported_s" not in out["startup"]

@@ -1,0 +1,363 @@
+"""The fork server: a generator's worker process that begins with vLLM imported (``ray.fork_server``).
+
+Why: on W's warm start (one H100) the generator's path was Ray's start (2-4 s), the worker's own
+start with torch (~2 s), vLLM's import (6-8.5 s), then the engine's build (3.5-5 s): 15-20 s, all
+in a row. The import cannot begin before the worker's process exists, and that process cannot
+exist before Ray. So the driver starts a plain process first, this module's ``serve``, which
+imports what the preloading engines import (``Engine.preload``) while Ray starts, then waits.
+Ray starts such a handle's workers through ``fork_client.py`` (the actor's ``runtime_env``
+``py_executable``): the client hands the server its command line, environment, directory and
+standard streams, the server forks, and the child, with everything imported, runs Ray's worker
+entry point as the raylet asked. The import then overlaps Ray's start instead of following it.
+
+Ray itself stays out of the server: its C++ core reads some settings (the job id among them) from
+the environment once, the first time it is used, so a worker forked from a process that had
+imported Ray fails its start (seen on the 2-core box). ``import ray`` fails in the server while it
+imports; the modules that tried it (vLLM's Ray executor catches the error) are imported again in
+the child, where Ray is whole. The server also refuses to fork once CUDA was touched (a forked
+child could not use it): a test fork checks torch's own flag, and every client then starts the
+usual way. Only a local Ray on Linux uses it (a cluster's worker may land on another machine).
+"""
+
+from __future__ import annotations
+
+import builtins
+import ctypes
+import importlib
+import json
+import os
+import pickle
+import runpy
+import selectors
+import shlex
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+CLIENT = str(Path(__file__).with_name("fork_client.py"))
+ENGINES, SOCKET, LOG, STATUS = "engines.pkl", "s", "server.log", "status.json"
+FORKED_ENV = "XRLHF_FORKED_FROM"
+"""Set in a forked worker's environment: the fork server's pid (what the worker's timeline reports)."""
+
+
+def fork_server_works() -> bool:
+    """Whether this platform can run the fork server (fork, and file descriptors over a Unix socket)."""
+    return sys.platform.startswith("linux") and hasattr(socket, "send_fds")
+
+
+class ForkServer:
+    """The driver's side: starts the server process, names the ``runtime_env`` of the workers it
+    forks, stops it. One per local Ray (``coordinator.init_ray`` / ``shutdown_ray``)."""
+
+    def __init__(self):
+        self.dir: Path | None = None
+        self.proc: subprocess.Popen | None = None
+        self.started_at: float | None = None
+
+    def start(self, engines: list[tuple[str, str, Any]]) -> None:
+        """Start importing ``engines`` ((name, role, options) of every preloading engine) in a new
+        process that inherits this one's environment (start it where Ray's workers would see the
+        same). Returns at once; the server's socket exists when this returns."""
+        self.stop()
+        self.dir = Path(tempfile.mkdtemp(prefix="xrlhf-fork-"))
+        (self.dir / ENGINES).write_bytes(pickle.dumps(engines))
+        self.started_at = time.time()
+        with open(self.dir / LOG, "wb") as log:
+            # its own session: a Ctrl-C in the terminal reaches the driver, which stops the run;
+            # the workers forked from here must not get it beside
+            self.proc = subprocess.Popen([sys.executable, "-m", "xrlhf.coordinator.forkserver", str(self.dir)],
+                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        deadline = time.time() + 60
+        while not (self.dir / SOCKET).exists():  # bound before its imports begin: ~0.1 s
+            if self.proc.poll() is not None or time.time() > deadline:
+                self.stop()
+                return
+            time.sleep(0.01)
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def runtime_env(self) -> dict[str, str] | None:
+        """The ``runtime_env`` of a worker to fork (``None``: no server, start the usual way)."""
+        if not self.running:
+            return None
+        client = " ".join(shlex.quote(p) for p in (sys.executable, "-I", "-S", CLIENT, str(self.dir / SOCKET)))
+        return {"py_executable": client}
+
+    def status(self) -> dict[str, Any]:
+        """What the server wrote once its imports ended (``imported_at``, ``usable``, ``why``), or {}."""
+        try:
+            return json.loads((self.dir / STATUS).read_text()) if self.dir else {}
+        except (OSError, ValueError):
+            return {}
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join((self.dir / LOG).read_text(errors="replace").splitlines()[-lines:]) if self.dir else ""
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        """Stop the server (the workers it forked are Ray's, and stay), remove its directory."""
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+            self.proc = None
+        if self.dir is not None:
+            for p in sorted(self.dir.iterdir(), reverse=True) if self.dir.exists() else []:
+                p.unlink(missing_ok=True)
+            try:
+                self.dir.rmdir()
+            except OSError:
+                pass
+            self.dir = None
+
+
+SERVER = ForkServer()
+
+
+# -- the server process -------------------------------------------------------------------------
+class _NoRay:
+    """While the server imports, ``import ray`` fails as if Ray were absent; records the modules
+    that tried (to import them again in the child)."""
+
+    def __init__(self):
+        self.tried: list[str] = []
+        self._import = builtins.__import__
+
+    def __call__(self, name, globals=None, locals=None, fromlist=(), level=0):
+        if level == 0 and (name == "ray" or name.startswith("ray.")):
+            importer = (globals or {}).get("__name__")
+            if importer and importer not in self.tried:
+                self.tried.append(importer)
+            raise ModuleNotFoundError(f"No module named {name!r} (held back in xrlhf's fork server)", name=name)
+        return self._import(name, globals, locals, fromlist, level)
+
+    def __enter__(self):
+        sys.modules["ray"] = None  # importlib.import_module / find_spec see it absent too
+        builtins.__import__ = self
+        return self
+
+    def __exit__(self, *exc):
+        builtins.__import__ = self._import
+        if sys.modules.get("ray", 0) is None:
+            del sys.modules["ray"]
+
+
+def _die_with_parent() -> None:
+    """The server ends when the driver does, however it ends (Linux's parent-death signal)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _preload(path: Path) -> tuple[list[str], str | None]:
+    """Import what a worker of the engines pickled at ``path`` ((name, role, options) each)
+    imports: its class's modules, each engine's ``preload``. Returns the modules that tried to
+    import Ray and why the server is unusable (``None``: usable)."""
+    import gc
+
+    from xrlhf.utils import package_map
+
+    package_map.install()
+    from xrlhf.utils.lean_imports import cache_entry_points, transformers_without_sklearn
+
+    gc.freeze()  # as EngineWorker does: the collections of the imports below skip torch's heap
+    transformers_without_sklearn()
+    cache_entry_points()
+    with _NoRay() as no_ray:
+        try:
+            import xrlhf.engines.host  # noqa: F401 - the worker's class's modules, torch with them
+            from xrlhf.engines.base import engine_class
+
+            for name, role, options in pickle.loads(path.read_bytes()):  # options: the engines' modules
+                engine_class(name, role).preload(options)
+        except Exception:  # noqa: BLE001 - reported; every client then starts the usual way
+            return no_ray.tried, "importing failed:\n" + traceback.format_exc()
+    gc.collect()
+    gc.freeze()
+    return no_ray.tried, _cuda_touched()
+
+
+def _cuda_touched() -> str | None:
+    """Why a child could not use CUDA (``None``: it can), by a test fork: torch marks a forked
+    child whose parent initialised CUDA (``torch.cuda._is_in_bad_fork``)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    if torch.cuda.is_initialized():
+        return "CUDA was initialised while importing"
+    pid = os.fork()
+    if pid == 0:
+        os._exit(3 if torch.cuda._is_in_bad_fork() else 0)
+    _, status = os.waitpid(pid, 0)
+    return None if os.waitstatus_to_exitcode(status) == 0 else "CUDA was touched while importing"
+
+
+def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    msg, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+    if len(msg) < 4:
+        raise ConnectionError("short request")
+    size = struct.unpack("!I", msg[:4])[0]
+    body = msg[4:]
+    while len(body) < size:
+        chunk = conn.recv(size - len(body))
+        if not chunk:
+            raise ConnectionError("request cut off")
+        body += chunk
+    return json.loads(body), fds
+
+
+def _send(conn: socket.socket, obj: dict[str, Any]) -> None:
+    try:
+        conn.sendall(json.dumps(obj).encode() + b"\n")
+    except OSError:
+        pass
+
+
+def _child(request: dict[str, Any], fds: list[int], closing: list, env_delta: dict[str, str | None],
+           retry: list[str]) -> None:
+    """In the forked child: become Ray's worker as the raylet asked (its environment, directory,
+    streams and command line), with Ray whole again; never returns."""
+    code = 1
+    try:
+        for s in closing:
+            s.close()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        for i, fd in enumerate(fds[:3]):
+            os.dup2(fd, i)
+        for fd in fds:
+            if fd > 2:
+                os.close(fd)
+        env = dict(request["env"])
+        for k, v in env_delta.items():  # what the imports set (vLLM's variables), as in a worker that imported them
+            if v is None:
+                env.pop(k, None)
+            else:
+                env[k] = v
+        env[FORKED_ENV] = str(os.getppid())
+        os.environ.clear()
+        os.environ.update(env)
+        os.chdir(request["cwd"])
+        argv = request["argv"]
+        sys.argv = list(argv)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))  # as `python <script>` would
+        for name in retry:  # modules that found Ray absent in the server: imported again, with Ray
+            if sys.modules.get(name) is not None:
+                importlib.reload(sys.modules[name])
+        runpy.run_path(argv[0], run_name="__main__")
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:  # noqa: BLE001 - the worker's own error, to its stderr (Ray's log)
+        traceback.print_exc()
+    finally:
+        import atexit
+
+        try:
+            atexit._run_exitfuncs()
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:  # noqa: BLE001
+                    pass
+            os._exit(code)
+
+
+def serve(directory: str) -> None:
+    """The server's process: bind, import, then fork a worker for each client until stopped."""
+    _die_with_parent()
+    driver = os.getppid()
+    root = Path(directory)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(root / SOCKET))
+    listener.listen(64)  # clients that come before the imports end wait in the backlog
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    base = dict(os.environ)
+    t0 = time.time()
+    retry, why = _preload(root / ENGINES)
+    env_delta: dict[str, str | None] = {k: v for k, v in os.environ.items() if base.get(k) != v}
+    env_delta.update({k: None for k in base if k not in os.environ})
+    status = {"imported_at": time.time(), "import_s": round(time.time() - t0, 2), "usable": why is None,
+              "why": why, "retry": retry, "pid": os.getpid()}
+    (root / STATUS).write_text(json.dumps(status))
+    print(f"fork server {os.getpid()}: imports {status['import_s']} s, usable {why is None}"
+          + (f" ({why})" if why else "") + (f"; Ray held back from {retry}" if retry else ""), flush=True)
+    children: dict[int, socket.socket] = {}
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ)
+    while not stop and os.getppid() == driver:
+        for key, _ in sel.select(timeout=0.2):
+            if key.fileobj is listener:
+                conn, _ = listener.accept()
+                try:
+                    request, fds = _read_request(conn)
+                except (OSError, ValueError, ConnectionError) as e:
+                    _send(conn, {"exec": f"bad request: {e}"})
+                    conn.close()
+                    continue
+                if why is not None:
+                    _send(conn, {"exec": why.splitlines()[0]})
+                    conn.close()
+                    for fd in fds:
+                        os.close(fd)
+                    continue
+                pid = os.fork()
+                if pid == 0:
+                    _child(request, fds, [listener, *children.values()], env_delta, retry)
+                for fd in fds:
+                    os.close(fd)
+                children[pid] = conn
+                sel.register(conn, selectors.EVENT_READ, pid)
+                _send(conn, {"pid": pid})
+            else:  # a client's connection: readable means closed (the client died): its child goes too
+                if not key.fileobj.recv(1):
+                    sel.unregister(key.fileobj)
+                    try:
+                        os.kill(key.data, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+        _reap(children, sel)
+    listener.close()
+
+
+def _reap(children: dict[int, socket.socket], sel: selectors.BaseSelector) -> None:
+    """Tell each ended child's client how it ended."""
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = children.pop(pid, None)
+        if conn is None:
+            continue
+        _send(conn, {"exit": os.waitstatus_to_exitcode(status)})
+        try:
+            sel.unregister(conn)
+        except (KeyError, ValueError):
+            pass
+        conn.close()
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])
