@@ -179,7 +179,11 @@ def run(cfg: XConfig, output_dir: str | Path | None = None, resume: bool = False
         if not ray_was_up and ray.is_initialized():
             from xrlhf.coordinator.coordinator import shutdown_ray
 
-            shutdown_ray()  # and the MPS daemon started with it
+            shutdown_ray()  # and the MPS daemon and the fork server started with it
+        elif not ray_was_up:
+            from xrlhf.coordinator.forkserver import SERVER
+
+            SERVER.stop()  # started for a Ray that never came (an error before it)
 
 
 def _restart_from_checkpoint(error: WorkerDiedError, out: Path, healing: Healing) -> None:
@@ -251,15 +255,19 @@ def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resu
     from xrlhf.algorithms.rewards import build_reward
     from xrlhf.algorithms.rollout.build import episode_calls
     from xrlhf.coordinator import Coordinator
+    from xrlhf.coordinator.coordinator import start_fork_server
     from xrlhf.report import write_transcripts
     from xrlhf.topology import topology
 
+    trainer_cls = ALGORITHMS.get(cfg.algorithm.name)
+    # a generator's imports (vLLM) begin now, in the fork server: beside what this process does
+    # until its Ray starts (the environment, the tokenizer, a warm-up), then beside Ray's start
+    start_fork_server(topology(cfg, cfg.policy.model, generate=trainer_cls.uses_generation))
     stop.doing = "the current warm-up step, then stop (nothing to save before the first RL step)"
     env = build_env(cfg.env.name, cfg.env.options, cfg.seed)
     tokenizer = load_tokenizer(cfg.policy.model)
     ckpt, state, model_dir, extra, t_start = _start_point(cfg, out, tracker, stop, resume, env, tokenizer)
     _stop_before_rl(stop, out)
-    trainer_cls = ALGORITHMS.get(cfg.algorithm.name)
     options = algorithm_options(cfg)
     # compiled kernels go under the run (a worker restarted elsewhere finds them), unless the user chose
     cache = None if os.environ.get("TORCHINDUCTOR_CACHE_DIR") else str(out / "cache")

@@ -45,15 +45,9 @@ def init_ray(options: RayConfig, mps: bool = False, preload: list[tuple[str, str
     Returns whether this call started (and so owns) the Ray connection; an already
     initialised Ray (a notebook's, a test session's) is used as it is.
     """
-    global _PACKAGE_MAP
     if ray.is_initialized():
         return False
-    path = os.pathsep.join([os.getcwd()] + [p for p in sys.path if p and os.path.isdir(p)])
-    # Workers load quietly: no per-worker "Loading weights" bars (xrlhf says what it loads).
-    env = {"PYTHONPATH": path, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-           "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
-    if _PACKAGE_MAP is None and (_PACKAGE_MAP := package_map.share()) is not None:
-        env[package_map.ENV] = _PACKAGE_MAP  # the workers' transformers import skips ~35k stats (utils.package_map)
+    env = _worker_env()
     # Ray's notice that token authentication is on (it stays on) is not the user's business here.
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     kwargs: dict[str, Any] = {"log_to_driver": options.log_to_driver, "logging_level": "WARNING",
@@ -75,7 +69,7 @@ def init_ray(options: RayConfig, mps: bool = False, preload: list[tuple[str, str
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        if preload and getattr(options, "fork_server", False) and fork_server_works():
+        if preload and _forks(options) and not SERVER.running:
             SERVER.start(preload)  # before Ray (its imports overlap Ray's start), in Ray's workers' environment
         # Ray starts its workers at nice 15, below everything else on the machine. Ours are the
         # run: beside any other busy process they starved (make test beside one spinning process
@@ -84,12 +78,59 @@ def init_ray(options: RayConfig, mps: bool = False, preload: list[tuple[str, str
             ray.init(address="local", num_cpus=options.num_cpus or os.cpu_count(), num_gpus=options.num_gpus,
                      include_dashboard=False, _system_config={"worker_niceness": 0}, **kwargs)
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _restore(saved)
     return True
+
+
+def _worker_env() -> dict[str, str]:
+    """What a local Ray's workers (and the fork server) get in their environment beside the driver's."""
+    global _PACKAGE_MAP
+    path = os.pathsep.join([os.getcwd()] + [p for p in sys.path if p and os.path.isdir(p)])
+    # Workers load quietly: no per-worker "Loading weights" bars (xrlhf says what it loads).
+    env = {"PYTHONPATH": path, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+           "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    if _PACKAGE_MAP is None:
+        _PACKAGE_MAP = package_map.share()
+    if _PACKAGE_MAP is not None:
+        env[package_map.ENV] = _PACKAGE_MAP  # the workers' transformers import skips ~35k stats (utils.package_map)
+    return env
+
+
+def _forks(options: RayConfig) -> bool:
+    """Whether a local Ray with ``options`` forks its preloading workers (``ray.fork_server``)."""
+    return bool(getattr(options, "fork_server", False)) and not options.address and fork_server_works()
+
+
+def preload_engines(specs: list[HandleSpec]) -> list[tuple[str, str, Any]]:
+    """(name, role, options) of the engines of the handles whose engines import long (vLLM)."""
+    return [(name, role, spec.options) for s in specs if _preloads(s.engines) for role, (name, spec) in s.engines.items()]
+
+
+def start_fork_server(topology: Topology) -> bool:
+    """Start the fork server of a run that will start a local Ray (``ray.fork_server``) now, before
+    the driver's own preparations (environment, tokenizer, a warm-up): vLLM's import then
+    overlaps them as well as Ray's start. ``init_ray`` uses it (or starts one), ``shutdown_ray``
+    stops it. Returns whether one runs."""
+    if ray.is_initialized() or not _forks(topology.ray):
+        return SERVER.running
+    preload = preload_engines(topology.handles)
+    if preload and not SERVER.running:
+        env = _worker_env()
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            SERVER.start(preload)
+        finally:
+            _restore(saved)
+    return SERVER.running
+
+
+def _restore(saved: dict[str, str | None]) -> None:
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 FULL_HEAD = "XRLHF_RAY_FULL_HEAD"
@@ -160,8 +201,9 @@ def _startup_line(times: dict[str, float]) -> str:
                           if k not in ("up_s", "built_s", *WORKER_POINTS))
         parts.append(f"{name}: {points}up {own.get('up_s', 0):.1f}" + (f" ({inner})" if inner else "")
                      + f", built {own.get('built_s', 0):.1f}")
-    if "fork_server/imported_s" in times:
-        parts.append(f"fork server: imported {times['fork_server/imported_s']:.1f}")
+    if "fork_server/started_s" in times:  # before Ray's start (negative) where the runner started it
+        parts.append(f"fork server: started {times['fork_server/started_s']:.1f}"
+                     + (f", imported {times['fork_server/imported_s']:.1f}" if "fork_server/imported_s" in times else ""))
     return "; ".join(parts) + f"; ready {times['ready_s']:.1f}"
 
 
@@ -210,12 +252,11 @@ class Coordinator:
         t0 = time.time()
         logger.info("starting Ray and the workers (" + ", ".join(f"{s.name} x{s.resources.ranks}" for s in self.specs)
                     + "); this takes 20-40 s on a laptop CPU")
-        preload = [(name, role, spec.options) for s in self.specs if _preloads(s.engines)
-                   for role, (name, spec) in s.engines.items()]
+        preload = preload_engines(self.specs)
         self._owns_ray = init_ray(self.topology.ray, mps=wanted(self.topology), preload=preload)
         if SERVER.running:
-            logger.info(f"fork server (pid {SERVER.proc.pid}): importing what {', '.join(sorted({n for n, _, _ in preload}))} "
-                        "needs while Ray starts; those workers are forked from it")
+            logger.info(f"fork server (pid {SERVER.proc.pid}): imports what {', '.join(sorted({n for n, _, _ in preload}))} "
+                        "needs beside Ray's start; those workers are forked from it")
         if running() and overlaps_on_a_gpu(self.topology) and (carved := carve_for_overlap(self.topology)):
             logger.info(f"one step off under MPS: {', '.join(carved)} leave {OVERLAP_SM_SHARE:.0%} of the GPU's SMs "
                         "to vLLM (sm_carveout)")
@@ -230,7 +271,9 @@ class Coordinator:
         first = sorted(self.specs, key=lambda s: not _preloads(s.engines))
         handles = {s.name: self._spawn(s, slots[s.name]) for s in first}
         steps: list[tuple[ModelHandle, list, dict, list[DistInfo]]] = []
-        for s in self.specs:
+        # handles forked from the fork server come up once its imports end: waiting for them first
+        # would hold back the others' builds (a reference's: 4 s of W's warm start on an H100)
+        for s in sorted(self.specs, key=lambda s: SERVER.running and _preloads(s.engines)):
             handle = self.handles[s.name] = handles[s.name]
             alone = _alone(s.engines)
             refs, dists = self._setup(s, handle, engines={r: e for r, e in s.engines.items() if r not in alone})
@@ -265,7 +308,10 @@ class Coordinator:
         if status and not status.get("usable"):
             logger.warning(f"fork server: {str(status.get('why')).splitlines()[0]}; its workers started the usual "
                            "way (ray.fork_server: false skips it)")
-        return {"fork_server/imported_s": status["imported_at"] - t0} if status.get("imported_at") else {}
+        out = {"fork_server/started_s": SERVER.started_at - t0}
+        if status.get("imported_at"):
+            out["fork_server/imported_s"] = status["imported_at"] - t0
+        return out
 
     def _spawn(self, s: HandleSpec, slot: Slot) -> ModelHandle:
         """New workers of handle ``s`` in ``slot`` (not waited for); each starts importing what its
