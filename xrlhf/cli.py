@@ -110,6 +110,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from xrlhf import completions
 
         return completions.run(args)
+    if args.command == "run":  # vLLM's import (a fork server) begins before this process imports anything heavy
+        from xrlhf.coordinator.forkserver import start_early
+
+        start_early(args.config, args.overrides)
     from xrlhf.validation import load_config
 
     cfg = load_config(args.config, args.overrides)

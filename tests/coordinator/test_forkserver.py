@@ -120,6 +120,8 @@ def test_without_a_usable_server_the_client_becomes_the_usual_worker(tmp_path, p
     server = ForkServer()
     server.start([(f"{MODULE}:BrokenPreload", "generate", {"stamps": str(tmp_path / "stamps")})])
     try:
+        wait_for(lambda: server.status(), 180, "the server's imports")
+        server.proc.wait(60)  # a server that cannot serve ends
         c = client(server, probe, out)
         assert c.wait(180) == 5
         seen = json.loads(out.read_text())
@@ -205,3 +207,42 @@ def test_a_local_ray_forks_the_preloading_handles_workers(tiny_model, tmp_path, 
         wait_for(lambda: not alive(out["server"]) and not alive(out["rollout"]), 60, "the server's and worker's end")
     else:
         assert out["server"] is None and "fork_server/started_s" not in out["startup"]
+
+
+def test_the_cli_starts_a_server_from_the_raw_config_which_it_validates_itself(tiny_model, tmp_path):
+    """``start_early`` (``xrlhf run``'s first step) starts a server only for a config naming vLLM on
+    a local Ray; the server validates the config and preloads what its handles preload. Given the
+    start-order config (its generator preloads), the server imports it; given vLLM on this CPU
+    machine (not installed), the server reports its failure and ends, and a second one is not tried."""
+    import yaml
+
+    from xrlhf.coordinator.forkserver import NOTHING, SERVER, start_early
+
+    stamps = tmp_path / "stamps"
+    data = {"name": "early", "seed": 0, "ray": {"num_cpus": 2},
+            "env": {"name": "reasoning", "options": {"eval_size": 8}},
+            "policy": {"model": tiny_model, "train": {"lr": 1e-3, "micro_batch_size": 8},
+                       "generate": {"engine": f"{MODULE}:AloneGenerator", "max_new_tokens": 4, "stamps": str(stamps)},
+                       "resources": {"ranks": 1, "cpus_per_rank": 0.5}},
+            "algorithm": {"name": "grpo", "mini_batch_size": 8},
+            "trainer": {"steps": 1, "prompts_per_step": 4, "samples_per_prompt": 2}}
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(data))
+    try:
+        assert not start_early(str(config), [])  # no vLLM named: nothing started
+        assert not start_early(str(config), ["policy.generate.engine=vllm", "ray.fork_server=false"])
+        SERVER.start(config=data)  # what start_early starts, with the preloading stand-in
+        wait_for(lambda: SERVER.status(), 180, "the server's imports")
+        assert SERVER.status()["usable"] and SERVER.running
+        assert (stamps / f"preload-{SERVER.proc.pid}").is_file()
+        assert start_early(str(config), ["policy.generate.engine=vllm"])
+        wait_for(lambda: SERVER.status(), 180, "the server's imports")
+        status = SERVER.status()
+        assert not status["usable"] and "vllm" in status["why"] and status["why"] != NOTHING
+        SERVER.proc.wait(60)  # it ends: clients find no server and start the usual way
+        assert SERVER.runtime_env() is None and SERVER.failed()
+        SERVER.start(config={**data, "policy": {**data["policy"], "generate": {"engine": "hf", "max_new_tokens": 4}}})
+        wait_for(lambda: SERVER.status(), 180, "the server's imports")
+        assert SERVER.status()["why"] == NOTHING and not SERVER.failed()
+    finally:
+        SERVER.stop()

@@ -22,7 +22,8 @@ from loguru import logger
 from xrlhf.config.schema import RayConfig
 from xrlhf.coordinator.handle import ROLLOUT_GROUPS, BaseReference, ModelHandle
 from xrlhf.coordinator.health import HEALTH_GROUP, Heartbeat
-from xrlhf.coordinator.forkserver import SERVER, fork_server_works
+from xrlhf.coordinator.forkserver import NOTHING, SERVER, base_worker_env, fork_server_works, preload_engines
+from xrlhf.coordinator.forkserver import preloads as _preloads
 from xrlhf.coordinator.mps import (DAEMON, OVERLAP_SM_SHARE, carve_for_overlap, overlaps_on_a_gpu, running,
                                    sm_limit_warning, wanted)
 from xrlhf.coordinator.resources import Slot, place
@@ -69,7 +70,7 @@ def init_ray(options: RayConfig, mps: bool = False, preload: list[tuple[str, str
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        if preload and _forks(options) and not SERVER.running:
+        if preload and _forks(options) and not SERVER.running and not SERVER.failed():
             SERVER.start(preload)  # before Ray (its imports overlap Ray's start), in Ray's workers' environment
         # Ray starts its workers at nice 15, below everything else on the machine. Ours are the
         # run: beside any other busy process they starved (make test beside one spinning process
@@ -85,10 +86,7 @@ def init_ray(options: RayConfig, mps: bool = False, preload: list[tuple[str, str
 def _worker_env() -> dict[str, str]:
     """What a local Ray's workers (and the fork server) get in their environment beside the driver's."""
     global _PACKAGE_MAP
-    path = os.pathsep.join([os.getcwd()] + [p for p in sys.path if p and os.path.isdir(p)])
-    # Workers load quietly: no per-worker "Loading weights" bars (xrlhf says what it loads).
-    env = {"PYTHONPATH": path, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-           "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    env = base_worker_env()
     if _PACKAGE_MAP is None:
         _PACKAGE_MAP = package_map.share()
     if _PACKAGE_MAP is not None:
@@ -101,11 +99,6 @@ def _forks(options: RayConfig) -> bool:
     return bool(getattr(options, "fork_server", False)) and not options.address and fork_server_works()
 
 
-def preload_engines(specs: list[HandleSpec]) -> list[tuple[str, str, Any]]:
-    """(name, role, options) of the engines of the handles whose engines import long (vLLM)."""
-    return [(name, role, spec.options) for s in specs if _preloads(s.engines) for role, (name, spec) in s.engines.items()]
-
-
 def start_fork_server(topology: Topology) -> bool:
     """Start the fork server of a run that will start a local Ray (``ray.fork_server``) now, before
     the driver's own preparations (environment, tokenizer, a warm-up): vLLM's import then
@@ -114,7 +107,7 @@ def start_fork_server(topology: Topology) -> bool:
     if ray.is_initialized() or not _forks(topology.ray):
         return SERVER.running
     preload = preload_engines(topology.handles)
-    if preload and not SERVER.running:
+    if preload and not SERVER.running and not SERVER.failed():  # one started by the CLI (start_early) serves
         env = _worker_env()
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
@@ -175,12 +168,6 @@ def shutdown_ray() -> None:
 
 _PACKAGE_MAP: str | None = None
 """The file of ``utils.package_map.share`` that this process's local Ray's workers read."""
-
-
-def _preloads(engines: dict[str, tuple[str, EngineSpec]]) -> bool:
-    """Whether any engine of ``engines`` imports something at ``preload`` (vLLM)."""
-    base = Engine.preload.__func__  # type: ignore[attr-defined]
-    return any(engine_class(name, role).preload.__func__ is not base for role, (name, _) in engines.items())
 
 
 WORKER_POINTS = ("born_s", "module_s", "imported_s", "init_s", "called_s")
@@ -285,7 +272,7 @@ class Coordinator:
             if alone:
                 self._finish(handle, [], alone, dists, times, t0)
         self._wire_weight_sync()
-        if SERVER.running:
+        if SERVER.started_at is not None:
             times.update(self._fork_server_times(t0))
         ft = self.topology.fault_tolerance
         monitor = Heartbeat(lambda: self.handles, ft.heartbeat_timeout_s) if ft.heartbeat_timeout_s > 0 else None
@@ -305,7 +292,7 @@ class Coordinator:
     def _fork_server_times(t0: float) -> dict[str, float]:
         """When the fork server's imports ended (s after ``t0``); warns where it could not fork."""
         status = SERVER.status()
-        if status and not status.get("usable"):
+        if status and not status.get("usable") and status.get("why") != NOTHING:
             logger.warning(f"fork server: {str(status.get('why')).splitlines()[0]}; its workers started the usual "
                            "way (ray.fork_server: false skips it)")
         out = {"fork_server/started_s": SERVER.started_at - t0}

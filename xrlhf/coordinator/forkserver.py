@@ -43,8 +43,72 @@ from typing import Any
 
 CLIENT = str(Path(__file__).with_name("fork_client.py"))
 ENGINES, SOCKET, LOG, STATUS = "engines.pkl", "s", "server.log", "status.json"
+NOTHING = "no engine of the run imports anything at preload"
 FORKED_ENV = "XRLHF_FORKED_FROM"
 """Set in a forked worker's environment: the fork server's pid (what the worker's timeline reports)."""
+
+
+def base_worker_env() -> dict[str, str]:
+    """What a local Ray's workers (and the fork server) get in their environment beside the driver's:
+    the driver's import path, quiet model loads (xrlhf says what it loads), no hub."""
+    path = os.pathsep.join([os.getcwd()] + [p for p in sys.path if p and os.path.isdir(p)])
+    return {"PYTHONPATH": path, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+            "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+
+
+def preloads(engines: dict[str, tuple[str, Any]]) -> bool:
+    """Whether any engine of ``engines`` (role -> (name, spec)) imports something at ``preload`` (vLLM)."""
+    from xrlhf.engines.base import Engine, engine_class
+
+    base = Engine.preload.__func__  # type: ignore[attr-defined]
+    return any(engine_class(name, role).preload.__func__ is not base for role, (name, _) in engines.items())
+
+
+def preload_engines(specs: list) -> list[tuple[str, str, Any]]:
+    """(name, role, options) of the engines of the handles (``HandleSpec``) whose engines import long."""
+    return [(name, role, spec.options) for s in specs if preloads(s.engines) for role, (name, spec) in s.engines.items()]
+
+
+def start_early(config: str, overrides: list[str]) -> bool:
+    """``xrlhf run``'s first step: where the config names a vLLM engine for a local Ray, start the
+    fork server before this process imports and validates anything (W's driver: ~11 s on an H100
+    before its Ray starts); the server validates the config itself and imports the engines its
+    handles preload. Anything unclear (a config that does not read) starts nothing: the run says
+    why, and the runner starts a server from the validated config (``coordinator.start_fork_server``)."""
+    from xrlhf.config.loader import apply_overrides, read_yaml
+
+    try:
+        data = apply_overrides(read_yaml(config), list(overrides))
+    except Exception:  # noqa: BLE001 - the validation reports it
+        return False
+    ray_cfg = data.get("ray") if isinstance(data.get("ray"), dict) else {}
+    if ray_cfg.get("fork_server") is False or ray_cfg.get("address") or not fork_server_works():
+        return False
+    if not any(engine == "vllm" for engine in _engines(data)):
+        return False
+    data.setdefault("name", Path(config).stem)
+    env = base_worker_env()
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        SERVER.start(config=data)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return SERVER.running
+
+
+def _engines(node: Any):
+    """Every ``engine`` value in a config dict, at any depth."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == "engine" and isinstance(v, str):
+                yield v
+            else:
+                yield from _engines(v)
 
 
 def fork_server_works() -> bool:
@@ -61,13 +125,17 @@ class ForkServer:
         self.proc: subprocess.Popen | None = None
         self.started_at: float | None = None
 
-    def start(self, engines: list[tuple[str, str, Any]]) -> None:
-        """Start importing ``engines`` ((name, role, options) of every preloading engine) in a new
-        process that inherits this one's environment (start it where Ray's workers would see the
-        same). Returns at once; the server's socket exists when this returns."""
+    def start(self, engines: list[tuple[str, str, Any]] | None = None, config: dict | None = None,
+              resolver: str = "xrlhf.runner:preloaded_engines") -> None:
+        """Start importing ``engines`` ((name, role, options) of every preloading engine), or those
+        that the run of ``config`` (a config dict) preloads by ``resolver`` ("module:function" of
+        the layer above, called there with the dict), in a new process that inherits this one's
+        environment (start it where Ray's workers would see the same). Returns at once; the
+        server's socket exists when this returns."""
         self.stop()
         self.dir = Path(tempfile.mkdtemp(prefix="xrlhf-fork-"))
-        (self.dir / ENGINES).write_bytes(pickle.dumps(engines))
+        what = ("config", (config, resolver)) if config is not None else ("engines", engines)
+        (self.dir / ENGINES).write_bytes(pickle.dumps(what))
         self.started_at = time.time()
         with open(self.dir / LOG, "wb") as log:
             # its own session: a Ctrl-C in the terminal reaches the driver, which stops the run;
@@ -100,6 +168,12 @@ class ForkServer:
         except (OSError, ValueError):
             return {}
 
+    def failed(self) -> bool:
+        """Whether the last server could not serve (its imports failed, or CUDA was touched): a
+        second would fail alike. "Nothing to preload" is no failure."""
+        status = self.status()
+        return bool(status) and not status.get("usable") and status.get("why") != NOTHING
+
     def log_tail(self, lines: int = 20) -> str:
         try:
             return "\n".join((self.dir / LOG).read_text(errors="replace").splitlines()[-lines:]) if self.dir else ""
@@ -117,6 +191,7 @@ class ForkServer:
                     self.proc.kill()
                     self.proc.wait()
             self.proc = None
+        self.started_at = None
         if self.dir is not None:
             for p in sorted(self.dir.iterdir(), reverse=True) if self.dir.exists() else []:
                 p.unlink(missing_ok=True)
@@ -185,7 +260,15 @@ def _preload(path: Path) -> tuple[list[str], str | None]:
             import xrlhf.engines.host  # noqa: F401 - the worker's class's modules, torch with them
             from xrlhf.engines.base import engine_class
 
-            for name, role, options in pickle.loads(path.read_bytes()):  # options: the engines' modules
+            kind, what = pickle.loads(path.read_bytes())  # options: the engines' modules
+            if kind == "config":  # (config dict, "module:function" naming its preloading engines)
+                module, function = what[1].split(":")
+                engines = getattr(importlib.import_module(module), function)(what[0])
+            else:
+                engines = what
+            if not engines:
+                return no_ray.tried, NOTHING
+            for name, role, options in engines:
                 engine_class(name, role).preload(options)
         except Exception:  # noqa: BLE001 - reported; every client then starts the usual way
             return no_ray.tried, "importing failed:\n" + traceback.format_exc()
@@ -301,6 +384,9 @@ def serve(directory: str) -> None:
     (root / STATUS).write_text(json.dumps(status))
     print(f"fork server {os.getpid()}: imports {status['import_s']} s, usable {why is None}"
           + (f" ({why})" if why else "") + (f"; Ray held back from {retry}" if retry else ""), flush=True)
+    if why is not None:  # clients find no server and start the usual way
+        listener.close()
+        return
     children: dict[int, socket.socket] = {}
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ)
@@ -313,12 +399,6 @@ def serve(directory: str) -> None:
                 except (OSError, ValueError, ConnectionError) as e:
                     _send(conn, {"exec": f"bad request: {e}"})
                     conn.close()
-                    continue
-                if why is not None:
-                    _send(conn, {"exec": why.splitlines()[0]})
-                    conn.close()
-                    for fd in fds:
-                        os.close(fd)
                     continue
                 pid = os.fork()
                 if pid == 0:
