@@ -21,6 +21,7 @@ usual way. Only a local Ray on Linux uses it (a cluster's worker may land on ano
 
 from __future__ import annotations
 
+import atexit
 import builtins
 import ctypes
 import importlib
@@ -124,6 +125,7 @@ class ForkServer:
         self.dir: Path | None = None
         self.proc: subprocess.Popen | None = None
         self.started_at: float | None = None
+        self._atexit = False
 
     def start(self, engines: list[tuple[str, str, Any]] | None = None, config: dict | None = None,
               resolver: str = "xrlhf.runner:preloaded_engines") -> None:
@@ -133,6 +135,9 @@ class ForkServer:
         environment (start it where Ray's workers would see the same). Returns at once; the
         server's socket exists when this returns."""
         self.stop()
+        if not self._atexit:  # a driver that ends early (a config error after start_early) leaves nothing
+            atexit.register(self.stop)
+            self._atexit = True
         self.dir = Path(tempfile.mkdtemp(prefix="xrlhf-fork-"))
         what = ("config", (config, resolver)) if config is not None else ("engines", engines)
         (self.dir / ENGINES).write_bytes(pickle.dumps(what))
@@ -351,8 +356,6 @@ def _child(request: dict[str, Any], fds: list[int], closing: list, env_delta: di
     except BaseException:  # noqa: BLE001 - the worker's own error, to its stderr (Ray's log)
         traceback.print_exc()
     finally:
-        import atexit
-
         try:
             atexit._run_exitfuncs()
         finally:
@@ -401,15 +404,19 @@ def serve(directory: str) -> None:
                     conn.close()
                     continue
                 pid = os.fork()
-                if pid == 0:
-                    _child(request, fds, [listener, *children.values()], env_delta, retry)
+                if pid == 0:  # the child keeps no socket of the server's (a client sees the server's end)
+                    _child(request, fds, [listener, conn, *children.values()], env_delta, retry)
                 for fd in fds:
                     os.close(fd)
                 children[pid] = conn
                 sel.register(conn, selectors.EVENT_READ, pid)
                 _send(conn, {"pid": pid})
             else:  # a client's connection: readable means closed (the client died): its child goes too
-                if not key.fileobj.recv(1):
+                try:
+                    gone = not key.fileobj.recv(1)
+                except OSError:
+                    gone = True
+                if gone:
                     sel.unregister(key.fileobj)
                     try:
                         os.kill(key.data, signal.SIGKILL)
