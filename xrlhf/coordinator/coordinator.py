@@ -30,7 +30,7 @@ from xrlhf.coordinator.resources import Slot, place
 from xrlhf.coordinator.spec import HandleSpec, Topology
 from xrlhf.coordinator.weight_routes import WeightRoutes
 from xrlhf.coordinator.worker import EngineWorker
-from xrlhf.engines.base import DistInfo, Engine, EngineSpec, engine_class
+from xrlhf.engines.base import DistInfo, EngineSpec, engine_class
 from xrlhf.utils import bytecode, package_map
 from xrlhf.utils.errors import WorkerDiedError
 from xrlhf.utils.faults import Healing
