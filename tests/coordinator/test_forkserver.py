@@ -133,18 +133,20 @@ def test_without_a_usable_server_the_client_becomes_the_usual_worker(tmp_path, p
 
 
 def test_a_server_whose_driver_dies_ends(tmp_path):
-    """Whatever ends the driver (here SIGKILL), its fork server does not linger."""
+    """Whatever ends the driver (here SIGKILL), its fork server does not linger, nor its directory."""
     code = (f"from xrlhf.coordinator.forkserver import SERVER\n"
             f"SERVER.start([('{MODULE}:AloneGenerator', 'generate', {{'stamps': {str(tmp_path)!r}}})])\n"
-            f"print(SERVER.proc.pid, flush=True)\n"
+            f"print(SERVER.proc.pid, SERVER.dir, flush=True)\n"
             f"import time; time.sleep(600)\n")
     driver = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
-        server = int(driver.stdout.readline())
-        assert alive(server)
+        pid, where = driver.stdout.readline().split()
+        server = int(pid)
+        assert alive(server) and Path(where).is_dir()
         driver.kill()
         driver.wait(60)
-        wait_for(lambda: not alive(server), 60, "the server's end")
+        wait_for(lambda: not alive(server), 120, "the server's end")
+        wait_for(lambda: not Path(where).exists(), 30, "its directory's removal")
     finally:
         driver.kill()
 

@@ -31,6 +31,7 @@ import pickle
 import runpy
 import selectors
 import shlex
+import shutil
 import signal
 import socket
 import struct
@@ -368,10 +369,18 @@ def _child(request: dict[str, Any], fds: list[int], closing: list, env_delta: di
 
 
 def serve(directory: str) -> None:
-    """The server's process: bind, import, then fork a worker for each client until stopped."""
+    """The server's process: bind, import, then fork a worker for each client until stopped; a
+    server whose driver died (not stopped by it) removes its directory itself."""
     _die_with_parent()
     driver = os.getppid()
-    root = Path(directory)
+    try:
+        _serve(Path(directory), driver)
+    finally:
+        if os.getppid() != driver:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def _serve(root: Path, driver: int) -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(root / SOCKET))
     listener.listen(64)  # clients that come before the imports end wait in the backlog
