@@ -47,7 +47,7 @@ CLIENT = str(Path(__file__).with_name("fork_client.py"))
 ENGINES, SOCKET, LOG, STATUS = "engines.pkl", "s", "server.log", "status.json"
 NOTHING = "no engine of the run imports anything at preload"
 FORKED_ENV = "XRLHF_FORKED_FROM"
-"""Set in a forked worker's environment: the fork server's pid (what the worker's timeline reports)."""
+"""Set in a forked worker's environment: the fork server's pid (how a process tells it was forked)."""
 
 
 def base_worker_env() -> dict[str, str]:
