@@ -272,19 +272,15 @@ def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resu
     from xrlhf.algorithms.rewards import build_reward
     from xrlhf.algorithms.rollout.build import episode_calls
     from xrlhf.coordinator import Coordinator
-    from xrlhf.coordinator.coordinator import start_fork_server
     from xrlhf.report import write_transcripts
     from xrlhf.topology import topology
 
-    trainer_cls = ALGORITHMS.get(cfg.algorithm.name)
-    # a generator's imports (vLLM) begin now, in the fork server: beside what this process does
-    # until its Ray starts (the environment, the tokenizer, a warm-up), then beside Ray's start
-    start_fork_server(topology(cfg, cfg.policy.model, generate=trainer_cls.uses_generation))
     stop.doing = "the current warm-up step, then stop (nothing to save before the first RL step)"
     env = build_env(cfg.env.name, cfg.env.options, cfg.seed)
     tokenizer = load_tokenizer(cfg.policy.model)
     ckpt, state, model_dir, extra, t_start = _start_point(cfg, out, tracker, stop, resume, env, tokenizer)
     _stop_before_rl(stop, out)
+    trainer_cls = ALGORITHMS.get(cfg.algorithm.name)
     options = algorithm_options(cfg)
     # compiled kernels go under the run (a worker restarted elsewhere finds them), unless the user chose
     cache = None if os.environ.get("TORCHINDUCTOR_CACHE_DIR") else str(out / "cache")

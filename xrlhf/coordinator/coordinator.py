@@ -22,7 +22,7 @@ from loguru import logger
 from xrlhf.config.schema import RayConfig
 from xrlhf.coordinator.handle import ROLLOUT_GROUPS, BaseReference, ModelHandle
 from xrlhf.coordinator.health import HEALTH_GROUP, Heartbeat
-from xrlhf.coordinator.forkserver import NOTHING, SERVER, base_worker_env, fork_server_works, preload_engines
+from xrlhf.coordinator.forkserver import NOTHING, SERVER, base_worker_env, environ, fork_server_works, preload_engines
 from xrlhf.coordinator.forkserver import preloads as _preloads
 from xrlhf.coordinator.mps import (DAEMON, OVERLAP_SM_SHARE, carve_for_overlap, overlaps_on_a_gpu, running,
                                    sm_limit_warning, wanted)
@@ -67,9 +67,7 @@ def init_ray(options: RayConfig, mps: bool = False, preload: list[tuple[str, str
         logger.warning(warning)
     if stale := bytecode.uncompiled():  # the workers are processes of this environment
         logger.warning(bytecode.warning(stale))
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with environ(env):
         if preload and _forks(options) and not SERVER.running and not SERVER.failed():
             SERVER.start(preload)  # before Ray (its imports overlap Ray's start), in Ray's workers' environment
         # Ray starts its workers at nice 15, below everything else on the machine. Ours are the
@@ -78,8 +76,6 @@ def init_ray(options: RayConfig, mps: bool = False, preload: list[tuple[str, str
         with lean_head():
             ray.init(address="local", num_cpus=options.num_cpus or os.cpu_count(), num_gpus=options.num_gpus,
                      include_dashboard=False, _system_config={"worker_niceness": 0}, **kwargs)
-    finally:
-        _restore(saved)
     return True
 
 
@@ -97,33 +93,6 @@ def _worker_env() -> dict[str, str]:
 def _forks(options: RayConfig) -> bool:
     """Whether a local Ray with ``options`` forks its preloading workers (``ray.fork_server``)."""
     return bool(getattr(options, "fork_server", False)) and not options.address and fork_server_works()
-
-
-def start_fork_server(topology: Topology) -> bool:
-    """Start the fork server of a run that will start a local Ray (``ray.fork_server``) now, before
-    the driver's own preparations (environment, tokenizer, a warm-up): vLLM's import then
-    overlaps them as well as Ray's start. ``init_ray`` uses it (or starts one), ``shutdown_ray``
-    stops it. Returns whether one runs."""
-    if ray.is_initialized() or not _forks(topology.ray):
-        return SERVER.running
-    preload = preload_engines(topology.handles)
-    if preload and not SERVER.running and not SERVER.failed():  # one started by the CLI (start_early) serves
-        env = _worker_env()
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            SERVER.start(preload)
-        finally:
-            _restore(saved)
-    return SERVER.running
-
-
-def _restore(saved: dict[str, str | None]) -> None:
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
 
 
 FULL_HEAD = "XRLHF_RAY_FULL_HEAD"
@@ -188,7 +157,7 @@ def _startup_line(times: dict[str, float]) -> str:
                           if k not in ("up_s", "built_s", *WORKER_POINTS))
         parts.append(f"{name}: {points}up {own.get('up_s', 0):.1f}" + (f" ({inner})" if inner else "")
                      + f", built {own.get('built_s', 0):.1f}")
-    if "fork_server/started_s" in times:  # before Ray's start (negative) where the runner started it
+    if "fork_server/started_s" in times:  # before Ray's start (negative) where the CLI started it
         parts.append(f"fork server: started {times['fork_server/started_s']:.1f}"
                      + (f", imported {times['fork_server/imported_s']:.1f}" if "fork_server/imported_s" in times else ""))
     return "; ".join(parts) + f"; ready {times['ready_s']:.1f}"

@@ -40,8 +40,9 @@ import sys
 import tempfile
 import time
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 CLIENT = str(Path(__file__).with_name("fork_client.py"))
 ENGINES, SOCKET, LOG, STATUS = "engines.pkl", "s", "server.log", "status.json"
@@ -76,7 +77,7 @@ def start_early(config: str, overrides: list[str]) -> bool:
     fork server before this process imports and validates anything (W's driver: ~11 s on an H100
     before its Ray starts); the server validates the config itself and imports the engines its
     handles preload. Anything unclear (a config that does not read) starts nothing: the run says
-    why, and the runner starts a server from the validated config (``coordinator.start_fork_server``)."""
+    why, and ``coordinator.init_ray`` starts a server from the validated topology just before Ray."""
     from xrlhf.config.loader import apply_overrides, read_yaml
 
     try:
@@ -89,18 +90,24 @@ def start_early(config: str, overrides: list[str]) -> bool:
     if not any(engine == "vllm" for engine in _engines(data)):
         return False
     data.setdefault("name", Path(config).stem)
-    env = base_worker_env()
+    with environ(base_worker_env()):
+        SERVER.start(config=data)
+    return SERVER.running
+
+
+@contextmanager
+def environ(env: dict[str, str]) -> Iterator[None]:
+    """Within the block, this process's environment has ``env`` set (what the processes it starts inherit)."""
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        SERVER.start(config=data)
+        yield
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    return SERVER.running
 
 
 def _engines(node: Any):
