@@ -50,6 +50,8 @@
 #   bash benchmarks/gpu_i25.sh shippedc             # W as shipped beside TRL's default, and the 1,024-token chunk
 #   bash benchmarks/gpu_i25.sh setup startcold startpc  # the floor's probes (the worker's class outside Ray); warm starts
 #   bash benchmarks/gpu_i25.sh setup startcold startfork  # warm starts: the fork server (shipped) vs none, interleaved
+#   bash benchmarks/gpu_i25.sh setup startcold startprev  # warm starts: this build vs the previous one (.prev: carry it,
+#                                                    #   made here by `PREV=<commit> bash benchmarks/gpu_i25.sh prevtree`)
 #   (the stack as an installed tree in 6-7 parts: benchmarks/stage_site.sh, .gpu/x-K, docs/testing.md; py-spy==0.4.3 among its wheels)
 #
 # Measured 2026-11-26 (one H200): setup 31 s, eff 141 s, wvar 334 s, smoke 160 s, inflight 54-77 s,
@@ -390,6 +392,18 @@ stage_startpc() {  # the floor's probes (no W runs), then W's warm starts (2026-
 
 stage_startfork() {  # warm starts with the fork server (as shipped) and without it (warm-nofork), interleaved
   STARTUP_VARIANTS="${STARTUP_VARIANTS:-warm,warm-nofork,warm,warm-nofork,warm}" stage_startmain
+}
+
+stage_prevtree() {  # here, not on the GPU machine: the build PREV (a commit) as files in .prev (git-ignored)
+  rm -rf .prev && mkdir -p .prev && git archive "${PREV:?PREV=<commit>}" xrlhf configs | tar -x -C .prev
+  echo "$PREV" > .prev/COMMIT
+}
+
+stage_startprev() {  # warm starts of this build and the previous one (.prev, its commit in .prev/COMMIT), interleaved
+  [ -d .prev/xrlhf ] || { log "startprev: no .prev (carry it: PREV=<commit> bash benchmarks/gpu_i25.sh prevtree)"; return 1; }
+  python -m compileall -q .prev/xrlhf > /dev/null
+  log "startprev: the previous build is $(cat .prev/COMMIT)"
+  XRLHF_PREV_TREE=$PWD/.prev STARTUP_VARIANTS="${STARTUP_VARIANTS:-warm,warm-prev,warm,warm-prev,warm}" stage_startmain
 }
 
 stage_shippedc() {  # W as shipped (the automatic logprob chunk: 8,192 tokens on W) beside TRL's default, and the

@@ -78,7 +78,7 @@ from xrlhf.engines.host import PROFILE_ENV
 CONFIG = "configs/gpu/grpo_w.yaml"
 VARIANTS = ("cold", "warm", "warm-compile", "cold-compile", "warm-nocompile", "cold-nocompile", "warm-multiprocess",
             "warm-eager", "warm-importtime", "warm-threads1", "warm-fullhead", "warm-preload", "warm-profile",
-            "warm-fewgraphs", "warm-keepsklearn", "warm-noprestart", "warm-nofork")
+            "warm-fewgraphs", "warm-keepsklearn", "warm-noprestart", "warm-nofork", "warm-prev")
 FLAGS = {"compile": ["policy.generate.torch_compile=true"], "nocompile": ["policy.generate.torch_compile=false"],
          "multiprocess": ["policy.generate.multiprocessing=true"],
          "eager": ["policy.train.compile=false", "reference.infer.compile=false"],
@@ -86,6 +86,8 @@ FLAGS = {"compile": ["policy.generate.torch_compile=true"], "nocompile": ["polic
          "nofork": ["ray.fork_server=false"]}
 """What a variant's words after cold/warm override (``fewgraphs``: 11 decode CUDA graphs, not 51;
 ``nofork``: the generator's worker starts the usual way, not from the fork server)."""
+PREV_TREE = "XRLHF_PREV_TREE"
+"""Where the ``prev`` variant's build is: a directory holding its ``xrlhf`` and ``configs``."""
 ENV = {"importtime": {"PYTHONPROFILEIMPORTTIME": "1", "RAY_DEDUP_LOGS": "0"}, "threads1": {"TORCHINDUCTOR_COMPILE_THREADS": "1"},
        "fullhead": {"XRLHF_RAY_FULL_HEAD": "1"}, "preload": {"RAY_preload_python_modules": "vllm"},
        "keepsklearn": {"XRLHF_KEEP_SKLEARN": "1"},
@@ -98,6 +100,8 @@ before ``coordinator.lean_head``); ``preload``: every Ray worker imports vLLM be
 ``keepsklearn``: the workers' transformers imports scikit-learn as it would (``utils.lean_imports``);
 ``noprestart``: Ray starts no idle workers when the driver connects (it starts one per CPU, 16 on
 the GPU machine, that import Ray beside the run's own workers; a run's workers are actors only).
+``prev``: the previous build, a tree of its files named by ``PREV_TREE`` (the same call's baseline:
+``gpu_i25.sh``'s ``prev_tree`` makes it from a commit).
 (2026-11-27, eighth session, also ran ``warm-precall``: vLLM's import begun in the generator's
 first call, as before, not in its constructor: 19.7 and 19.7 s against 16.0 and 19.0 s; the
 switch left the code.)
@@ -177,11 +181,19 @@ def run_variant(name: str, work: Path, steps: int, model: str, timeout: float) -
         env[PROFILE_ENV] = str(work / f"profile-{name}")
     run_dir = work / f"run-{name}"
     shutil.rmtree(run_dir, ignore_errors=True)
-    cmd = [sys.executable, "-m", "xrlhf.cli", "run", CONFIG, *overrides, "--output-dir", str(run_dir)]
+    cwd = None
+    if "prev" in name.split("-")[1:]:  # the previous build runs from its own tree, first on the path
+        cwd = os.path.abspath(os.environ[PREV_TREE])
+        here = os.path.abspath(".")
+        rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != here]
+        env["PYTHONPATH"] = os.pathsep.join([cwd, *rest])
+        overrides = [o if not o.startswith("policy.model=") else f"policy.model={os.path.abspath(model)}"
+                     for o in overrides]
+    cmd = [sys.executable, "-m", "xrlhf.cli", "run", CONFIG, *overrides, "--output-dir", str(run_dir.absolute())]
     t0 = time.time()
     first = None
     with open(work / f"{name}.log", "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
         while proc.poll() is None and time.time() - t0 < timeout:
             if first is None and any("time/step_s" in r for r in _rows(run_dir)):
                 first = time.time() - t0

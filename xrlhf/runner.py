@@ -249,21 +249,20 @@ def _start_point(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, r
     return ckpt, state, model_dir, extra, t_start
 
 
-def preloaded_engines(data: dict[str, Any]) -> list[tuple[str, str, Any]]:
-    """(name, role, options) of the engines that the run of config dict ``data`` preloads (vLLM), as
-    its topology has them: what the fork server that ``xrlhf run`` starts first imports
-    (``coordinator.forkserver.start_early``); none where the config does not validate or its Ray
-    forks nothing."""
+def fork_plan(data: dict[str, Any]) -> dict[str, list]:
+    """What the fork server that ``xrlhf run`` starts first imports for the run of config dict
+    ``data`` (``coordinator.forkserver.start_early``): its topology's ``forkserver.fork_plan``;
+    empty where the config does not validate or its Ray forks nothing."""
     from xrlhf.algorithms import ALGORITHMS
-    from xrlhf.coordinator.forkserver import preload_engines
+    from xrlhf.coordinator.forkserver import fork_plan as plan_of
     from xrlhf.topology import topology
     from xrlhf.validation import validate_dict
 
     cfg = validate_dict(data)
     if not cfg.ray.fork_server or cfg.ray.address:
-        return []
+        return {}
     plan = topology(cfg, cfg.policy.model, generate=ALGORITHMS.get(cfg.algorithm.name).uses_generation)
-    return preload_engines(plan.handles)
+    return plan_of(plan.handles)
 
 
 def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resume: bool,

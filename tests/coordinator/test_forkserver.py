@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from xrlhf.coordinator.forkserver import CLIENT, FORKED_ENV, SOCKET, ForkServer
+from xrlhf.coordinator.forkserver import CLIENT, FORKED_ENV, PLAIN_SOCKET, SOCKET, ForkServer
 
 MODULE = "tests.coordinator.start_order_engines"
 PROBE = '''
@@ -25,6 +25,7 @@ import json, os, sys, time
 shy = sys.modules.get("tests.coordinator.ray_shy")
 json.dump({"pid": os.getpid(), "ppid": os.getppid(), "forked": os.environ.get("XRLHF_FORKED_FROM"),
            "mine": os.environ.get("PROBE_VAR"), "host": "xrlhf.engines.host" in sys.modules,
+           "llama": "transformers.models.llama.modeling_llama" in sys.modules,
            "argv": sys.argv, "cwd": os.getcwd(), "path": sys.path[:3],
            "shy_has_ray": None if shy is None else shy.ray is not None}, open(sys.argv[1], "w"))
 time.sleep(float(sys.argv[2]))
@@ -87,6 +88,38 @@ def test_the_child_runs_the_command_with_the_engines_imported_and_the_clients_en
     finally:
         server.stop()
     assert server.proc is None and server.dir is None
+
+
+def test_other_handles_fork_from_a_copy_made_before_the_long_imports(tmp_path, probe, tiny_model):
+    """A trainer's worker is forked from the server's plain copy: the worker's class's modules and
+    what its engine's build imports (``fork_imports``: the model's modeling module) are there,
+    nothing of the preloading engines' (vLLM patches torch's compiler), nor their variables."""
+    from xrlhf.engines.hf.train import HFTrainOptions
+    from xrlhf.engines.spec import EngineSpec
+
+    stamps = tmp_path / "stamps"
+    spec = EngineSpec(tiny_model, device="cpu", options=HFTrainOptions(lr=1e-3))
+    server = ForkServer()
+    server.start({"long": [(f"{MODULE}:RayShyGenerator", "generate", {"stamps": str(stamps)})],
+                  "plain": [("hf", "train", spec)]})
+    try:
+        plain_env = server.runtime_env(long=False)["py_executable"]
+        assert plain_env.endswith(str(server.dir / PLAIN_SOCKET)) and plain_env != server.runtime_env()["py_executable"]
+        outs = {"plain": tmp_path / "plain.json", "long": tmp_path / "long.json"}
+        for kind, out in outs.items():
+            c = client(server, probe, out, socket_path=str(server.dir / (PLAIN_SOCKET if kind == "plain" else SOCKET)))
+            assert c.wait(180) == 5
+        plain, long = (json.loads(outs[k].read_text()) for k in ("plain", "long"))
+        status = server.status()
+        assert status["usable"] and status["plain_pid"] != server.proc.pid
+        assert plain["ppid"] == status["plain_pid"] == int(plain["forked"]) and long["ppid"] == server.proc.pid
+        assert plain["host"] and plain["llama"], "the worker's modules and its build's imports came before the fork"
+        assert plain["shy_has_ray"] is None and long["shy_has_ray"] is True, "the long imports stay out of the copy"
+        assert plain["mine"] == "from-the-client"
+        assert status["plain_at"] <= status["imported_at"]
+    finally:
+        server.stop()
+    wait_for(lambda: not alive(status["plain_pid"]), 60, "the copy's end with the server")
 
 
 def test_signals_reach_the_child_and_a_killed_client_takes_its_child_along(tmp_path, probe):
@@ -171,13 +204,17 @@ cfg = validate_dict({
 })
 coord = Coordinator(topology(cfg, model, {"policy": 1})).start()
 server = SERVER.proc.pid if SERVER.running else None
+plain = SERVER.status().get("plain_pid")
 rollout, policy = coord.pids["rollout"][0], coord.pids["policy"][0]
 def ppid(pid):
     with open(f"/proc/{pid}/stat") as f:
         return int(f.read().split(")")[-1].split()[1])
 worker = coord.handles["rollout"].workers[0]
 shy = ray.get(worker.__ray_call__.remote(lambda self: sys.modules["tests.coordinator.ray_shy"].ray is not None))
-out = {"server": server, "rollout": rollout, "rollout_ppid": ppid(rollout), "policy_ppid": ppid(policy),
+policy_shy = ray.get(coord.handles["policy"].workers[0].__ray_call__.remote(
+    lambda self: "tests.coordinator.ray_shy" in sys.modules))
+out = {"server": server, "plain": plain, "rollout": rollout, "rollout_ppid": ppid(rollout), "policy_ppid": ppid(policy),
+       "policy_shy": policy_shy,
        "ping": ray.get(worker.ping.remote()), "shy_has_ray": shy, "startup": coord.startup}
 coord.shutdown()
 out["server_after"] = SERVER.running
@@ -190,7 +227,8 @@ print("RESULT " + json.dumps(out), flush=True)
 def test_a_local_ray_forks_the_preloading_handles_workers(tiny_model, tmp_path, fork):
     """A run's own Ray (a process of its own: pytest's may hold the session's Ray): the generator's
     worker is the fork server's child, built its engine there, and answers calls; the policy's
-    worker starts the usual way; nothing of the server outlives the run."""
+    worker is its plain copy's child, without the generator's imports; nothing of the server
+    outlives the run."""
     stamps = tmp_path / "stamps"
     r = subprocess.run([sys.executable, "-c", RUN, tiny_model, str(stamps), "1" if fork else "0"],
                        capture_output=True, text=True, timeout=600, cwd=str(Path(__file__).parents[2]))
@@ -198,17 +236,20 @@ def test_a_local_ray_forks_the_preloading_handles_workers(tiny_model, tmp_path, 
     assert r.returncode == 0 and lines, r.stderr[-3000:]
     out = json.loads(lines[-1].removeprefix("RESULT "))
     assert out["ping"] == out["rollout"] and out["server_after"] is False
-    assert out["policy_ppid"] != out["server"]
+    assert out["policy_ppid"] != out["server"] and not out["policy_shy"]
     built = {p.name for p in stamps.iterdir()}
     assert f"alone-start-{out['rollout']}" in built
     if fork:
         assert out["server"] and out["rollout_ppid"] == out["server"]
         assert f"preload-{out['server']}" in built, "vLLM's stand-in imported in the server, before Ray's start"
         assert out["shy_has_ray"], "the module that found Ray absent in the server has it in the worker"
-        assert out["startup"]["fork_server/imported_s"] > out["startup"]["fork_server/started_s"]
-        wait_for(lambda: not alive(out["server"]) and not alive(out["rollout"]), 60, "the server's and worker's end")
+        assert out["plain"] and out["policy_ppid"] == out["plain"], "the policy's worker forked from the plain copy"
+        times = out["startup"]
+        assert times["fork_server/started_s"] < times["fork_server/plain_s"] <= times["fork_server/imported_s"]
+        wait_for(lambda: not any(alive(out[k]) for k in ("server", "plain", "rollout")), 60,
+                 "the server's, its copy's and the workers' end")
     else:
-        assert out["server"] is None and "fork_server/started_s" not in out["startup"]
+        assert out["server"] is None and out["plain"] is None and "fork_server/started_s" not in out["startup"]
 
 
 def test_the_cli_starts_a_server_from_the_raw_config_which_it_validates_itself(tiny_model, tmp_path):

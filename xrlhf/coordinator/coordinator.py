@@ -22,7 +22,7 @@ from loguru import logger
 from xrlhf.config.schema import RayConfig
 from xrlhf.coordinator.handle import ROLLOUT_GROUPS, BaseReference, ModelHandle
 from xrlhf.coordinator.health import HEALTH_GROUP, Heartbeat
-from xrlhf.coordinator.forkserver import NOTHING, SERVER, base_worker_env, environ, fork_server_works, preload_engines
+from xrlhf.coordinator.forkserver import NOTHING, SERVER, base_worker_env, environ, fork_plan, fork_server_works
 from xrlhf.coordinator.forkserver import preloads as _preloads
 from xrlhf.coordinator.mps import (DAEMON, OVERLAP_SM_SHARE, carve_for_overlap, overlaps_on_a_gpu, running,
                                    sm_limit_warning, wanted)
@@ -36,12 +36,12 @@ from xrlhf.utils.errors import WorkerDiedError
 from xrlhf.utils.faults import Healing
 
 
-def init_ray(options: RayConfig, mps: bool = False, preload: list[tuple[str, str, Any]] | None = None) -> bool:
+def init_ray(options: RayConfig, mps: bool = False, preload: dict[str, list] | None = None) -> bool:
     """Start a local Ray, or join ``ray.address``; workers see the driver's import path. ``mps``:
     a local Ray's processes become the clients of an MPS daemon started here (``coordinator.mps``;
-    ``shutdown_ray`` quits it). ``preload``: (name, role, options) of the engines that import long
-    (vLLM): a local Ray's fork server imports them while Ray starts (``coordinator.forkserver``,
-    ``ray.fork_server``; ``shutdown_ray`` stops it).
+    ``shutdown_ray`` quits it). ``preload``: the handles' ``forkserver.fork_plan``; where engines
+    import long (vLLM), a local Ray's fork server imports what every handle needs while Ray starts
+    (``coordinator.forkserver``, ``ray.fork_server``; ``shutdown_ray`` stops it).
 
     Returns whether this call started (and so owns) the Ray connection; an already
     initialised Ray (a notebook's, a test session's) is used as it is.
@@ -159,6 +159,7 @@ def _startup_line(times: dict[str, float]) -> str:
                      + f", built {own.get('built_s', 0):.1f}")
     if "fork_server/started_s" in times:  # before Ray's start (negative) where the CLI started it
         parts.append(f"fork server: started {times['fork_server/started_s']:.1f}"
+                     + (f", plain copy {times['fork_server/plain_s']:.1f}" if "fork_server/plain_s" in times else "")
                      + (f", imported {times['fork_server/imported_s']:.1f}" if "fork_server/imported_s" in times else ""))
     return "; ".join(parts) + f"; ready {times['ready_s']:.1f}"
 
@@ -208,11 +209,12 @@ class Coordinator:
         t0 = time.time()
         logger.info("starting Ray and the workers (" + ", ".join(f"{s.name} x{s.resources.ranks}" for s in self.specs)
                     + "); this takes 20-40 s on a laptop CPU")
-        preload = preload_engines(self.specs)
-        self._owns_ray = init_ray(self.topology.ray, mps=wanted(self.topology), preload=preload)
+        plan = fork_plan(self.specs)
+        self._owns_ray = init_ray(self.topology.ray, mps=wanted(self.topology), preload=plan)
         if SERVER.running:
-            logger.info(f"fork server (pid {SERVER.proc.pid}): imports what {', '.join(sorted({n for n, _, _ in preload}))} "
-                        "needs beside Ray's start; those workers are forked from it")
+            logger.info(f"fork server (pid {SERVER.proc.pid}): imports what {', '.join(sorted({n for n, _, _ in plan['long']}))}"
+                        " needs beside Ray's start, and before it what the other handles' engines need (a copy of "
+                        "its own holds those); the workers are forked from them")
         if running() and overlaps_on_a_gpu(self.topology) and (carved := carve_for_overlap(self.topology)):
             logger.info(f"one step off under MPS: {', '.join(carved)} leave {OVERLAP_SM_SHARE:.0%} of the GPU's SMs "
                         "to vLLM (sm_carveout)")
@@ -227,9 +229,10 @@ class Coordinator:
         first = sorted(self.specs, key=lambda s: not _preloads(s.engines))
         handles = {s.name: self._spawn(s, slots[s.name]) for s in first}
         steps: list[tuple[ModelHandle, list, dict, list[DistInfo]]] = []
-        # handles forked from the fork server come up once its imports end: waiting for them first
-        # would hold back the others' builds (a reference's: 4 s of W's warm start on an H100)
-        for s in sorted(self.specs, key=lambda s: SERVER.running and _preloads(s.engines)):
+        # each handle builds as soon as its first worker is up: in a fixed order, one forked late
+        # held back the others' builds (a reference's: 4 s of W's warm start on an H100), and one
+        # forked early waited for the others' (the generator's: ~2 s, 2026-11-28)
+        for s in self._as_they_come_up(handles):
             handle = self.handles[s.name] = handles[s.name]
             alone = _alone(s.engines)
             refs, dists = self._setup(s, handle, engines={r: e for r, e in s.engines.items() if r not in alone})
@@ -257,6 +260,16 @@ class Coordinator:
                         "no model of its own)")
         return self
 
+    def _as_they_come_up(self, handles: dict[str, ModelHandle]) -> Iterator[HandleSpec]:
+        """The specs in the order their handle's first worker answers (its process up, its class
+        imported); one whose worker failed to start comes in its turn (``_setup`` reports it)."""
+        refs = {handles[s.name].workers[0].ping.remote(): s for s in self.specs}
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
+            if ready:
+                yield refs[ready[0]]
+
     @staticmethod
     def _fork_server_times(t0: float) -> dict[str, float]:
         """When the fork server's imports ended (s after ``t0``); warns where it could not fork."""
@@ -265,6 +278,8 @@ class Coordinator:
             logger.warning(f"fork server: {str(status.get('why')).splitlines()[0]}; its workers started the usual "
                            "way (ray.fork_server: false skips it)")
         out = {"fork_server/started_s": SERVER.started_at - t0}
+        if status.get("plain_pid"):  # when its plain copy was ready
+            out["fork_server/plain_s"] = status["plain_at"] - t0
         if status.get("imported_at"):
             out["fork_server/imported_s"] = status["imported_at"] - t0
         return out
@@ -280,8 +295,9 @@ class Coordinator:
             groups["rollout"] = max(ROLLOUT_GROUPS["rollout"], self.topology.concurrent_generate)
         actor = ray.remote(concurrency_groups=groups)(EngineWorker)
         preload = s.engines if _preloads(s.engines) else None  # imports that take long (vLLM): at once
-        # and from the fork server, where one runs: the process begins with them imported
-        forked = {"runtime_env": env} if preload and (env := SERVER.runtime_env()) else {}
+        # and from the fork server, where one runs (any other handle from its plain copy): the
+        # process begins with them imported
+        forked = {"runtime_env": env} if (env := SERVER.runtime_env(long=preload is not None)) else {}
         workers = [actor.options(**slot.options(rank), **forked, max_restarts=0,
                                  name=None).remote(s.name, rank, slot.threads, preload)
                    for rank in range(s.resources.ranks)]

@@ -1,4 +1,4 @@
-"""The fork server: a generator's worker process that begins with vLLM imported (``ray.fork_server``).
+"""The fork server: workers that begin with their imports done (``ray.fork_server``).
 
 Why: on W's warm start (one H100) the generator's path was Ray's start (2-4 s), the worker's own
 start with torch (~2 s), vLLM's import (6-8.5 s), then the engine's build (3.5-5 s): 15-20 s, all
@@ -17,6 +17,13 @@ imports; the modules that tried it (vLLM's Ray executor catches the error) are i
 the child, where Ray is whole. The server also refuses to fork once CUDA was touched (a forked
 child could not use it): a test fork checks torch's own flag, and every client then starts the
 usual way. Only a local Ray on Linux uses it (a cluster's worker may land on another machine).
+
+The other handles' workers (the trainers: torch, the engines' modules, transformers) are forked
+too, from a copy of the server made before vLLM's import (``plain``): once the generator forked
+early, the trainers' own imports (3.7 s of W's warm start on an H100, 2026-11-28) were the longest
+path. Not from the server itself: vLLM's import patches torch's compiler (``vllm/env_override.py``:
+inductor's lowering and cache pickler, one compile thread), which a trainer's ``compile`` must not
+inherit; the copy holds exactly what a trainer would import itself.
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 CLIENT = str(Path(__file__).with_name("fork_client.py"))
-ENGINES, SOCKET, LOG, STATUS = "engines.pkl", "s", "server.log", "status.json"
+ENGINES, SOCKET, PLAIN_SOCKET, LOG, STATUS = "engines.pkl", "s", "p", "server.log", "status.json"
 NOTHING = "no engine of the run imports anything at preload"
 FORKED_ENV = "XRLHF_FORKED_FROM"
 """Set in a forked worker's environment: the fork server's pid (how a process tells it was forked)."""
@@ -67,9 +74,16 @@ def preloads(engines: dict[str, tuple[str, Any]]) -> bool:
     return any(engine_class(name, role).preload.__func__ is not base for role, (name, _) in engines.items())
 
 
-def preload_engines(specs: list) -> list[tuple[str, str, Any]]:
-    """(name, role, options) of the engines of the handles (``HandleSpec``) whose engines import long."""
-    return [(name, role, spec.options) for s in specs if preloads(s.engines) for role, (name, spec) in s.engines.items()]
+def fork_plan(specs: list) -> dict[str, list[tuple[str, str, Any]]]:
+    """What a fork server imports for the handles ``specs`` (``HandleSpec``): ``long``, (name, role,
+    options) of the engines of the handles that preload (vLLM), forked from the server; ``plain``,
+    (name, role, spec) of every other handle's engines, forked from its copy made before the long
+    imports. Empty where nothing preloads: no server then (the trainers alone gain ~2 s at most)."""
+    long = [(name, role, spec.options) for s in specs if preloads(s.engines) for role, (name, spec) in s.engines.items()]
+    if not long:
+        return {}
+    plain = [(name, role, spec) for s in specs if not preloads(s.engines) for role, (name, spec) in s.engines.items()]
+    return {"long": long, "plain": plain}
 
 
 def start_early(config: str, overrides: list[str]) -> bool:
@@ -135,19 +149,20 @@ class ForkServer:
         self.started_at: float | None = None
         self._atexit = False
 
-    def start(self, engines: list[tuple[str, str, Any]] | None = None, config: dict | None = None,
-              resolver: str = "xrlhf.runner:preloaded_engines") -> None:
-        """Start importing ``engines`` ((name, role, options) of every preloading engine), or those
-        that the run of ``config`` (a config dict) preloads by ``resolver`` ("module:function" of
-        the layer above, called there with the dict), in a new process that inherits this one's
-        environment (start it where Ray's workers would see the same). Returns at once; the
-        server's socket exists when this returns."""
+    def start(self, engines: dict | list[tuple[str, str, Any]] | None = None, config: dict | None = None,
+              resolver: str = "xrlhf.runner:fork_plan") -> None:
+        """Start importing what ``engines`` need (a ``fork_plan``, or a list: its ``long`` part
+        alone), or what the run of ``config`` (a config dict) needs by ``resolver``
+        ("module:function" of the layer above returning its ``fork_plan``, called there with the
+        dict), in a new process that inherits this one's environment (start it where Ray's workers
+        would see the same). Returns at once; the server's sockets exist when this returns."""
         self.stop()
         if not self._atexit:  # a driver that ends early (a config error after start_early) leaves nothing
             atexit.register(self.stop)
             self._atexit = True
         self.dir = Path(tempfile.mkdtemp(prefix="xrlhf-fork-"))
-        what = ("config", (config, resolver)) if config is not None else ("engines", engines)
+        plan = {"long": list(engines or [])} if isinstance(engines, list) else engines
+        what = ("config", (config, resolver)) if config is not None else ("engines", plan)
         (self.dir / ENGINES).write_bytes(pickle.dumps(what))
         self.started_at = time.time()
         with open(self.dir / LOG, "wb") as log:
@@ -157,7 +172,7 @@ class ForkServer:
                                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
         deadline = time.time() + 60
-        while not (self.dir / SOCKET).exists():  # bound before its imports begin: ~0.1 s
+        while not (self.dir / PLAIN_SOCKET).exists():  # bound (the other first) before its imports begin: ~0.1 s
             if self.proc.poll() is not None or time.time() > deadline:
                 self.stop()
                 return
@@ -167,11 +182,13 @@ class ForkServer:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def runtime_env(self) -> dict[str, str] | None:
-        """The ``runtime_env`` of a worker to fork (``None``: no server, start the usual way)."""
+    def runtime_env(self, long: bool = True) -> dict[str, str] | None:
+        """The ``runtime_env`` of a worker to fork (``None``: no server, start the usual way): one
+        of a preloading handle (``long``) from the server, any other from its plain copy."""
         if not self.running:
             return None
-        client = " ".join(shlex.quote(p) for p in (sys.executable, "-I", "-S", CLIENT, str(self.dir / SOCKET)))
+        where = self.dir / (SOCKET if long else PLAIN_SOCKET)
+        client = " ".join(shlex.quote(p) for p in (sys.executable, "-I", "-S", CLIENT, str(where)))
         return {"py_executable": client}
 
     def status(self) -> dict[str, Any]:
@@ -254,10 +271,19 @@ def _die_with_parent() -> None:
         pass
 
 
-def _preload(path: Path) -> tuple[list[str], str | None]:
-    """Import what a worker of the engines pickled at ``path`` ((name, role, options) each)
-    imports: its class's modules, each engine's ``preload``. Returns the modules that tried to
-    import Ray and why the server is unusable (``None``: usable)."""
+def _plan(path: Path) -> dict[str, list]:
+    """The fork plan pickled at ``path`` (``fork_plan``'s), or the one its config resolves to."""
+    kind, what = pickle.loads(path.read_bytes())  # options: the engines' modules
+    if kind == "config":  # (config dict, "module:function" returning its fork plan)
+        module, function = what[1].split(":")
+        return getattr(importlib.import_module(module), function)(what[0]) or {}
+    return what or {}
+
+
+def _imports(path: Path) -> tuple[dict[str, list], list[str], str | None]:
+    """The plain stage: import what any worker imports (its class's modules, torch with them), read
+    the plan at ``path``, and import what each plain engine's build will (``Engine.fork_imports``).
+    Returns the plan, the modules that tried to import Ray and why a fork would not do (``None``)."""
     import gc
 
     from xrlhf.utils import package_map
@@ -268,20 +294,36 @@ def _preload(path: Path) -> tuple[list[str], str | None]:
     gc.freeze()  # as EngineWorker does: the collections of the imports below skip torch's heap
     transformers_without_sklearn()
     cache_entry_points()
-    with _NoRay() as no_ray:
+    # torch.cuda.is_available() by NVML, as vLLM's import sets it for itself: an import that asks
+    # (torch's compiler's) does not initialise CUDA, which no fork could use then
+    with _NoRay() as no_ray, environ({"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}):
         try:
             import xrlhf.engines.host  # noqa: F401 - the worker's class's modules, torch with them
             from xrlhf.engines.base import engine_class
 
-            kind, what = pickle.loads(path.read_bytes())  # options: the engines' modules
-            if kind == "config":  # (config dict, "module:function" naming its preloading engines)
-                module, function = what[1].split(":")
-                engines = getattr(importlib.import_module(module), function)(what[0])
-            else:
-                engines = what
-            if not engines:
-                return no_ray.tried, NOTHING
-            for name, role, options in engines:
+            plan = _plan(path)
+            if not plan.get("long"):
+                return plan, no_ray.tried, NOTHING
+            for name, role, spec in plan.get("plain", []):
+                try:
+                    engine_class(name, role).fork_imports(spec)
+                except Exception:  # noqa: BLE001 - the build reports it with its context
+                    pass
+        except Exception:  # noqa: BLE001 - reported; every client then starts the usual way
+            return {}, no_ray.tried, "importing failed:\n" + traceback.format_exc()
+    return plan, no_ray.tried, _cuda_touched()
+
+
+def _preload(plan: dict[str, list]) -> tuple[list[str], str | None]:
+    """The long stage: each preloading engine's ``preload`` (vLLM's import). Returns the modules
+    that tried to import Ray and why a fork would not do (``None``: it would)."""
+    import gc
+
+    from xrlhf.engines.base import engine_class
+
+    with _NoRay() as no_ray:
+        try:
+            for name, role, options in plan["long"]:
                 engine_class(name, role).preload(options)
         except Exception:  # noqa: BLE001 - reported; every client then starts the usual way
             return no_ray.tried, "importing failed:\n" + traceback.format_exc()
@@ -387,29 +429,70 @@ def serve(directory: str) -> None:
             shutil.rmtree(directory, ignore_errors=True)
 
 
-def _serve(root: Path, driver: int) -> None:
+def _listen(path: Path) -> socket.socket:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(root / SOCKET))
+    listener.bind(str(path))
     listener.listen(64)  # clients that come before the imports end wait in the backlog
-    stop = []
+    return listener
+
+
+def _env_delta(base: dict[str, str]) -> dict[str, str | None]:
+    """What this process's imports changed in its environment since ``base`` (``None``: removed)."""
+    delta: dict[str, str | None] = {k: v for k, v in os.environ.items() if base.get(k) != v}
+    delta.update({k: None for k in base if k not in os.environ})
+    return delta
+
+
+def _serve(root: Path, driver: int) -> None:
+    """Bind both sockets; the plain stage, then its copy that serves the plain socket; the long
+    stage, then serve the other. A server that cannot serve ends, and its copy with it: every
+    client then starts the usual way."""
+    listener, plain = _listen(root / SOCKET), _listen(root / PLAIN_SOCKET)
+    stop: list[int] = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     base = dict(os.environ)
     t0 = time.time()
-    retry, why = _preload(root / ENGINES)
-    env_delta: dict[str, str | None] = {k: v for k, v in os.environ.items() if base.get(k) != v}
-    env_delta.update({k: None for k in base if k not in os.environ})
-    status = {"imported_at": time.time(), "import_s": round(time.time() - t0, 2), "usable": why is None,
-              "why": why, "retry": retry, "pid": os.getpid()}
+    plan, retry, why = _imports(root / ENGINES)
+    status: dict[str, Any] = {"plain_at": time.time(), "plain_why": why, "pid": os.getpid()}
+    if why is None and plan.get("plain"):
+        pid = os.fork()
+        if pid == 0:  # the plain copy: serves the plain socket, ends with the server
+            _die_with_parent()
+            listener.close()
+            code = 1
+            try:
+                _loop(plain, _env_delta(base), retry, stop, os.getppid())
+                code = 0
+            finally:
+                os._exit(code)
+        status["plain_pid"] = pid
+    plain.close()
+    if plan.get("long") and why != NOTHING:  # a copy that could not be made costs the long stage nothing
+        retry_long, why = _preload(plan)
+        retry = retry + [m for m in retry_long if m not in retry]
+    status.update({"imported_at": time.time(), "import_s": round(time.time() - t0, 2), "usable": why is None,
+                   "why": why, "retry": retry})
     (root / STATUS).write_text(json.dumps(status))
     print(f"fork server {os.getpid()}: imports {status['import_s']} s, usable {why is None}"
-          + (f" ({why})" if why else "") + (f"; Ray held back from {retry}" if retry else ""), flush=True)
-    if why is not None:  # clients find no server and start the usual way
+          + (f" ({why})" if why else "") + (f"; Ray held back from {retry}" if retry else "")
+          + (f"; plain copy {status['plain_pid']}" if "plain_pid" in status else ""), flush=True)
+    if why is not None:  # its clients find no server and start the usual way
         listener.close()
+        if "plain_pid" in status:
+            os.kill(status["plain_pid"], signal.SIGTERM)
+            os.waitpid(status["plain_pid"], 0)
         return
+    _loop(listener, _env_delta(base), retry, stop, driver)
+
+
+def _loop(listener: socket.socket, env_delta: dict[str, str | None], retry: list[str], stop: list[int],
+          parent: int) -> None:
+    """Fork a worker for each client of ``listener`` until stopped or ``parent`` is gone; a client
+    whose connection closes (it died) takes its child along."""
     children: dict[int, socket.socket] = {}
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ)
-    while not stop and os.getppid() == driver:
+    while not stop and os.getppid() == parent:
         for key, _ in sel.select(timeout=0.2):
             if key.fileobj is listener:
                 conn, _ = listener.accept()

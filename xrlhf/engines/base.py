@@ -131,6 +131,12 @@ class Engine(ABC):
         host may run it in a thread while other engines build. Default: nothing."""
 
     @classmethod
+    def fork_imports(cls, spec: "EngineSpec") -> None:
+        """Import what building an engine of ``spec`` will import, in a process whose forks become
+        its workers (``coordinator.forkserver``'s plain copy, before Ray's start). Only what a
+        fork keeps whole: no CUDA, no threads. Default: nothing (the worker imports it itself)."""
+
+    @classmethod
     def missing_packages(cls) -> list[str]:
         """Packages of ``requires`` that are not installed."""
         return [p for p in cls.requires if importlib.util.find_spec(p) is None]

@@ -16,7 +16,7 @@ from pydantic import Field
 from xrlhf.engines.base import (ENGINES, EngineSpec, GenerateEngine, GenerateOptions, GenerationOutput, NamedTensors,
                                 SamplingParams)
 from xrlhf.engines.hf.decode import StepHook, WeightGate, decode_keyed
-from xrlhf.engines.hf.model import HFModel, token_logprobs
+from xrlhf.engines.hf.model import HFModel, build_imports, token_logprobs
 
 if TYPE_CHECKING:
     from xrlhf.weight_sync import Message, Transport
@@ -66,6 +66,10 @@ class HFGenerateEngine(GenerateEngine):
     Options = HFGenerateOptions
     pauses_mid_generation = True
     logprobs_are_free = True  # the decode loop has the distribution at hand
+
+    @classmethod
+    def fork_imports(cls, spec: EngineSpec) -> None:
+        build_imports(spec)
 
     def __init__(self, spec: EngineSpec):
         super().__init__(spec)

@@ -8,7 +8,7 @@ from pydantic import ConfigDict, Field
 
 from xrlhf.data.batch import Batch
 from xrlhf.engines.base import ENGINES, EngineSpec, ForwardOutput, InferEngine, InferOptions
-from xrlhf.engines.hf.model import HFModel, HFModelOptions
+from xrlhf.engines.hf.model import HFModel, build_imports, HFModelOptions
 
 
 class HFInferOptions(InferOptions, HFModelOptions):
@@ -26,6 +26,10 @@ class HFInferEngine(InferEngine):
     """Logprobs, values or scores with a frozen Transformers model."""
 
     Options = HFInferOptions
+
+    @classmethod
+    def fork_imports(cls, spec: EngineSpec) -> None:
+        build_imports(spec)
 
     def __init__(self, spec: EngineSpec):
         super().__init__(spec)
