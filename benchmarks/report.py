@@ -547,20 +547,23 @@ def startup(r: dict | None) -> list[str]:
            f"{t['cold_ready_s']} s cold, {t['warm_ready_s']} s warm); the coordinator's timeline (s from Ray's "
            "start; summary.json's `startup`): workers up, the generator's vLLM import, vLLM's engine built (after its "
            "import), vLLM's own \"init engine\" line; with the fork server (`ray.fork_server`, 2026-11-28 on): when "
-           "it started and had imported vLLM (s from Ray's start; negative: before it), the generator's worker forked "
-           "from it then; first step: from the command's start.", "",
-           "| call | variant | ready s | first step s | Ray | workers up | vLLM import | fork server started / imported "
-           "| vLLM build | generator built | vLLM init | compile |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "it started, its plain copy was made (the trainers' imports done: 2026-11-28, tenth session, on) and it had "
+           "imported vLLM (s from Ray's start; negative: before it), the workers forked from them then; trainers "
+           "built: the last of the other handles' engines; first step: from the command's start.", "",
+           "| call | variant | ready s | first step s | Ray | workers up | vLLM import | fork server started / copy / "
+           "imported | vLLM build | generator built | trainers built | vLLM init | compile |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in r["calls"]:
         for v in c["variants"]:
             tl, vl = v.get("timeline") or {}, v.get("vllm") or {}
-            fork = (f"{fmt(tl.get('fork_server/started_s'))} / {fmt(tl.get('fork_server/imported_s'))}"
-                    if any(k.startswith("fork_server/") for k in tl) else "—")
+            fork = (f"{fmt(tl.get('fork_server/started_s'))} / {fmt(tl.get('fork_server/plain_s'))} / "
+                    f"{fmt(tl.get('fork_server/imported_s'))}" if any(k.startswith("fork_server/") for k in tl) else "—")
+            trainers = [v for k, v in tl.items() if k.endswith("/built_s") and not k.startswith("rollout/")]
             out.append(f"| {c.get('label', c['call'])} | {v['variant']} | {fmt(v.get('ready_s'))} | {fmt(v.get('first_step_s'))} "
                        f"| {fmt(tl.get('ray_s'))} | {fmt(tl.get('rollout/up_s'))} | {fmt(tl.get('rollout/imports_s'))} "
                        f"| {fork} | {fmt(tl.get('rollout/generate_s'))} | {fmt(tl.get('rollout/built_s'))} "
-                       f"| {fmt(vl.get('engine_init_s'))} | {fmt(vl.get('compile_s'))} |")
+                       f"| {fmt(max(trainers) if trainers else None)} | {fmt(vl.get('engine_init_s'))} "
+                       f"| {fmt(vl.get('compile_s'))} |")
     out += [""] + [f"* {c.get('label', '')}: {c['call']} ({c['gpu']})." for c in r["calls"]]
     e = r.get("engine")
     if e:

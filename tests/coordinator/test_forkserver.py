@@ -1,5 +1,6 @@
-"""The fork server (``coordinator.forkserver``): a preloading handle's worker begins as a fork of
-a process that imported its engines while Ray started.
+"""The fork server (``coordinator.forkserver``): a worker begins as a fork of a process that
+imported its engines while Ray started (a preloading handle's from the server, any other's from
+its plain copy, made before the long imports).
 
 The protocol is tested with a probe script in place of Ray's worker entry point (what the child
 runs, its environment, exit status and signals, the fallbacks); then a real local Ray runs a

@@ -102,6 +102,28 @@ def test_handles_that_preload_start_first_and_the_start_up_line():
                           "policy/imported_s": 6.5, "ready_s": 13.5})
     assert line == ("Ray 2.0; policy: born 2.7, module 3.5, imported 6.5, init 6.6, called 9.4, up 9.5 (train 3.7), "
                     "built 13.1; ready 13.5")
+    line = _startup_line({"ray_s": 2.0, "policy/up_s": 4.0, "policy/built_s": 7.0, "fork_server/started_s": -7.5,
+                          "fork_server/plain_s": -0.7, "fork_server/imported_s": 3.5, "ready_s": 9.3})
+    assert line.endswith("fork server: started -7.5, plain copy -0.7, imported 3.5; ready 9.3")
+
+
+def test_the_fork_plan_puts_the_preloading_handles_apart():
+    """A fork server imports the generator's engines last (``long``); every other handle's engines,
+    with their specs (``fork_imports`` reads the model's config), go to its plain copy; where
+    nothing preloads there is no plan (and no server)."""
+    from types import SimpleNamespace
+
+    from xrlhf.coordinator.forkserver import fork_plan
+    from xrlhf.engines.base import EngineSpec
+
+    spec = EngineSpec("m")
+    gen = SimpleNamespace(engines={"generate": ("vllm", spec)})
+    policy = SimpleNamespace(engines={"train": ("hf", spec)})
+    reference = SimpleNamespace(engines={"infer": ("hf", spec)})
+    plan = fork_plan([policy, gen, reference])
+    assert plan == {"long": [("vllm", "generate", spec.options)],
+                    "plain": [("hf", "train", spec), ("hf", "infer", spec)]}
+    assert fork_plan([policy, reference]) == {}
 
 
 def test_a_workers_timeline_is_in_order_and_since_its_process_began():

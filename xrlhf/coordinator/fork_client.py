@@ -1,7 +1,8 @@
-"""The process Ray starts for a worker of a preloading handle (``forkserver``): it asks the run's
-fork server for a child that runs Ray's worker entry point with everything already imported, then
-stands in for that child until it ends. Standard library only, run as ``python -I -S`` (started
-in ~20 ms): Ray starts it through the actor's ``runtime_env`` ``py_executable``, as
+"""The process Ray starts for a worker where a fork server runs (``forkserver``): it asks the run's
+fork server (or its plain copy: the socket it is given) for a child that runs Ray's worker entry
+point with everything already imported, then stands in for that child until it ends. Standard
+library only, run as ``python -I -S`` (started in ~20 ms): Ray starts it through the actor's
+``runtime_env`` ``py_executable``, as
 
     <python> -I -S fork_client.py <socket> <Ray's worker command: default_worker.py --args ...>
 

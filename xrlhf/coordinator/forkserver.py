@@ -89,8 +89,8 @@ def fork_plan(specs: list) -> dict[str, list[tuple[str, str, Any]]]:
 def start_early(config: str, overrides: list[str]) -> bool:
     """``xrlhf run``'s first step: where the config names a vLLM engine for a local Ray, start the
     fork server before this process imports and validates anything (W's driver: ~11 s on an H100
-    before its Ray starts); the server validates the config itself and imports the engines its
-    handles preload. Anything unclear (a config that does not read) starts nothing: the run says
+    before its Ray starts); the server validates the config itself and imports what its handles'
+    engines need (``fork_plan``). Anything unclear (a config that does not read) starts nothing: the run says
     why, and ``coordinator.init_ray`` starts a server from the validated topology just before Ray."""
     from xrlhf.config.loader import apply_overrides, read_yaml
 
