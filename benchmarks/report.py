@@ -556,8 +556,9 @@ def startup(r: dict | None) -> list[str]:
     for c in r["calls"]:
         for v in c["variants"]:
             tl, vl = v.get("timeline") or {}, v.get("vllm") or {}
-            fork = (f"{fmt(tl.get('fork_server/started_s'))} / {fmt(tl.get('fork_server/plain_s'))} / "
-                    f"{fmt(tl.get('fork_server/imported_s'))}" if any(k.startswith("fork_server/") for k in tl) else "—")
+            fork = "—"
+            if any(k.startswith("fork_server/") for k in tl):
+                fork = " / ".join(fmt(tl.get(f"fork_server/{k}_s")) for k in ("started", "plain", "imported"))
             trainers = [v for k, v in tl.items() if k.endswith("/built_s") and not k.startswith("rollout/")]
             out.append(f"| {c.get('label', c['call'])} | {v['variant']} | {fmt(v.get('ready_s'))} | {fmt(v.get('first_step_s'))} "
                        f"| {fmt(tl.get('ray_s'))} | {fmt(tl.get('rollout/up_s'))} | {fmt(tl.get('rollout/imports_s'))} "

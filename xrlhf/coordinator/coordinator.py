@@ -212,9 +212,10 @@ class Coordinator:
         plan = fork_plan(self.specs)
         self._owns_ray = init_ray(self.topology.ray, mps=wanted(self.topology), preload=plan)
         if SERVER.running:
-            logger.info(f"fork server (pid {SERVER.proc.pid}): imports what {', '.join(sorted({n for n, _, _ in plan['long']}))}"
-                        " needs beside Ray's start, and before it what the other handles' engines need (a copy of "
-                        "its own holds those); the workers are forked from them")
+            long = ", ".join(sorted({n for n, _, _ in plan["long"]}))
+            logger.info(f"fork server (pid {SERVER.proc.pid}): imports what {long} needs beside Ray's start, and "
+                        "before it what the other handles' engines need (a copy of its own holds those); the workers "
+                        "are forked from them")
         if running() and overlaps_on_a_gpu(self.topology) and (carved := carve_for_overlap(self.topology)):
             logger.info(f"one step off under MPS: {', '.join(carved)} leave {OVERLAP_SM_SHARE:.0%} of the GPU's SMs "
                         "to vLLM (sm_carveout)")

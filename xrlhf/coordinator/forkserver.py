@@ -79,19 +79,20 @@ def fork_plan(specs: list) -> dict[str, list[tuple[str, str, Any]]]:
     options) of the engines of the handles that preload (vLLM), forked from the server; ``plain``,
     (name, role, spec) of every other handle's engines, forked from its copy made before the long
     imports. Empty where nothing preloads: no server then (the trainers alone gain ~2 s at most)."""
-    long = [(name, role, spec.options) for s in specs if preloads(s.engines) for role, (name, spec) in s.engines.items()]
-    if not long:
+    engines = [(preloads(s.engines), name, role, spec) for s in specs for role, (name, spec) in s.engines.items()]
+    if not any(long for long, *_ in engines):
         return {}
-    plain = [(name, role, spec) for s in specs if not preloads(s.engines) for role, (name, spec) in s.engines.items()]
-    return {"long": long, "plain": plain}
+    return {"long": [(name, role, spec.options) for long, name, role, spec in engines if long],
+            "plain": [(name, role, spec) for long, name, role, spec in engines if not long]}
 
 
 def start_early(config: str, overrides: list[str]) -> bool:
     """``xrlhf run``'s first step: where the config names a vLLM engine for a local Ray, start the
     fork server before this process imports and validates anything (W's driver: ~11 s on an H100
     before its Ray starts); the server validates the config itself and imports what its handles'
-    engines need (``fork_plan``). Anything unclear (a config that does not read) starts nothing: the run says
-    why, and ``coordinator.init_ray`` starts a server from the validated topology just before Ray."""
+    engines need (``fork_plan``). Anything unclear (a config that does not read) starts nothing: the
+    run says why, and ``coordinator.init_ray`` starts a server from the validated topology just
+    before Ray."""
     from xrlhf.config.loader import apply_overrides, read_yaml
 
     try:
@@ -172,7 +173,7 @@ class ForkServer:
                                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
         deadline = time.time() + 60
-        while not (self.dir / PLAIN_SOCKET).exists():  # bound (the other first) before its imports begin: ~0.1 s
+        while not (self.dir / PLAIN_SOCKET).exists():  # both bound (this one last) before the imports: ~0.1 s
             if self.proc.poll() is not None or time.time() > deadline:
                 self.stop()
                 return
