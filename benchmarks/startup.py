@@ -101,7 +101,7 @@ before ``coordinator.lean_head``); ``preload``: every Ray worker imports vLLM be
 ``noprestart``: Ray starts no idle workers when the driver connects (it starts one per CPU, 16 on
 the GPU machine, that import Ray beside the run's own workers; a run's workers are actors only).
 ``prev``: the previous build, a tree of its files named by ``PREV_TREE`` (the same call's baseline:
-``gpu_i25.sh``'s ``prev_tree`` makes it from a commit).
+``gpu_i25.sh``'s ``prevtree`` stage makes it from a commit).
 (2026-11-27, eighth session, also ran ``warm-precall``: vLLM's import begun in the generator's
 first call, as before, not in its constructor: 19.7 and 19.7 s against 16.0 and 19.0 s; the
 switch left the code.)

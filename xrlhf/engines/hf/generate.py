@@ -67,9 +67,7 @@ class HFGenerateEngine(GenerateEngine):
     pauses_mid_generation = True
     logprobs_are_free = True  # the decode loop has the distribution at hand
 
-    @classmethod
-    def fork_imports(cls, spec: EngineSpec) -> None:
-        build_imports(spec)
+    fork_imports = staticmethod(build_imports)  # Engine.fork_imports
 
     def __init__(self, spec: EngineSpec):
         super().__init__(spec)

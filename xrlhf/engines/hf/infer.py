@@ -8,7 +8,7 @@ from pydantic import ConfigDict, Field
 
 from xrlhf.data.batch import Batch
 from xrlhf.engines.base import ENGINES, EngineSpec, ForwardOutput, InferEngine, InferOptions
-from xrlhf.engines.hf.model import HFModel, build_imports, HFModelOptions
+from xrlhf.engines.hf.model import HFModel, HFModelOptions, build_imports
 
 
 class HFInferOptions(InferOptions, HFModelOptions):
@@ -27,9 +27,7 @@ class HFInferEngine(InferEngine):
 
     Options = HFInferOptions
 
-    @classmethod
-    def fork_imports(cls, spec: EngineSpec) -> None:
-        build_imports(spec)
+    fork_imports = staticmethod(build_imports)  # Engine.fork_imports
 
     def __init__(self, spec: EngineSpec):
         super().__init__(spec)

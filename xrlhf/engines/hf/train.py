@@ -14,7 +14,7 @@ from pydantic import ConfigDict, Field, ValidationInfo, model_validator
 from xrlhf.config.schema import yaml_path
 from xrlhf.data.batch import Batch
 from xrlhf.engines.base import ENGINES, EngineSpec, ForwardOutput, TrainEngine
-from xrlhf.engines.hf.model import HFModel, build_imports, HFModelOptions
+from xrlhf.engines.hf.model import HFModel, HFModelOptions, build_imports
 from xrlhf.engines.lora import LoraModel, LoraTraining, LoraTrainOptions, apply_lora
 from xrlhf.engines.mixed_precision import MasterWeights
 from xrlhf.engines.model_files import save_with_tokenizer
@@ -66,9 +66,7 @@ class HFTrainEngine(LoraTraining, TrainEngine):
 
     Options = HFTrainOptions
 
-    @classmethod
-    def fork_imports(cls, spec: EngineSpec) -> None:
-        build_imports(spec)
+    fork_imports = staticmethod(build_imports)  # Engine.fork_imports
 
     def __init__(self, spec: EngineSpec):
         super().__init__(spec)
