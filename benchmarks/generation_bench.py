@@ -35,7 +35,7 @@ round 2: again ...) on the same engine; each variant reports the figures of its 
 figures), ``median_s``, ``min_s`` and ``max_s``. An odd N gives a median that is a real round.
 
 **Logprobs path.** Every variant sets it before it runs: ``worker_*`` on the worker path (vLLM's
-sampler records, ``engines/vllm/record.py``), every other on vLLM's outputs with vLLM's sampler
+sampler records, ``internals/vllm_record.py``), every other on vLLM's outputs with vLLM's sampler
 as its own (the recording turned off: ``xrlhf_record_logprobs(False)``), whatever the
 configuration's ``logprobs_path`` (whose default, ``worker``, installs the recording at
 start-up). So the variants run in the order given, ``worker_*`` no longer last, with any N.
@@ -153,13 +153,13 @@ def _raw_run(logprobs: int | None) -> Callable:
 
 
 def set_logprobs_path(engine, path: str) -> None:
-    """``engine``'s logprobs from ``path``: ``"worker"`` (vLLM's sampler records them, ``record.py``)
+    """``engine``'s logprobs from ``path``: ``"worker"`` (vLLM's sampler records them, ``internals/vllm_record.py``)
     or ``"outputs"`` (vLLM's sampler as its own again: ``raw_*`` is then vLLM alone). The engine
     records exactly when its option says ``"worker"`` (it installed the recording at start-up then)."""
-    if engine.options.logprobs_path != path:
+    if engine.logprobs_path != path:
         with engine._loop.exclusive():  # not under a step of the request loop
             engine._rpc("xrlhf_record_logprobs", path == "worker")
-        engine.options.logprobs_path = path
+        engine.logprobs_path = path
 
 
 def _on(path: str, run: Callable) -> Callable:

@@ -1,4 +1,4 @@
-"""``xrlhf`` command line: run, validate, plan, make-tiny-model, make-dataset, prepare-data,
+"""``xrlhf`` command line: run, validate, plan, hooks, make-tiny-model, make-dataset, prepare-data,
 make-completions.
 
 User errors (config, paths, data) print one line each and exit 2, without a traceback.
@@ -15,7 +15,8 @@ from pathlib import Path
 
 from loguru import logger
 
-from xrlhf.utils import package_map
+from xrlhf import internals
+from xrlhf.internals import imports as package_map
 from xrlhf.utils.errors import NonFiniteError, UserError, WorkerDiedError
 
 
@@ -43,6 +44,10 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     run.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.kl_coef=0.05")
     run.add_argument("--output-dir", default=None, help="default: runs/<config name>-<timestamp>")
     run.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its latest checkpoint")
+    run.add_argument("--public-only", action="store_true",
+                     help="use only the public APIs of Ray, vLLM, torch and transformers: every hook of xrlhf.internals "
+                          "off (xrlhf hooks lists them)")
+    sub.add_parser("hooks", help="the uses of libraries' internals, the versions each was checked on, and whether it is on")
     rep = sub.add_parser("report", help="(re)write report.md and plots of a run directory")
     rep.add_argument("run_dir")
     val = sub.add_parser("validate", help="check a config and print every problem")
@@ -59,10 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # per-worker "Loading weights" bars: noise
-    package_map.memoize()  # transformers' import computes it, the workers then read it (utils.package_map)
     logger.remove()
     logger.add(sys.stderr, level=os.environ.get("XRLHF_LOG_LEVEL", "INFO"),
                format="<green>{time:HH:mm:ss}</green> | <level>{level: <7}</level> | {message}")
+    package_map.memoize()  # transformers' import computes it, the workers then read it (internals.imports)
     argv = sys.argv[1:] if argv is None else argv
     parser = _parser(next((a for a in argv if not a.startswith("-")), None))
     args, rest = parser.parse_known_args(argv)
@@ -85,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    if getattr(args, "public_only", False):  # before anything imports: the workers inherit it
+        os.environ[internals.PUBLIC_ONLY] = "1"
+    if args.command == "hooks":
+        print(internals.table())
+        return 0
     if args.command == "make-tiny-model":
         from xrlhf.models import make
 

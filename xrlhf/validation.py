@@ -36,6 +36,7 @@ from pydantic import BaseModel, ValidationError
 
 from xrlhf.config.loader import apply_overrides, format_errors, read_yaml
 from xrlhf.config.schema import Section, XConfig
+from xrlhf.internals import HOOKS_OFF, unknown_switched_off
 from xrlhf.utils.errors import UserError, first_line
 
 
@@ -69,6 +70,7 @@ def validate_dict(data: dict[str, Any]) -> XConfig:
         errors += env_errors(cfg)
     if not errors and cfg is not None and cfg.check_plan:
         errors += plan_errors(cfg)
+    errors += [f"{HOOKS_OFF}: no hook is called {name!r}; xrlhf hooks lists them" for name in unknown_switched_off()]
     if errors:
         raise UserError(*errors)
     return cfg
@@ -132,6 +134,7 @@ def _section_errors(cfg: XConfig, path: str, role: str, section: Section) -> lis
         how = f"pip install -e '.[{cls.pip_extra}]'" if cls.pip_extra else "pip install " + " ".join(missing)
         errors.append(f"{path}.engine: {section.engine!r} needs the {', '.join(missing)} package; install it with "
                       f"{how}")
+    errors += [f"{path}.engine: {section.engine!r}: {problem}" for problem in cls.version_errors()]
     fields = section.engine_fields()
     for key in sorted(set(fields) - set(cls.Options.model_fields)):
         owners = _backends_with_option(role, key)

@@ -13,6 +13,7 @@ name, the completeness check, and that vLLM itself is never needed to import xrl
 from __future__ import annotations
 
 import importlib.machinery
+import os
 import importlib.util
 import pickle
 import queue
@@ -29,6 +30,7 @@ import pytest
 import torch
 from torch import nn
 
+from xrlhf import internals
 from xrlhf.engines.base import EngineSpec, SamplingParams
 from xrlhf.weight_sync import WeightSyncError, build_transport, checksum, compare_checksums, push_weights
 
@@ -246,13 +248,14 @@ class FakeLLM:
     lists every moment two threads were inside it at once, or weights loaded while it generated."""
 
     last: "FakeLLM" = None
-    client = "SyncMPClient"
 
     def __init__(self, **kwargs):
         from transformers import AutoModelForCausalLM
 
         from xrlhf.engines.vllm.extension import XrlhfWorkerExtension
 
+        # as vLLM decides it: its engine core in this process where multiprocessing is off
+        self.client = "InprocClient" if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" else "SyncMPClient"
         self.kwargs = kwargs
         self.calls: list = []
         model = fused_like_vllm(AutoModelForCausalLM.from_pretrained(kwargs["model"]))
@@ -365,6 +368,7 @@ def vllm_module():
         pytest.skip("the real vLLM is installed: tests/gpu covers the engine")
     fake = types.ModuleType("vllm")
     fake.__spec__ = importlib.machinery.ModuleSpec("vllm", None)
+    fake.__version__ = "0.33.0"  # the hooks of xrlhf.internals.vllm run against the stand-in as against 0.33
     fake.LLM, fake.SamplingParams, fake.TokensPrompt = FakeLLM, FakeSamplingParams, dict
     parallel_state = types.ModuleType("vllm.distributed.parallel_state")
     parallel_state.get_tensor_model_parallel_world_size = lambda: 1
@@ -391,6 +395,7 @@ def vllm_module():
              "vllm.model_executor.models": models, "vllm.model_executor.models.registry": registry}
     saved = {k: sys.modules.get(k) for k in fakes}
     sys.modules.update(fakes)
+    internals.forget()
     import xrlhf.engines.vllm as module
 
     yield module
@@ -399,6 +404,7 @@ def vllm_module():
             sys.modules.pop(k, None)
         else:
             sys.modules[k] = v
+    internals.forget()
 
 
 def engine_spec(model: str, **options) -> EngineSpec:
@@ -406,7 +412,8 @@ def engine_spec(model: str, **options) -> EngineSpec:
     the worker path, the default, name it: test_vllm_record.py and below)."""
     from xrlhf.engines.vllm import VLLMOptions  # the backend's file imports vLLM only to build an engine
 
-    return EngineSpec(model, options=VLLMOptions(engine="vllm", **{"logprobs_path": "outputs", **options}), seed=3)
+    return EngineSpec(model, options=VLLMOptions(engine="vllm", **{"logprobs_path": "outputs", "multiprocessing": True,
+                                                                   **options}), seed=3)
 
 
 def test_llm_arguments_from_the_config(vllm_module, tiny_model):
@@ -453,10 +460,9 @@ def trained_weights(tiny_model) -> list[tuple[str, torch.Tensor]]:
 
 
 @pytest.mark.parametrize("client", ["SyncMPClient", "InprocClient"])
-def test_sync_while_asleep_loads_in_the_worker_and_reads_back_by_hf_name(vllm_module, tiny_model, client,
-                                                                         monkeypatch):
-    monkeypatch.setattr(FakeLLM, "client", client)
-    engine = vllm_module.VLLMGenerateEngine(engine_spec(tiny_model, sleep_level=2))
+def test_sync_while_asleep_loads_in_the_worker_and_reads_back_by_hf_name(vllm_module, tiny_model, client):
+    engine = vllm_module.VLLMGenerateEngine(engine_spec(tiny_model, sleep_level=2,
+                                                        multiprocessing=client == "SyncMPClient"))
     llm = FakeLLM.last
     assert engine.model_in_process == (client == "InprocClient")
     weights = trained_weights(tiny_model)

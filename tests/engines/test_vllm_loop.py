@@ -91,8 +91,8 @@ def test_concurrent_keyed_calls_complete_with_their_rows_and_seeds(engine):
                                               ("abort", "SyncMPClient"), ("continue", "InprocClient")])
 def test_a_sync_mid_generation_pauses_loads_and_stamps_versions(vllm_module, tiny_model, monkeypatch, on_update,
                                                                   client):
-    monkeypatch.setattr(FakeLLM, "client", client)
-    engine = vllm_module.VLLMGenerateEngine(engine_spec(tiny_model, sleep_level=0, seeded_sampling=True))
+    engine = vllm_module.VLLMGenerateEngine(engine_spec(tiny_model, sleep_level=0, seeded_sampling=True,
+                                                        multiprocessing=client == "SyncMPClient"))
     llm = FakeLLM.last
     asked = threading.Event()
 

@@ -38,7 +38,9 @@ def test_speed_options_reach_vllm_only_when_set(tiny_model):
                                          max_num_batched_tokens=32768, cudagraph_capture_sizes=[1, 8, 64, 512]))
     assert (kwargs["async_scheduling"], kwargs["enable_prefix_caching"], kwargs["max_num_batched_tokens"],
             kwargs["cudagraph_capture_sizes"]) == (False, False, 32768, [1, 8, 64, 512])
-    assert env == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # ours: the engine core in the generator's process
+    assert env == {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}  # engine_spec's: vLLM's engine core in a process of its own
+    # ours: the engine core in the generator's process
+    assert engine_env(VLLMOptions(engine="vllm")) == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     # ours: no torch.compile, the decode steps whole CUDA graphs
     assert kwargs["compilation_config"] == {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
     kwargs, _ = llm_kwargs(engine_spec(tiny_model, torch_compile=True))
@@ -69,7 +71,7 @@ def test_start_up_options_set_the_environment(tiny_model, tmp_path):
                                 "VLLM_CACHE_ROOT": f"{tmp_path}/cc/vllm", "TORCHINDUCTOR_CACHE_DIR": f"{tmp_path}/cc/inductor",
                                 "TRITON_CACHE_DIR": f"{tmp_path}/cc/triton"}
     assert engine_env(VLLMOptions(engine="vllm")) == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    assert engine_env(VLLMOptions(engine="vllm", multiprocessing=True)) == {}  # vLLM's own default
+    assert engine_env(VLLMOptions(engine="vllm", multiprocessing=True)) == {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
 
 
 def test_kv_cache_tokens_become_bytes_from_the_models_shape(tiny_model):

@@ -1,4 +1,4 @@
-"""Logprobs kept in vLLM's worker (``policy.generate.logprobs_path: worker``, engines/vllm/record.py)
+"""Logprobs kept in vLLM's worker (``policy.generate.logprobs_path: worker``, internals/vllm_record.py)
 on CPU.
 
 First the record itself, driven as vLLM's V2 model runner drives its sampler: slots handed out
@@ -20,16 +20,34 @@ import torch
 from tests.engines.test_vllm_cpu import FakeLLM, FakeSampler, engine_spec, trained_weights, vllm_module  # noqa: F401
 from tests.engines.test_vllm_loop import TIMEOUT, Caller, sync, wait_until
 from xrlhf.engines.base import SamplingParams
-from xrlhf.engines.vllm.record import MAX_SAVED_PER_SLOT, LogprobRecord, external_id, install, uninstall
+from xrlhf.internals.vllm_record import MAX_SAVED_PER_SLOT, LogprobRecord, external_id, install, uninstall
 
 VOCAB = 13
 
 
-class MiniRunner:
-    """The parts of vLLM's V2 ``GPUModelRunner`` the record touches, with its slot discipline."""
+class FakeSampler033(FakeSampler):
+    """vLLM 0.33's V2 ``Sampler`` signatures: the prompt's length is in the request states, and
+    ``sample`` takes ``idx_mapping`` before ``idx_mapping_np`` and ``seq_lens_upper_bound_np`` after."""
 
-    def __init__(self, slots: int):
-        self.sampler = FakeSampler()
+    def __init__(self, slots: int = 8):
+        super().__init__()
+        self.req_states.prompt_len = SimpleNamespace(np=[0] * slots)
+
+    def add_request(self, req_idx, sampling_params):
+        self.params[req_idx] = sampling_params
+
+    def sample(self, logits, expanded_idx_mapping, idx_mapping, idx_mapping_np, pos, input_ids, expanded_local_pos,
+               seq_lens_upper_bound_np, return_logprobs=False):
+        return logits.argmax(-1), logits
+
+
+class MiniRunner:
+    """The parts of vLLM's V2 ``GPUModelRunner`` the record touches, with its slot discipline, as
+    vLLM 0.25 (``base=FakeSampler``) or 0.33 (``FakeSampler033``) calls its sampler."""
+
+    def __init__(self, slots: int, base: type = FakeSampler):
+        self.base = base
+        self.sampler = base() if base is FakeSampler else base(slots)
         self.max_num_reqs = slots
         self.speculator = None
         self.free = list(range(slots))  # RequestState.free_indices: pop() takes the last freed
@@ -42,7 +60,11 @@ class MiniRunner:
         slot = self.free.pop()
         self.slot[rid] = slot
         self.sampler.req_states.index_to_req_id[slot] = f"{rid}-1a2b3c4d"  # vLLM's internal id
-        self.sampler.add_request(slot, prompt_len, SimpleNamespace(max_tokens=max_tokens))
+        if self.base is FakeSampler:
+            self.sampler.add_request(slot, prompt_len, SimpleNamespace(max_tokens=max_tokens))
+        else:  # 0.33: the runner writes the prompt's length into the request states first
+            self.sampler.req_states.prompt_len.np[slot] = prompt_len
+            self.sampler.add_request(slot, sampling_params=SimpleNamespace(max_tokens=max_tokens))
         self.prompt[rid] = prompt_len
         self.outputs.setdefault(rid, [])
 
@@ -56,7 +78,10 @@ class MiniRunner:
         logits = torch.randn(len(rids), VOCAB, generator=self.gen)
         pos = torch.tensor([self.prompt[r] + len(self.outputs[r]) - 1 for r in rids])
         idx = torch.tensor([self.slot[r] for r in rids], dtype=torch.int32)
-        self.sampler.sample(logits, idx, idx.numpy(), pos, None, None)
+        if self.base is FakeSampler:
+            self.sampler.sample(logits, idx, idx.numpy(), pos, None, None)
+        else:
+            self.sampler.sample(logits, idx, idx, idx.numpy(), pos, None, None, None)
         want = torch.log_softmax(logits, -1).gather(-1, logits.argmax(-1, keepdim=True))[:, 0]
         for r, lp in zip(rids, want.tolist()):
             if r not in discard:
@@ -69,18 +94,18 @@ class MiniRunner:
         return [flat[e - n:e] for n, e in zip(lengths, ends)]
 
 
-@pytest.fixture()
-def runner():
-    r = MiniRunner(slots=3)
-    install(r, torch.device("cpu"), base=FakeSampler)
+@pytest.fixture(params=[FakeSampler, FakeSampler033], ids=["vllm0.25", "vllm0.33"])
+def runner(request):
+    r = MiniRunner(slots=3, base=request.param)
+    install(r, torch.device("cpu"), base=request.param)
     return r
 
 
 def test_install_turns_the_sampler_into_a_recording_one_once(runner):
     record = runner.sampler._xrlhf_record
-    assert type(runner.sampler).__name__ == "RecordingFakeSampler" and isinstance(runner.sampler, FakeSampler)
+    assert type(runner.sampler).__name__ == f"Recording{runner.base.__name__}" and isinstance(runner.sampler, FakeSampler)
     assert not runner.sampler.use_flashinfer and record.slots == 3
-    assert install(runner, torch.device("cpu"), base=FakeSampler) is record
+    assert install(runner, torch.device("cpu"), base=runner.base) is record
 
 
 def test_uninstall_gives_vllm_its_sampler_back_and_install_records_again(runner):
@@ -88,7 +113,7 @@ def test_uninstall_gives_vllm_its_sampler_back_and_install_records_again(runner)
     runner.add("a", prompt_len=2, max_tokens=3)
     runner.step(["a"])
     assert uninstall(runner) and not uninstall(runner)  # the second: nothing to undo
-    assert type(runner.sampler) is FakeSampler and runner.sampler.use_flashinfer
+    assert type(runner.sampler) is runner.base and runner.sampler.use_flashinfer
     assert not hasattr(runner.sampler, "_xrlhf_record")
     held = first.buf.clone()
     runner.remove("a")
@@ -98,8 +123,8 @@ def test_uninstall_gives_vllm_its_sampler_back_and_install_records_again(runner)
     assert list(first.slot_of) == ["a"]
     runner.remove("b")
 
-    record = install(runner, torch.device("cpu"), base=FakeSampler)
-    assert record is not first and type(runner.sampler).__name__ == "RecordingFakeSampler"
+    record = install(runner, torch.device("cpu"), base=runner.base)
+    assert record is not first and type(runner.sampler).__name__ == f"Recording{runner.base.__name__}"
     assert not runner.sampler.use_flashinfer and not record.slot_of and not record.saved
     runner.add("c", prompt_len=4, max_tokens=2)
     runner.step(["c"])
@@ -107,7 +132,7 @@ def test_uninstall_gives_vllm_its_sampler_back_and_install_records_again(runner)
     assert runner.take(["c"]) == [runner.outputs["c"]]
     assert uninstall(runner) and runner.sampler.use_flashinfer
     runner.sampler.use_flashinfer = False  # a GPU without FlashInfer: it stays off after a round trip
-    install(runner, torch.device("cpu"), base=FakeSampler)
+    install(runner, torch.device("cpu"), base=runner.base)
     assert uninstall(runner) and runner.sampler.use_flashinfer is False
 
 
@@ -228,7 +253,7 @@ def test_the_engine_turns_the_record_off_and_on_between_calls(vllm_module, tiny_
     prompts, params = [[1, 5], [1, 6]], SamplingParams(max_new_tokens=3)
     for on, path in ((False, "outputs"), (True, "worker"), (False, "outputs")):
         assert engine._rpc("xrlhf_record_logprobs", on) == [on]
-        engine.options.logprobs_path = path
+        engine.logprobs_path = path
         assert (type(runner.sampler) is FakeSampler) is not on
         for seeds in (None, [1, 2]):
             out = engine.generate(prompts, params, seeds)

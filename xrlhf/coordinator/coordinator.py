@@ -31,7 +31,9 @@ from xrlhf.coordinator.spec import HandleSpec, Topology
 from xrlhf.coordinator.weight_routes import WeightRoutes
 from xrlhf.coordinator.worker import EngineWorker
 from xrlhf.engines.base import DistInfo, EngineSpec, engine_class
-from xrlhf.utils import bytecode, package_map
+from xrlhf.internals import imports as package_map
+from xrlhf.internals.ray import init_options, lean_head
+from xrlhf.utils import bytecode
 from xrlhf.utils.errors import WorkerDiedError
 from xrlhf.utils.faults import Healing
 
@@ -75,7 +77,7 @@ def init_ray(options: RayConfig, mps: bool = False, preload: dict[str, list] | N
         # on the 2-core box: 40% done after 28 minutes, against 25 minutes for all of it alone).
         with lean_head():
             ray.init(address="local", num_cpus=options.num_cpus or os.cpu_count(), num_gpus=options.num_gpus,
-                     include_dashboard=False, _system_config={"worker_niceness": 0}, **kwargs)
+                     include_dashboard=False, **init_options(), **kwargs)
     return True
 
 
@@ -93,34 +95,6 @@ def _worker_env() -> dict[str, str]:
 def _forks(options: RayConfig) -> bool:
     """Whether a local Ray with ``options`` forks its preloading workers (``ray.fork_server``)."""
     return bool(getattr(options, "fork_server", False)) and not options.address and fork_server_works()
-
-
-FULL_HEAD = "XRLHF_RAY_FULL_HEAD"
-"""Set to 1: a local Ray starts every head process of Ray's own (``lean_head`` leaves two out)."""
-
-
-@contextmanager
-def lean_head() -> Iterator[None]:
-    """Within the block, a local Ray's head starts without two processes a run never uses: the
-    dashboard's API server (with ``include_dashboard=False`` it serves only Ray's usage statistics,
-    and ``ray.init`` polls for ~2 s until it is up) and the autoscaler's monitor (one machine has
-    nothing to scale). On the 2-core box: ``ray.init`` 4.7-5.9 s -> 3.4 s, Ray's processes 6.9 ->
-    5.0 CPU-s, ``ray.shutdown`` 1.5 -> 0.4 s (docs/testing.md). The two are methods of Ray's private
-    ``Node``: where a Ray lacks them, or ``XRLHF_RAY_FULL_HEAD=1``, the head is Ray's whole."""
-    import ray._private.node as node
-
-    names = ("start_api_server", "start_monitor")
-    saved = {n: node.Node.__dict__.get(n) for n in names}
-    if os.environ.get(FULL_HEAD) == "1" or None in saved.values():
-        yield
-        return
-    for n in names:
-        setattr(node.Node, n, lambda self, **_: None)
-    try:
-        yield
-    finally:
-        for n, f in saved.items():
-            setattr(node.Node, n, f)
 
 
 def shutdown_ray() -> None:
@@ -435,7 +409,7 @@ class Coordinator:
             return False
         with self._heal_lock:
             old = self.handles[name]
-            if error.worker is not None and all(w._actor_id != error.worker._actor_id for w in old.workers):
+            if error.worker is not None and all(w != error.worker for w in old.workers):
                 return True  # another thread healed it meanwhile
             if self.healing.left <= 0:
                 return False

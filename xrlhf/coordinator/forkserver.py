@@ -29,8 +29,6 @@ inherit; the copy holds exactly what a trainer would import itself.
 from __future__ import annotations
 
 import atexit
-import builtins
-import ctypes
 import importlib
 import json
 import os
@@ -51,6 +49,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from xrlhf import internals
+from xrlhf.internals.process import FORK_SERVER, NoImport, cuda_touched, die_with_parent, reimport, run_exit_handlers
+
 CLIENT = str(Path(__file__).with_name("fork_client.py"))
 ENGINES, SOCKET, PLAIN_SOCKET, LOG, STATUS = "engines.pkl", "s", "p", "server.log", "status.json"
 NOTHING = "no engine of the run imports anything at preload"
@@ -60,10 +61,10 @@ FORKED_ENV = "XRLHF_FORKED_FROM"
 
 def base_worker_env() -> dict[str, str]:
     """What a local Ray's workers (and the fork server) get in their environment beside the driver's:
-    the driver's import path, quiet model loads (xrlhf says what it loads), no hub."""
+    the driver's import path, quiet model loads (xrlhf says what it loads), no hub, the hooks' switches."""
     path = os.pathsep.join([os.getcwd()] + [p for p in sys.path if p and os.path.isdir(p)])
     return {"PYTHONPATH": path, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-            "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+            "HF_HUB_DISABLE_PROGRESS_BARS": "1", **internals.switches()}
 
 
 def preloads(engines: dict[str, tuple[str, Any]]) -> bool:
@@ -136,8 +137,9 @@ def _engines(node: Any):
 
 
 def fork_server_works() -> bool:
-    """Whether this platform can run the fork server (fork, and file descriptors over a Unix socket)."""
-    return sys.platform.startswith("linux") and hasattr(socket, "send_fds")
+    """Whether the fork server may run here: its hook is on (``internals.process.FORK_SERVER``: Linux)
+    and file descriptors pass over a Unix socket."""
+    return hasattr(socket, "send_fds") and FORK_SERVER.active()
 
 
 class ForkServer:
@@ -237,39 +239,9 @@ SERVER = ForkServer()
 
 
 # -- the server process -------------------------------------------------------------------------
-class _NoRay:
-    """While the server imports, ``import ray`` fails as if Ray were absent; records the modules
-    that tried (to import them again in the child)."""
-
-    def __init__(self):
-        self.tried: list[str] = []
-        self._import = builtins.__import__
-
-    def __call__(self, name, globals=None, locals=None, fromlist=(), level=0):
-        if level == 0 and (name == "ray" or name.startswith("ray.")):
-            importer = (globals or {}).get("__name__")
-            if importer and importer not in self.tried:
-                self.tried.append(importer)
-            raise ModuleNotFoundError(f"No module named {name!r} (held back in xrlhf's fork server)", name=name)
-        return self._import(name, globals, locals, fromlist, level)
-
-    def __enter__(self):
-        sys.modules["ray"] = None  # importlib.import_module / find_spec see it absent too
-        builtins.__import__ = self
-        return self
-
-    def __exit__(self, *exc):
-        builtins.__import__ = self._import
-        if sys.modules.get("ray", 0) is None:
-            del sys.modules["ray"]
-
-
-def _die_with_parent() -> None:
-    """The server ends when the driver does, however it ends (Linux's parent-death signal)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+def _no_ray() -> NoImport:
+    """While the server imports, ``import ray`` fails as if Ray were absent (the module docstring)."""
+    return NoImport("ray", "held back in xrlhf's fork server")
 
 
 def _plan(path: Path) -> dict[str, list]:
@@ -287,17 +259,16 @@ def _imports(path: Path) -> tuple[dict[str, list], list[str], str | None]:
     Returns the plan, the modules that tried to import Ray and why a fork would not do (``None``)."""
     import gc
 
-    from xrlhf.utils import package_map
+    from xrlhf.internals import imports
+    from xrlhf.internals.transformers import import_without_sklearn
 
-    package_map.install()
-    from xrlhf.utils.lean_imports import cache_entry_points, transformers_without_sklearn
-
+    imports.install()
     gc.freeze()  # as EngineWorker does: the collections of the imports below skip torch's heap
-    transformers_without_sklearn()
-    cache_entry_points()
+    import_without_sklearn()
+    imports.cache_entry_points()
     # torch.cuda.is_available() by NVML, as vLLM's import sets it for itself: an import that asks
     # (torch's compiler's) does not initialise CUDA, which no fork could use then
-    with _NoRay() as no_ray, environ({"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}):
+    with _no_ray() as no_ray, environ({"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}):
         try:
             import xrlhf.engines.host  # noqa: F401 - the worker's class's modules, torch with them
             from xrlhf.engines.base import engine_class
@@ -312,7 +283,7 @@ def _imports(path: Path) -> tuple[dict[str, list], list[str], str | None]:
                     pass
         except Exception:  # noqa: BLE001 - reported; every client then starts the usual way
             return {}, no_ray.tried, "importing failed:\n" + traceback.format_exc()
-    return plan, no_ray.tried, _cuda_touched()
+    return plan, no_ray.tried, cuda_touched()
 
 
 def _preload(plan: dict[str, list]) -> tuple[list[str], str | None]:
@@ -322,7 +293,7 @@ def _preload(plan: dict[str, list]) -> tuple[list[str], str | None]:
 
     from xrlhf.engines.base import engine_class
 
-    with _NoRay() as no_ray:
+    with _no_ray() as no_ray:
         try:
             for name, role, options in plan["long"]:
                 engine_class(name, role).preload(options)
@@ -330,22 +301,7 @@ def _preload(plan: dict[str, list]) -> tuple[list[str], str | None]:
             return no_ray.tried, "importing failed:\n" + traceback.format_exc()
     gc.collect()
     gc.freeze()
-    return no_ray.tried, _cuda_touched()
-
-
-def _cuda_touched() -> str | None:
-    """Why a child could not use CUDA (``None``: it can), by a test fork: torch marks a forked
-    child whose parent initialised CUDA (``torch.cuda._is_in_bad_fork``)."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    if torch.cuda.is_initialized():
-        return "CUDA was initialised while importing"
-    pid = os.fork()
-    if pid == 0:
-        os._exit(3 if torch.cuda._is_in_bad_fork() else 0)
-    _, status = os.waitpid(pid, 0)
-    return None if os.waitstatus_to_exitcode(status) == 0 else "CUDA was touched while importing"
+    return no_ray.tried, cuda_touched()
 
 
 def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
@@ -397,9 +353,7 @@ def _child(request: dict[str, Any], fds: list[int], closing: list, env_delta: di
         argv = request["argv"]
         sys.argv = list(argv)
         sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))  # as `python <script>` would
-        for name in retry:  # modules that found Ray absent in the server: imported again, with Ray
-            if sys.modules.get(name) is not None:
-                importlib.reload(sys.modules[name])
+        reimport(retry)  # modules that found Ray absent in the server: imported again, with Ray
         runpy.run_path(argv[0], run_name="__main__")
         code = 0
     except SystemExit as e:
@@ -408,7 +362,7 @@ def _child(request: dict[str, Any], fds: list[int], closing: list, env_delta: di
         traceback.print_exc()
     finally:
         try:
-            atexit._run_exitfuncs()
+            run_exit_handlers()
         finally:
             for stream in (sys.stdout, sys.stderr):
                 try:
@@ -421,7 +375,7 @@ def _child(request: dict[str, Any], fds: list[int], closing: list, env_delta: di
 def serve(directory: str) -> None:
     """The server's process: bind, import, then fork a worker for each client until stopped; a
     server whose driver died (not stopped by it) removes its directory itself."""
-    _die_with_parent()
+    die_with_parent()
     driver = os.getppid()
     try:
         _serve(Path(directory), driver)
@@ -458,7 +412,7 @@ def _serve(root: Path, driver: int) -> None:
     if why is None and plan.get("plain"):
         pid = os.fork()
         if pid == 0:  # the plain copy: serves the plain socket, ends with the server
-            _die_with_parent()
+            die_with_parent()
             listener.close()
             code = 1
             try:

@@ -53,7 +53,7 @@ class Heartbeat:
             live = set()
             for name, handle in list(self.handles().items()):
                 for rank, worker in enumerate(list(handle.workers)):
-                    key = worker._actor_id
+                    key = worker  # an actor handle hashes and compares by its actor
                     live.add(key)
                     self._round(name, handle, rank, worker, key, now)
             for key in [k for k in self._sent if k not in live]:  # workers replaced since

@@ -26,6 +26,8 @@ from pathlib import Path
 from loguru import logger
 
 from xrlhf.coordinator.spec import Topology, anchor_of
+from xrlhf.internals import HOOKS_OFF
+from xrlhf.internals.process import MPS_DAEMON
 
 CONTROL = "nvidia-cuda-mps-control"
 
@@ -55,9 +57,13 @@ def sm_limit_warning(environ: Mapping[str, str] = os.environ) -> str | None:
 
 
 def mps_option_errors(mps: bool | str, address: str | None) -> list[str]:
-    """``ray.mps: true`` on a local Ray (no ``address``) needs NVIDIA's control binary."""
+    """``ray.mps: true`` on a local Ray (no ``address``) needs NVIDIA's control binary and the
+    hook that starts its daemon (``internals.process.MPS_DAEMON``, off with the public-only switch)."""
     if mps is not True or address:
         return []
+    if MPS_DAEMON.switched_off():
+        return ["ray.mps: true starts an MPS daemon of the run's own, a process trick that the public-only switch "
+                f"(or {HOOKS_OFF}) turns off; set ray.mps=auto or false, or leave the hook on"]
     if shutil.which(CONTROL) is None:
         return [f"ray.mps: true needs NVIDIA's {CONTROL} on PATH (the NVIDIA driver's utilities); install it, "
                 "or set ray.mps=auto (MPS where it is installed) or false"]
@@ -88,7 +94,7 @@ def wanted(topology: Topology) -> bool:
         return False
     if mode is True:
         return True
-    return overlaps_on_a_gpu(topology) and shutil.which(CONTROL) is not None
+    return overlaps_on_a_gpu(topology) and shutil.which(CONTROL) is not None and MPS_DAEMON.active()
 
 
 class Daemon:

@@ -23,13 +23,13 @@ from typing import Any  # noqa: E402
 
 import ray  # noqa: E402
 
-from xrlhf.utils import package_map  # noqa: E402
+from xrlhf.internals import imports  # noqa: E402
 
-package_map.install()  # before anything imports transformers: the driver's map (utils.package_map)
+imports.install()  # before anything imports transformers: the driver's map (internals.imports)
 
 from xrlhf.engines.base import DistInfo, EngineSpec  # noqa: E402
 from xrlhf.engines.host import EngineHost  # noqa: E402
-from xrlhf.utils.lean_imports import cache_entry_points, transformers_without_sklearn  # noqa: E402
+from xrlhf.internals.transformers import import_without_sklearn  # noqa: E402
 from xrlhf.utils.timeline import process_start  # noqa: E402
 
 IMPORTED_AT = time.time()
@@ -53,11 +53,11 @@ class EngineWorker(EngineHost):
         # again (~9% of transformers' import on the 2-core box). Here, not at import: only a
         # worker's process, never a driver that imports this module.
         gc.freeze()
-        # Before the first call's engine specs import transformers (utils.lean_imports): transformers
-        # < 5.24 would import scikit-learn for nothing; vLLM's plugins read every distribution's
-        # entry points 8 times.
-        transformers_without_sklearn()
-        cache_entry_points()
+        # Before the first call's engine specs import transformers (internals): transformers < 5.24
+        # would import scikit-learn for nothing; vLLM's plugins read every distribution's entry
+        # points several times.
+        import_without_sklearn()
+        imports.cache_entry_points()
         super().__init__(handle, rank, threads)
         sys.unraisablehook = sigterm_again_outside_callbacks
         if preload:

@@ -49,6 +49,7 @@ from xrlhf.engines.spec import (DistInfo, EngineSpec, ForwardOutput, GenerationO
                                 NamedTensors, RolloutPlan, SamplingParams)
 from xrlhf.engines.training import global_units, loss_units, max_over_ranks, unit_weighted_means
 from xrlhf.utils.registry import Registry
+from xrlhf.utils.versions import installed, pinned, release
 
 if TYPE_CHECKING:
     from xrlhf.weight_sync import Message, Transport
@@ -108,6 +109,9 @@ class Engine(ABC):
     Options: ClassVar[type[BaseModel]]
     requires: ClassVar[tuple[str, ...]] = ()
     pip_extra: ClassVar[str | None] = None
+    supported: ClassVar[dict[str, tuple[str, ...]]] = {}
+    """Package -> the ``major.minor`` releases of it the engine runs on; another is refused before
+    anything starts (``version_errors``)."""
     starts_alone: ClassVar[bool] = False
     """The coordinator builds this engine before any other worker and waits for it (vLLM sizes
     its KV cache from the GPU memory it sees free while it starts). ``starts_alone_with`` says it
@@ -140,6 +144,25 @@ class Engine(ABC):
     def missing_packages(cls) -> list[str]:
         """Packages of ``requires`` that are not installed."""
         return [p for p in cls.requires if importlib.util.find_spec(p) is None]
+
+    @classmethod
+    def version_errors(cls) -> list[str]:
+        """Why the installed releases of ``supported``'s packages will not do, one line each: a
+        release the engine was not checked on, or one whose exact torch pin (vLLM's) another torch
+        breaks. Packages not installed are ``missing_packages``' business."""
+        errors = []
+        for package, releases in cls.supported.items():
+            version = installed(package)
+            if version is None:
+                continue
+            if release(version) not in {release(r) for r in releases}:
+                errors.append(f"{package} {version} is not supported; it runs on {package} {' or '.join(releases)}: "
+                              f"pip install -e '.[{cls.pip_extra or package}]'")
+            elif (torch_pin := pinned(package, "torch")) and (torch := installed("torch")) and \
+                    torch.split("+")[0] != torch_pin:
+                errors.append(f"{package} {version} needs torch {torch_pin}, this is torch {torch}: "
+                              f"pip install torch=={torch_pin}")
+        return errors
 
     def rng_state(self) -> dict[str, Any]:
         """Engine-owned random state beyond torch's global generator, for exact resume."""

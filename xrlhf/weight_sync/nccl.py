@@ -28,16 +28,12 @@ class _GlooGroup:
     """CPU stand-in for the NCCL group: a TCP store for metadata, gloo for the buffers."""
 
     def __init__(self, host: str, port: int, rank: int, world_size: int, timeout_s: float):
-        from torch._C._distributed_c10d import ProcessGroupGloo
-        from torch.distributed import PrefixStore, TCPStore
+        from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
 
         timeout = datetime.timedelta(seconds=timeout_s)
         self.rank = rank
         self.store = TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
-        opts = ProcessGroupGloo._Options()
-        opts._timeout = timeout
-        opts._devices = [ProcessGroupGloo.create_device(hostname=host)]
-        self.pg = ProcessGroupGloo(PrefixStore("xrlhf-weights/", self.store), rank, world_size, opts)
+        self.pg = ProcessGroupGloo(PrefixStore("xrlhf-weights/", self.store), rank, world_size, timeout)
         self.counter = 0
 
     def broadcast_obj(self, obj: Any) -> Any:

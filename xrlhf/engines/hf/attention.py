@@ -32,6 +32,8 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.nn.functional as F
 
+from xrlhf.internals.transformers import attention_of, set_attention
+
 NAME = "xrlhf_varlen"
 """The name ``xrlhf_varlen`` is registered under in transformers' ``AttentionInterface``."""
 
@@ -263,14 +265,14 @@ def install_varlen(module: torch.nn.Module, dtype: torch.dtype | None = None) ->
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
-    current = getattr(module.config, "_attn_implementation", None) or "eager"
+    current = attention_of(module)
     if current.startswith("flash_attention") or current == NAME:
         return lambda: None
     if current not in ("sdpa", "eager"):
         return f"attention implementation {current!r} has no varlen path here (packing: masked may serve)"
     AttentionInterface.register(NAME, varlen_attention)
     AttentionMaskInterface.register(NAME, varlen_mask)
-    module.set_attn_implementation(NAME)
+    set_attention(module, NAME)
     param = next(module.parameters())
     dtype = dtype or param.dtype
     if param.is_cuda and dtype in (torch.bfloat16, torch.float16):
@@ -278,7 +280,7 @@ def install_varlen(module: torch.nn.Module, dtype: torch.dtype | None = None) ->
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         _flash_self_test(param.device, dtype, head_dim)
         _torch_varlen(head_dim, head_dim ** -0.5)  # the key its layers will ask for, resolved outside any compile
-    return lambda: module.set_attn_implementation(current)
+    return lambda: set_attention(module, current)
 
 
 def _flash_self_test(device: torch.device, dtype: torch.dtype, head_dim: int) -> None:

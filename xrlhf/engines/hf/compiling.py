@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from xrlhf.internals.torch import allow_recompiles
+
 
 def use_cache_dir(cache_dir: str | None) -> str | None:
     """Point inductor's on-disk caches (compiled graphs, AOTAutograd, Triton kernels) at
@@ -64,7 +66,7 @@ def compile_layers(model: torch.nn.Module) -> str:
     # way of calling it is an entry of its cache: with and without gradients, train and eval mode,
     # trainable or frozen weights (policy and reference), autocast, LoRA. Past torch's default of 8
     # the block would run eagerly, with only a warning: allow more.
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    allow_recompiles(64)
     for layer in stack:
         layer.compile(dynamic=True)
     return f"{len(stack)} x {type(stack[0]).__name__} compiled (torch.compile, dynamic shapes)"

@@ -27,6 +27,8 @@ from xrlhf.engines.hf.attention import unreported
 from xrlhf.engines.hf.compiling import compile_layers, use_cache_dir
 from xrlhf.engines.hf.packing import Packed, Padded, pack_rows, pad_rows
 from xrlhf.engines.hf.probe import choose_path, probe_chunked
+from xrlhf.internals.torch import import_compiler, set_sm_carveout
+from xrlhf.internals.transformers import attention_of
 from xrlhf.utils.tensors import chunked_head_columns, head_columns
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -71,7 +73,7 @@ def build_imports(spec: EngineSpec) -> None:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     if isinstance(spec.options, HFModelOptions) and spec.options.compiles(spec.device):
-        import torch._dynamo  # noqa: F401
+        import_compiler()
     if getattr(spec.options, "lora", None) is not None:
         import peft  # noqa: F401
     config = Path(spec.model_path) / "config.json"
@@ -93,6 +95,11 @@ def _report_loading(model: torch.nn.Module, spec: EngineSpec, info: dict[str, An
                        f"{', '.join(other) or 'none'}; weights of the checkpoint not used: {', '.join(unexpected) or 'none'}")
 
 
+DROPOUTS = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d, torch.nn.AlphaDropout,
+            torch.nn.FeatureAlphaDropout)
+"""torch's dropout modules (each a ``p`` of its own)."""
+
+
 def disable_dropout(model: torch.nn.Module) -> int:
     """Set every dropout probability of ``model`` to 0: ``nn.Dropout`` modules and the float
     ``*dropout*`` attributes attention layers read (``attention_dropout`` of Llama, Qwen2,
@@ -100,7 +107,7 @@ def disable_dropout(model: torch.nn.Module) -> int:
     many were non-zero."""
     changed = 0
     for module in model.modules():
-        if isinstance(module, torch.nn.modules.dropout._DropoutNd):
+        if isinstance(module, DROPOUTS):
             changed += module.p > 0
             module.p = 0.0
         for name, value in list(vars(module).items()):
@@ -178,11 +185,10 @@ def carve_out_sms(share: float, device: torch.device) -> int:
     sms = round(share * total)
     if sms >= total:
         raise ValueError(f"sm_carveout: {share} of {total} SMs leaves none for the engine's GEMMs; set it lower")
-    if sms > 0:
-        torch.backends.cuda.preferred_blas_library("cublaslt")  # torch applies the carveout on its cuBLASLt path
-        torch._C._set_sm_carveout_experimental(sms)
+    if sms > 0 and set_sm_carveout(sms):  # torch applies the carveout on its cuBLASLt path
         logger.info(f"GEMMs target {total - sms} of {total} SMs (sm_carveout {share}; cuBLASLt)")
-    return sms
+        return sms
+    return 0
 
 
 class HFModel:
@@ -322,7 +328,7 @@ class HFModel:
         """The model call's keyword arguments for ``layout``: a packed row under ``xrlhf_varlen``
         gets ``attention.no_mask``'s placeholder for its attention mask (no device sync per forward)."""
         inputs = layout.inputs
-        if layout.packed and getattr(self.module.config, "_attn_implementation", None) == attention.NAME:
+        if layout.packed and attention_of(self.module) == attention.NAME:
             inputs["attention_mask"] = attention.no_mask(inputs["input_ids"].device)
         return inputs
 

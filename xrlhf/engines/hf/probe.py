@@ -20,6 +20,7 @@ import torch
 from xrlhf.data.batch import Batch
 from xrlhf.engines.base import ForwardOutput
 from xrlhf.engines.hf.attention import NAME, install_varlen, unrecorded
+from xrlhf.internals.transformers import attention_of
 
 
 class Probed(Protocol):
@@ -69,7 +70,7 @@ def _describe(hf: Probed, path: str) -> str:
     (``attention.TAKEN``)."""
     if path == "masked":
         return "transformers' block-diagonal mask from position ids"
-    impl = hf.module.config._attn_implementation
+    impl = attention_of(hf.module)
     return f"transformers' {impl} varlen" if impl != NAME else f"attention {NAME}"
 
 

@@ -1,4 +1,4 @@
-"""The vLLM backend (``engine: vllm``; vllm 0.25.1): the engine registers itself as ``vllm.generate``
+"""The vLLM backend (``engine: vllm``; vLLM 0.33, 0.25): the engine registers itself as ``vllm.generate``
 when the registry imports this package. Its modules:
 
 * ``engine``: ``VLLMGenerateEngine``, one ``vllm.LLM`` per engine;

@@ -1,9 +1,9 @@
-"""vLLM backend of the generate engine (vllm 0.25.1), imported only when ``engine: vllm``.
+"""vLLM backend of the generate engine (vLLM 0.33; 0.25 too), imported only when ``engine: vllm``.
 
 One ``vllm.LLM`` per engine, fed token ids (``skip_tokenizer_init``: the model's EOS is passed
 as a stop id) and asked for the logprob of each sampled token (``logprobs=0``) when the call
 wants them (``SamplingParams.logprobs``), unless ``logprobs_path: worker`` keeps them on the GPU
-in vLLM's worker and takes them once per call (``record.py``; docs/design/generation-speed.md).
+in vLLM's worker and takes them once per call (``internals/vllm_record.py``; docs/design/generation-speed.md).
 
 Logprobs. The contract of ``GenerateEngine`` is the logprob under softmax(logits / T) before
 top-p/top-k, the distribution the trainer recomputes. vLLM's default ``raw_logprobs`` are of
@@ -55,6 +55,8 @@ from xrlhf.engines.base import (ENGINES, EngineSpec, GenerateEngine, GenerationO
 from xrlhf.engines.vllm.extension import LORA_ID, LORA_NAME, ShmPool, to_payload
 from xrlhf.engines.vllm.loop import RequestLoop, sampled_logprobs
 from xrlhf.engines.vllm.options import ENV_DEFAULTS, LORA_RANKS, VLLMOptions, engine_env, llm_kwargs
+from xrlhf.internals.vllm import inspect_models_in_process, shutdown
+from xrlhf.internals.vllm_record import WORKER_LOGPROBS
 from xrlhf.weight_sync import Message, Transport, WeightSyncError, build_transport
 
 @ENGINES.register("vllm.generate")
@@ -63,6 +65,7 @@ class VLLMGenerateEngine(GenerateEngine):
 
     Options = VLLMOptions
     requires = ("vllm",)
+    supported = {"vllm": ("0.25", "0.33")}  # docs/vllm.md: the version matrix
     pip_extra = "gpu"
     starts_alone = True  # vLLM sizes its KV cache from the GPU memory it sees free while it starts (by default)
     pauses_mid_generation = True  # keyed calls: the request loop pauses, loads, resumes
@@ -161,7 +164,8 @@ class VLLMGenerateEngine(GenerateEngine):
         gc.collect()
         gc.freeze()
         self.llm = LLM(**kwargs)
-        self.model_in_process = type(self.llm.llm_engine.engine_core).__name__ == "InprocClient"
+        # vLLM's engine core runs in this process unless its multiprocessing is on (read by vLLM at start)
+        self.model_in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0"
         self.eos_ids = _eos_ids(spec.model_path)
         self._asleep: set[str] = set()
         self._weights_valid = True  # False after a level-2 sleep until weights are loaded again
@@ -181,7 +185,10 @@ class VLLMGenerateEngine(GenerateEngine):
                                             "bias": "none"}, self._adapter_dir)
         self._loop = RequestLoop(self.llm, version=lambda: self.version, prepare=self._prepare_requests,
                                  lora=lambda: self._lora, take=self._take_logprobs)
-        if self.options.logprobs_path == "worker":  # logprobs kept on the GPU in vLLM's worker (record.py)
+        self.logprobs_path = self.options.logprobs_path
+        if self.logprobs_path == "worker" and not WORKER_LOGPROBS.active():
+            self.logprobs_path = "outputs"  # the hook's public fallback (it said so)
+        if self.logprobs_path == "worker":  # logprobs kept on the GPU in vLLM's worker (internals/vllm_record.py)
             self._rpc("xrlhf_record_logprobs")
         self._sync: bool | None = None  # during a sync (its thread only): whether it paused generation
 
@@ -234,7 +241,7 @@ class VLLMGenerateEngine(GenerateEngine):
 
     def _logprobs_from(self, params: SamplingParams) -> str | None:
         """Where a call's logprobs come from: vLLM's ``"outputs"``, its ``"worker"``, or nowhere."""
-        return self.options.logprobs_path if params.logprobs else None
+        return self.logprobs_path if params.logprobs else None
 
     def _take_logprobs(self, ids: list[str], token_ids: list[list[int]], drop: list[str]) -> list[list[float]]:
         """The worker-side logprobs of finished requests ``ids`` (``xrlhf_take_logprobs``), one list
@@ -405,7 +412,7 @@ class VLLMGenerateEngine(GenerateEngine):
             self._shm.close()
         llm = getattr(self, "llm", None)
         if llm is not None:
-            llm.llm_engine.engine_core.shutdown()
+            shutdown(llm)
             self.llm = None
             gc.unfreeze()  # the heap frozen before the engine started (``__init__``) is collectable again
 
@@ -420,22 +427,6 @@ def set_environment(options: VLLMOptions) -> None:
     os.environ.update(engine_env(options))
     for k, v in ENV_DEFAULTS.items():
         os.environ.setdefault(k, v)
-
-
-def inspect_models_in_process() -> None:
-    """Let vLLM inspect a model class in this process, not in a new Python process.
-
-    Before it builds a model, vLLM asks its registry what the architecture's class supports; the
-    answer is cached under ``VLLM_CACHE_ROOT``, and on a miss (every fresh machine) it is computed in
-    a subprocess that imports vLLM again, to keep CUDA uninitialised in the caller
-    (model_executor/models/registry.py, ``_run_in_subprocess``): 16 s of W's cold start on an H100.
-    The generator's process initialises CUDA for vLLM anyway and has vLLM imported, so here the
-    same function runs in-process (the answer still goes to vLLM's cache). A vLLM without that
-    function is left as it is."""
-    from vllm.model_executor.models import registry
-
-    if callable(getattr(registry, "_run_in_subprocess", None)):
-        registry._run_in_subprocess = lambda fn: fn()
 
 
 def _eos_ids(model_path: str) -> list[int]:

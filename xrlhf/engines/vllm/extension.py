@@ -212,12 +212,12 @@ class XrlhfWorkerExtension:
         """
         return self._xrlhf_state()["record"].read_back(self._xrlhf_model().named_parameters(), "vLLM")
 
-    # -- logprobs kept on the GPU (``policy.generate.logprobs_path: worker``, ``record.py``) -----------
+    # -- logprobs kept on the GPU (``policy.generate.logprobs_path: worker``, ``internals/vllm_record.py``) -----------
     def xrlhf_record_logprobs(self, on: bool = True) -> bool:
-        """From now on this worker's sampler records each sampled token's logprob (``record.install``),
-        or, ``on`` false, no longer does (``record.uninstall``: what it held untaken is dropped).
+        """From now on this worker's sampler records each sampled token's logprob (``internals.vllm_record.install``),
+        or, ``on`` false, no longer does (``internals.vllm_record.uninstall``: what it held untaken is dropped).
         Returns whether it records now."""
-        from xrlhf.engines.vllm.record import install, uninstall
+        from xrlhf.internals.vllm_record import install, uninstall
 
         if not on:
             uninstall(self.model_runner)
@@ -243,7 +243,7 @@ class XrlhfWorkerExtension:
     def _xrlhf_install_adapter(self, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
         """Write ``tensors`` as a PEFT adapter directory (in /dev/shm: memory) and load it as
         vLLM's adapter ``LORA_ID`` in place of the previous one, through the worker's own
-        ``add_lora`` (vLLM 0.25.1 loads adapters from files only; no private loader is patched)."""
+        ``add_lora`` (vLLM loads adapters from files only; no private loader is patched)."""
         import json
         from pathlib import Path
 
@@ -283,10 +283,7 @@ class XrlhfWorkerExtension:
 
     def _xrlhf_unused_lora_layers(self) -> list[str]:
         """Layers of the loaded adapter that match no LoRA layer of vLLM's model (a check only:
-        it reads the adapter manager, which vLLM keeps private; skipped if that changes)."""
-        try:
-            inner = self.model_runner.lora_manager._adapter_manager
-            lora = inner.get_adapter(LORA_ID)
-            return sorted(set(lora.loras) - set(inner.modules)) if lora is not None else []
-        except AttributeError:
-            return []
+        ``internals.vllm.unused_lora_layers``)."""
+        from xrlhf.internals.vllm import unused_lora_layers
+
+        return unused_lora_layers(self.model_runner, LORA_ID)

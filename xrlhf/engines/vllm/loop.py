@@ -52,6 +52,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from xrlhf.internals.vllm import can_pause, outputs_pending
 from xrlhf.utils.seeds import derive_seed
 
 ON_UPDATE = ("continue", "recompute", "abort")
@@ -68,16 +69,6 @@ def sampled_logprobs(flat, ids: list[int]) -> list[float]:
         raise RuntimeError(f"vLLM returned logprobs for {len(starts)} positions that do not match the "
                            f"{len(ids)} sampled tokens")
     return [float(flat.logprobs[s]) for s in starts]
-
-
-def outputs_pending(engine_core) -> bool:
-    """Whether vLLM holds outputs the client has not collected, so that ``step()`` returns at once.
-    ``SyncMPClient``: the queue its socket thread fills with what the engine process sent (its
-    ``get_output`` blocks on it); ``InprocClient``: a step still in the engine's batch queue."""
-    queue = getattr(engine_core, "outputs_queue", None)
-    if queue is not None:
-        return not queue.empty()
-    return bool(getattr(getattr(engine_core, "engine_core", None), "batch_queue", None))
 
 
 @dataclass
@@ -100,7 +91,7 @@ class Call:
         params: seed -> the ``vllm.SamplingParams`` of a row (DELTA outputs).
         on_update: ``SamplingParams.on_update`` of the call.
         logprobs: where the rows' logprobs come from: ``"outputs"`` (vLLM's, step by step),
-            ``"worker"`` (taken from vLLM's worker once the call has finished, ``record.py``), or
+            ``"worker"`` (taken from vLLM's worker once the call has finished, ``internals/vllm_record.py``), or
             ``None`` (not asked for).
         left: rows not finished yet.
     """
@@ -155,8 +146,7 @@ class RequestLoop:
         self._thread: threading.Thread | None = None
         self._tid: int | None = None
         self._ids = itertools.count()
-        core = llm.llm_engine.engine_core
-        self.can_pause = hasattr(core, "outputs_queue") or hasattr(core, "engine_core")
+        self.can_pause = can_pause(llm)
         self.epoch = 0
         """Syncs finished; the cache salt of new requests."""
         self.tokens_collected = 0
@@ -381,7 +371,7 @@ class RequestLoop:
         """Pause vLLM with its requests kept, collect what it sampled before the pause, hand the
         ``LLM`` to the syncing thread and wait for it back; then apply the update and resume."""
         self.llm.sleep(level=0, mode="keep")
-        while outputs_pending(self.llm.llm_engine.engine_core):
+        while outputs_pending(self.llm):
             self._collect(self.llm.llm_engine.step())
         with self._cv:
             self._pause, self._owner = "parked", self._pause_by

@@ -1,6 +1,6 @@
 """Options of the vLLM generate engine (``policy.generate`` with ``engine: vllm``) and how they
 become ``vllm.LLM``'s arguments and environment. Imports no vLLM: ``xrlhf validate`` reads these
-without it. What each speed and start-up option does, with the vLLM 0.25.1 source behind it:
+without it. What each speed and start-up option does, with the vLLM source behind it (read in 0.25.1):
 docs/design/generation-speed.md."""
 
 from __future__ import annotations
@@ -135,7 +135,9 @@ def engine_env(opts: "VLLMOptions") -> dict[str, str]:
     """Variables this engine sets before vLLM is imported (``ENV_DEFAULTS`` aside): the user's
     ``engine_options.env``, and those of ``multiprocessing`` and ``compile_cache_dir``."""
     env = {k: str(v) for k, v in (opts.engine_options.get("env") or {}).items()}
-    if not opts.multiprocessing:
+    if opts.multiprocessing:  # said either way: the engine reads it back (its core in-process or not)
+        env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    else:
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if opts.compile_cache_dir:
         root = os.path.abspath(os.path.expanduser(opts.compile_cache_dir))
@@ -207,7 +209,7 @@ def rollout_capture_sizes(max_num_seqs: int | None, largest: int = 512) -> list[
 
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-"""The ``max_lora_rank`` values vLLM 0.25.1 accepts (``vllm.config.lora.MaxLoRARanks``)."""
+"""The ``max_lora_rank`` values vLLM accepts (0.25 and 0.33 alike) (``vllm.config.lora.MaxLoRARanks``)."""
 
 
 def lora_rank(rank: int) -> int:

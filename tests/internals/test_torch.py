@@ -44,3 +44,24 @@ def test_carving_out_sets_cublaslt_and_the_carveout(calls):
 def test_a_cpu_engine_ignores_it(calls, tiny_model):
     HFInferEngine(EngineSpec(tiny_model, options={"micro_batch_size": 2, "sm_carveout": 0.5}))
     assert calls == []
+
+
+def test_switched_off_it_sets_nothing_and_says_so(calls, monkeypatch):
+    """The hook ``torch.sm_carveout`` off (public-only): no private call, no SM carved out."""
+    monkeypatch.setenv("XRLHF_HOOKS_OFF", "torch.sm_carveout")
+    assert hf_model.carve_out_sms(0.5, torch.device("cuda")) == 0
+    assert calls == []
+
+
+def test_the_recompile_limit_is_raised_only_with_its_hook_on(monkeypatch):
+    import torch._dynamo
+
+    from xrlhf.internals.torch import allow_recompiles
+
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    monkeypatch.setenv("XRLHF_PUBLIC_ONLY", "1")
+    allow_recompiles(64)
+    assert torch._dynamo.config.recompile_limit == 8
+    monkeypatch.delenv("XRLHF_PUBLIC_ONLY")
+    allow_recompiles(64)
+    assert torch._dynamo.config.recompile_limit == 64

@@ -1,4 +1,5 @@
-"""utils.lean_imports: transformers is told scikit-learn is absent only where its import would be eager."""
+"""``internals.transformers`` (the hook ``transformers.without_sklearn``): transformers is told scikit-learn is
+absent only where its import would be eager; ``internals.imports.cache_entry_points``."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ FAKE = "import os\nopen(os.environ['SKLEARN_MARK'], 'w').close()\n"
 
 PROBE = """
 import json, sys
-import xrlhf.utils.lean_imports as lean
-if sys.argv[1] == "old":
-    lean.EAGER_BEFORE = (99, 0)  # as if this transformers imported scikit-learn eagerly
+import xrlhf.internals.transformers as lean
+if sys.argv[1] == "old":  # as if this transformers imported scikit-learn eagerly (and the hook was checked on it)
+    lean.EAGER_SKLEARN_BEFORE = (99, 0)
+    object.__setattr__(lean.WITHOUT_SKLEARN, "checked", ("0.0", "99.0"))
 if sys.argv[2] == "imported":
     import sklearn
-applied = lean.transformers_without_sklearn()
+applied = lean.import_without_sklearn()
 import transformers.utils
 import transformers.generation.candidate_generator
 print(json.dumps({"applied": applied, "seen": transformers.utils.is_sklearn_available(),
@@ -32,9 +34,10 @@ def _probe(tmp_path, version: str, sklearn: str, keep: bool = False) -> tuple[di
     mark = tmp_path / f"imported-{version}-{sklearn}-{keep}"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), os.getcwd()]),
            "SKLEARN_MARK": str(mark)}
-    env.pop("XRLHF_KEEP_SKLEARN", None)
+    env.pop("XRLHF_HOOKS_OFF", None)
+    env.pop("XRLHF_PUBLIC_ONLY", None)
     if keep:
-        env["XRLHF_KEEP_SKLEARN"] = "1"
+        env["XRLHF_HOOKS_OFF"] = "transformers.without_sklearn"
     out = subprocess.run([sys.executable, "-c", PROBE, version, sklearn], env=env, capture_output=True, text=True,
                          timeout=300, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1]), mark.exists()
@@ -58,7 +61,7 @@ def test_a_lazy_transformers_a_paid_import_and_the_opt_out_keep_transformers_ans
 def test_cache_entry_points_answers_as_before_once_per_selection():
     import importlib.metadata as md
 
-    import xrlhf.utils.lean_imports as lean
+    import xrlhf.internals.imports as lean
 
     before, plain = md.entry_points, lean._ENTRY_POINTS
     md.entry_points = plain  # as in a fresh worker (an EngineWorker built in this process caches it)

@@ -1,49 +1,58 @@
 """Sampled tokens' logprobs kept on the GPU inside vLLM's worker, fetched once per call
-(``policy.generate.logprobs_path: worker``).
+(``policy.generate.logprobs_path: worker``; the hook ``vllm.worker_logprobs``).
 
 Why. Asked for ``logprobs=0``, vLLM moves each sampled token's logprob to the host at every
-step, slices it per request in its scheduler (``LogprobsLists.slice_request``), encodes it in
-every request's ``EngineCoreOutput`` for the client process, and appends it there to a Python
-container per request (``v1/engine/logprobs.py``): host work per request per step on a model
-whose decoding is bound by host work (~30% of its throughput on the 0.5B model,
-docs/design/generation-speed.md). Here the requests ask vLLM for no logprobs; the worker's
-sampler computes the sampled token's logprob with vLLM's own kernel from the same processed
-logits (``processed_logprobs``: after temperature and top-k/top-p) and scatters it into a
-``[slots, width]`` buffer on the GPU: a few kernel launches per step, nothing per request.
-When a call's requests have finished, the engine takes their rows in one RPC.
+step, slices it per request in its scheduler, encodes it in every request's output for the
+client, and appends it there to a Python container per request: host work per request per step
+on a model whose decoding is bound by host work (docs/design/generation-speed.md). Here the
+requests ask vLLM for no logprobs; the worker's sampler computes the sampled token's logprob with
+vLLM's own kernel from the same processed logits (``processed_logprobs``: after temperature and
+top-k/top-p) and scatters it into a ``[slots, width]`` buffer on the GPU: a few kernel launches
+per step, nothing per request. When a call's requests have finished, the engine takes their rows
+in one RPC.
 
-How it hooks in (vLLM 0.25.1's V2 model runner, ``vllm/v1/worker/gpu/``): the runner's one
-``Sampler`` gets a subclass (``recording_sampler``) that overrides two methods:
+How it hooks in (vLLM's V2 model runner, ``vllm/v1/worker/gpu/``): the runner's one ``Sampler``
+gets a subclass (``recording_sampler``) that overrides two methods:
 
-* ``add_request(req_idx, prompt_len, sampling_params)`` (``model_runner.py:799``, called for
-  every request scheduled anew, a preempted one resuming included, after
-  ``req_states.add_request`` mapped the slot to the request id, ``states.py:95-98``): the slot is
-  claimed for the request (``LogprobRecord.claim``);
-* ``sample(...)`` (``sample/sampler.py:198-244``; returns the sampled ids and the processed
-  logits that vLLM's own ``processed_logprobs`` are computed from, ``sampler.py:104-118``): the
-  sampled token at position ``pos + 1`` gets its logprob written at output index
-  ``pos + 1 - prompt_len``.
+* ``add_request`` (called for every request scheduled anew, a preempted one resuming included,
+  after the runner's request states mapped the slot to the request id): the slot is claimed for the
+  request (``LogprobRecord.claim``). 0.25 passes the prompt's length; 0.33 keeps it in
+  ``req_states.prompt_len``, written before the call.
+* ``sample`` (returns the sampled ids and the processed logits that vLLM's own
+  ``processed_logprobs`` are computed from): the sampled token at position ``pos + 1`` gets its
+  logprob written at output index ``pos + 1 - prompt_len``. 0.33 added arguments before ``pos``;
+  the subclass finds ``pos`` by name in the base's signature.
 
-Slots are reused (``states.py:94``, a freed slot is the next one taken), so a claim first moves
-the slot's previous row aside, by request id, on the GPU. Every GPU operation here runs on the
-runner's one stream (``model_runner.py:392``), in the order the host issues them, so a row is
-moved aside after the last step that wrote it and before the next request writes. A request
-preempted and resumed leaves several pieces; the later piece wins where both wrote (the resumed
-request samples the positions a discarded in-flight step had written, ``async_scheduler.py``).
+Slots are reused (a freed slot is the next one taken), so a claim first moves the slot's previous
+row aside, by request id, on the GPU. Every GPU operation here runs on the runner's one stream, in
+the order the host issues them, so a row is moved aside after the last step that wrote it and
+before the next request writes. A request preempted and resumed leaves several pieces; the later
+piece wins where both wrote (the resumed request samples again the positions a discarded
+in-flight step had written).
 
 ``uninstall`` gives the sampler back its own class and FlashInfer setting (kept on it by
 ``install``) and drops the record with whatever it held untaken; a later ``install`` starts a
-fresh one. The generation benchmark toggles this to time both paths on one engine.
+fresh one.
 
 This module imports no vLLM at module level; ``install`` does, in vLLM's worker.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any
 
 import torch
+
+from xrlhf.internals import Hook
+from xrlhf.internals.vllm import CHECKED
+
+WORKER_LOGPROBS = Hook(
+    "vllm.worker_logprobs", "vllm", CHECKED,
+    buys="sampled tokens' logprobs stay on the GPU in vLLM's worker and are taken once per call "
+         "(logprobs_path: worker), instead of per request and step through vLLM's outputs",
+    without="logprobs come through vLLM's outputs (logprobs_path: outputs)")
 
 MAX_SAVED_PER_SLOT = 8
 """Rows moved aside and never taken (a call that failed) are dropped oldest first beyond this
@@ -53,7 +62,7 @@ many per slot, so a long run cannot accumulate them."""
 def external_id(internal: str) -> str:
     """The request id the caller gave, from the id vLLM's worker sees: vLLM appends ``-`` and 8
     random characters unless ``VLLM_DISABLE_REQUEST_ID_RANDOMIZATION`` is set
-    (``v1/engine/input_processor.py:222-240``)."""
+    (``v1/engine/input_processor.py``)."""
     if os.environ.get("VLLM_DISABLE_REQUEST_ID_RANDOMIZATION", "0") not in ("", "0"):
         return internal
     return internal.rsplit("-", 1)[0]
@@ -165,7 +174,7 @@ class LogprobRecord:
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """``[N]`` log softmax of ``logits`` ``[N, V]`` at ``tokens`` ``[N]``: vLLM's own kernel on a
-    GPU (``sample/logprob.py:83-106``: no ``[N, V]`` logprob tensor is made), torch elsewhere."""
+    GPU (``sample/logprob.py``: no ``[N, V]`` logprob tensor is made), torch elsewhere."""
     if logits.is_cuda:
         from vllm.v1.worker.gpu.sample.logprob import compute_token_logprobs
 
@@ -174,21 +183,31 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def recording_sampler(base: type) -> type:
-    """``base`` (vLLM's V2 ``Sampler``) with the two overrides of the module docstring."""
+    """``base`` (vLLM's V2 ``Sampler``) with the two overrides of the module docstring, for the
+    signatures of 0.25 (``add_request(req_idx, prompt_len, sampling_params)``, ``sample(logits,
+    expanded_idx_mapping, idx_mapping_np, pos, ...)``) and 0.33 (``add_request(req_idx,
+    sampling_params)``, ``sample(logits, expanded_idx_mapping, idx_mapping, idx_mapping_np, pos, ...)``)."""
+    sample_args = list(inspect.signature(base.sample).parameters)[1:]  # without self
+    passes_prompt_len = "prompt_len" in inspect.signature(base.add_request).parameters
 
     class RecordingSampler(base):
         _xrlhf_record: LogprobRecord
 
-        def add_request(self, req_idx: int, prompt_len: int, sampling_params: Any) -> None:
-            super().add_request(req_idx, prompt_len, sampling_params)
+        def add_request(self, req_idx: int, *args, **kwargs) -> None:
+            super().add_request(req_idx, *args, **kwargs)
+            params = kwargs.get("sampling_params", args[-1] if args else None)
+            if passes_prompt_len:
+                prompt_len = kwargs.get("prompt_len", args[0] if args else None)
+            else:
+                prompt_len = self.req_states.prompt_len.np[req_idx]
             key = external_id(self.req_states.index_to_req_id[req_idx])
-            self._xrlhf_record.claim(req_idx, key, prompt_len, int(sampling_params.max_tokens or 0))
+            self._xrlhf_record.claim(req_idx, key, int(prompt_len), int(params.max_tokens or 0))
 
-        def sample(self, logits, expanded_idx_mapping, idx_mapping_np, pos, input_ids, expanded_local_pos,
-                   return_logprobs: bool = False):
-            sampled, processed = super().sample(logits, expanded_idx_mapping, idx_mapping_np, pos, input_ids,
-                                                expanded_local_pos, return_logprobs=return_logprobs)
-            self._xrlhf_record.write(token_logprobs(processed, sampled), expanded_idx_mapping, pos + 1)
+        def sample(self, *args, **kwargs):
+            sampled, processed = super().sample(*args, **kwargs)
+            bound = dict(zip(sample_args, args), **kwargs)
+            self._xrlhf_record.write(token_logprobs(processed, sampled), bound["expanded_idx_mapping"],
+                                     bound["pos"] + 1)
             return sampled, processed
 
     RecordingSampler.__name__ = RecordingSampler.__qualname__ = f"Recording{base.__name__}"
@@ -197,13 +216,16 @@ def recording_sampler(base: type) -> type:
 
 def install(runner: Any, device: torch.device, base: type | None = None) -> LogprobRecord:
     """Make ``runner``'s sampler record; returns its record. ``base``: the sampler class expected
-    (default vLLM's V2 ``Sampler``; tests give their own).
+    (default vLLM's V2 ``Sampler``, where the hook is on; tests give their own).
 
     Raises:
-        RuntimeError: the runner is not the V2 one, or decodes speculatively (several tokens per
-            request and step go through another sampler).
+        RuntimeError: the hook is off, the runner is not the V2 one, or decodes speculatively
+            (several tokens per request and step go through another sampler).
     """
     if base is None:
+        if not WORKER_LOGPROBS.active():
+            raise RuntimeError("policy.generate.logprobs_path: 'worker' needs the hook vllm.worker_logprobs, which is "
+                               "off here (xrlhf hooks says why); set logprobs_path: outputs")
         try:
             from vllm.v1.worker.gpu.sample.sampler import Sampler as base
         except ImportError:  # pragma: no cover - a vLLM without the V2 runner
@@ -218,7 +240,7 @@ def install(runner: Any, device: torch.device, base: type | None = None) -> Logp
     sampler._xrlhf_base, sampler._xrlhf_flashinfer = base, getattr(sampler, "use_flashinfer", False)
     sampler.__class__ = recording_sampler(base)
     # vLLM's FlashInfer top-k/top-p sampler returns logits before top-k/top-p; vLLM itself turns it
-    # off when processed logprobs are asked for (sampler.py:220-228), and so does this path.
+    # off when processed logprobs are asked for (``sample/sampler.py``), and so does this path.
     sampler.use_flashinfer = False
     sampler._xrlhf_record = LogprobRecord(int(runner.max_num_reqs), device)
     return sampler._xrlhf_record

@@ -1,4 +1,4 @@
-"""``utils.package_map``: a worker answers ``importlib.metadata.packages_distributions`` from the
+"""``internals.imports`` (the hook ``python.package_map``): a worker answers ``importlib.metadata.packages_distributions`` from the
 driver's file, the same answer, and only where the import path holds the same distributions."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ import sys
 
 import pytest
 
-from xrlhf.utils import package_map
+from xrlhf.internals import imports as package_map
 
 
 @pytest.fixture
 def restored(monkeypatch):
     """``packages_distributions`` put back as it was after the test (``install`` replaces it)."""
-    monkeypatch.setattr(importlib.metadata, "packages_distributions", package_map._ORIGINAL)
+    monkeypatch.setattr(importlib.metadata, "packages_distributions", package_map.ORIGINAL)
     paths: list[str] = []
     yield paths
     for p in paths:
@@ -25,10 +25,10 @@ def restored(monkeypatch):
 def test_a_worker_gets_the_drivers_answer(restored):
     path = package_map.share()
     restored.append(path)
-    importlib.metadata.packages_distributions = package_map._ORIGINAL  # a fresh process
+    importlib.metadata.packages_distributions = package_map.ORIGINAL  # a fresh process
     assert package_map.install(path) is True
-    assert importlib.metadata.packages_distributions is not package_map._ORIGINAL
-    assert importlib.metadata.packages_distributions() == package_map._ORIGINAL()
+    assert importlib.metadata.packages_distributions is not package_map.ORIGINAL
+    assert importlib.metadata.packages_distributions() == package_map.ORIGINAL()
     # each call gets its own lists (transformers' callers may keep and change them)
     importlib.metadata.packages_distributions()["torch"].append("x")
     assert "x" not in importlib.metadata.packages_distributions()["torch"]
@@ -39,9 +39,9 @@ def test_a_distribution_the_driver_did_not_see_is_not_hidden(restored, tmp_path,
     restored.append(path)
     (tmp_path / "extra_pkg-1.0.dist-info").mkdir()
     monkeypatch.syspath_prepend(str(tmp_path))
-    importlib.metadata.packages_distributions = package_map._ORIGINAL
+    importlib.metadata.packages_distributions = package_map.ORIGINAL
     assert package_map.install(path) is False
-    assert importlib.metadata.packages_distributions is package_map._ORIGINAL
+    assert importlib.metadata.packages_distributions is package_map.ORIGINAL
 
 
 def test_a_package_installed_since_is_not_hidden(restored, tmp_path, monkeypatch):
@@ -49,7 +49,7 @@ def test_a_package_installed_since_is_not_hidden(restored, tmp_path, monkeypatch
     monkeypatch.syspath_prepend(str(tmp_path))
     path = package_map.share()
     restored.append(path)
-    importlib.metadata.packages_distributions = package_map._ORIGINAL
+    importlib.metadata.packages_distributions = package_map.ORIGINAL
     (tmp_path / "extra_pkg-1.0.dist-info").rename(tmp_path / "extra_pkg-1.1.dist-info")  # an upgrade
     assert package_map.install(path) is False
     (tmp_path / "extra_pkg-1.1.dist-info").rename(tmp_path / "extra_pkg-1.0.dist-info")
@@ -66,7 +66,7 @@ def test_no_file_or_a_broken_one_changes_nothing(restored, tmp_path, monkeypatch
     for text in ('{"metadata": {}}', '{"metadata": {}, "map": []}', '[1, 2]'):
         (tmp_path / "other.json").write_text(text)
         assert package_map.install(str(tmp_path / "other.json")) is False
-    assert importlib.metadata.packages_distributions is package_map._ORIGINAL
+    assert importlib.metadata.packages_distributions is package_map.ORIGINAL
 
 
 def test_the_drivers_answer_is_computed_once(restored):

@@ -1,8 +1,8 @@
-"""``coordinator.lean_head``: a local Ray started by ``init_ray`` runs without the dashboard's API
+"""``internals.ray.lean_head``: a local Ray started by ``init_ray`` runs without the dashboard's API
 server and the autoscaler's monitor, and still has what a run needs of it (actors; the log
-monitor, which brings the workers' prints to the driver's console); ``XRLHF_RAY_FULL_HEAD=1``
-brings Ray's whole head back. Its workers read the driver's ``packages_distributions``
-(``utils.package_map``). Each case runs
+monitor, which brings the workers' prints to the driver's console); the hook switched off
+(``XRLHF_HOOKS_OFF=ray.lean_head``) brings Ray's whole head back. Its workers read the driver's
+``packages_distributions`` (``internals.imports``). Each case runs
 in a process of its own: pytest's may hold the session's Ray (``ray_session``)."""
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ class Echo:
     def package_map(self):
         import importlib.metadata
         import xrlhf.coordinator.worker  # noqa: F401 - what a worker's process imports first
-        from xrlhf.utils import package_map
+        from xrlhf.internals import imports as package_map
         f = importlib.metadata.packages_distributions
         # as sets: a worker's path lists some directories twice, and its own answer names their
         # distributions twice
-        same = {k: set(v) for k, v in f().items()} == {k: set(v) for k, v in package_map._ORIGINAL().items()}
-        return f is not package_map._ORIGINAL and same
+        same = {k: set(v) for k, v in f().items()} == {k: set(v) for k, v in package_map.ORIGINAL().items()}
+        return f is not package_map.ORIGINAL and same
 
 echo = Echo.remote()
 pid = ray.get(echo.pid.remote(), timeout=300)
@@ -59,9 +59,10 @@ print(json.dumps({"actor": pid, "processes": lines, "shared_map": shared,
 
 def head(full: bool) -> dict:
     env = dict(os.environ, RAY_AUTH_MODE="disabled")
-    env.pop("XRLHF_RAY_FULL_HEAD", None)
+    env.pop("XRLHF_HOOKS_OFF", None)
+    env.pop("XRLHF_PUBLIC_ONLY", None)
     if full:
-        env["XRLHF_RAY_FULL_HEAD"] = "1"
+        env["XRLHF_HOOKS_OFF"] = "ray.lean_head"
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -73,7 +74,7 @@ def test_a_local_ray_starts_without_the_dashboard_and_the_monitor():
     assert [p for p in out["processes"] if "log_monitor.py" in p]  # workers' output reaches the driver
     assert not [p for p in out["processes"] if "dashboard/dashboard.py" in p or "autoscaler/_private/monitor.py" in p]
     assert [p for p in out["processes"] if "raylet" in p]
-    # the workers answer packages_distributions from the driver's file, the same answer (utils.package_map);
+    # the workers answer packages_distributions from the driver's file, the same answer (internals.imports);
     # shutdown_ray removes the file
     assert out["shared_map"] is True
     assert out["map_file"] == [True, False]
