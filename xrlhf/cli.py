@@ -44,15 +44,17 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     run.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.kl_coef=0.05")
     run.add_argument("--output-dir", default=None, help="default: runs/<config name>-<timestamp>")
     run.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its latest checkpoint")
-    run.add_argument("--public-only", action="store_true",
-                     help="use only the public APIs of Ray, vLLM, torch and transformers: every hook of xrlhf.internals "
-                          "off (xrlhf hooks lists them)")
-    sub.add_parser("hooks", help="the uses of libraries' internals, the versions each was checked on, and whether it is on")
+    hooks = sub.add_parser("hooks", help="the uses of libraries' internals, the releases each was checked on, and "
+                           "whether it is on here")
     rep = sub.add_parser("report", help="(re)write report.md and plots of a run directory")
     rep.add_argument("run_dir")
     val = sub.add_parser("validate", help="check a config and print every problem")
     val.add_argument("config")
     val.add_argument("overrides", nargs="*")
+    for parser in (run, val, hooks):
+        parser.add_argument("--public-only", action="store_true",
+                            help="only the public APIs of Ray, vLLM, torch and transformers: every hook of "
+                                 "xrlhf.internals off (xrlhf hooks lists them)")
     for name, (text, module, add) in COMMANDS.items():
         parser = sub.add_parser(name, help=text)
         if name == command:

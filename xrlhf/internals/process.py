@@ -17,18 +17,23 @@ import sys
 
 from xrlhf.internals import Hook
 
+def _exit_handlers() -> str | None:
+    return None if callable(getattr(atexit, "_run_exitfuncs", None)) else "atexit has no _run_exitfuncs"
+
+
 FORK_SERVER = Hook(
     "process.fork_server", "python", ("3.11", "3.12"),
     buys="Ray's workers are forked with torch, transformers and vLLM imported, while Ray starts "
          "(ray.fork_server)",
     without="every worker imports its engines after Ray started it",
-    probe=lambda: None if sys.platform.startswith("linux") else "the fork server runs on Linux only")
+    probe=lambda: _exit_handlers() or (None if sys.platform.startswith("linux") else "the fork server runs on Linux only"))
 
 MPS_DAEMON = Hook(
     "process.mps_daemon", "python", ("3.11", "3.12"),
     buys="a run starts its own CUDA MPS control daemon, so that the trainer's and vLLM's kernels "
          "overlap on one GPU one step off (ray.mps)",
-    without="no MPS daemon: processes on one GPU take turns (ray.mps: true is refused)")
+    without="no MPS daemon: processes on one GPU take turns (ray.mps: true is refused)",
+    probe=lambda: None if sys.platform.startswith("linux") else "NVIDIA's MPS runs on Linux only")
 
 
 class NoImport:

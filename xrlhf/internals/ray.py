@@ -44,11 +44,18 @@ def lean_head() -> Iterator[None]:
             setattr(node.Node, n, f)
 
 
+def _has_niceness() -> str | None:
+    import ray._private.ray_constants as constants
+
+    return None if hasattr(constants, "RAY_WORKER_NICENESS") else "Ray no longer names its worker_niceness setting"
+
+
 NICENESS = Hook(
     "ray.worker_niceness", "ray", ("2.60", "2.60"),
     buys="a local Ray's workers run at the driver's priority, not nice 15: beside any other busy process "
          "they are the run, not the machine's last priority",
-    without="Ray starts its workers at nice 15")
+    without="Ray starts its workers at nice 15",
+    probe=_has_niceness)
 
 
 def init_options() -> dict[str, Any]:

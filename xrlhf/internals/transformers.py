@@ -8,11 +8,19 @@ import sys
 from xrlhf.internals import Hook
 from xrlhf.utils.versions import installed, release
 
+def _has_attention_property() -> str | None:
+    from transformers import PretrainedConfig
+
+    return None if isinstance(getattr(PretrainedConfig, "_attn_implementation", None), property) else \
+        "transformers.PretrainedConfig has no _attn_implementation property"
+
+
 ATTENTION = Hook(
     "transformers.attn_implementation", "transformers", ("5.17", "5.24"),
     buys="the attention implementation transformers chose for a model (config._attn_implementation: "
          "no public getter), so packing keeps a flash model's own varlen path",
-    without="xrlhf assumes transformers' default (sdpa) unless it set the attention itself")
+    without="xrlhf assumes transformers' default (sdpa) unless it set the attention itself",
+    probe=_has_attention_property)
 
 MARK = "xrlhf_attention"
 """The attribute ``set_attention`` leaves on a model (a plain attribute: no weight, not saved)."""

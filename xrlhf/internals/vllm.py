@@ -41,11 +41,19 @@ def inspect_models_in_process() -> None:
         registry._run_in_subprocess = lambda fn: fn()
 
 
+def _core_clients() -> str | None:
+    from vllm.v1.engine import core_client
+
+    missing = [c for c in ("InprocClient", "SyncMPClient") if not hasattr(getattr(core_client, c, None), "shutdown")]
+    return f"vllm.v1.engine.core_client has no {', '.join(missing)} with a shutdown" if missing else None
+
+
 PAUSE = Hook(
     "vllm.pause_mid_generation", "vllm", CHECKED,
     buys="a weight sync lands while keyed calls generate: vLLM pauses with its requests kept, loads, resumes "
          "(one step off: generation does not wait for the trainer's sync)",
-    without="a sync waits until the running generation has finished")
+    without="a sync waits until the running generation has finished",
+    probe=_core_clients)
 
 
 def can_pause(llm: Any) -> bool:
@@ -70,7 +78,8 @@ def outputs_pending(llm: Any) -> bool:
 SHUTDOWN = Hook(
     "vllm.shutdown", "vllm", CHECKED,
     buys="an engine's GPU memory and processes are freed when xrlhf shuts it down (healing, tests)",
-    without="the engine is dropped and collected; its memory is freed when nothing else holds it")
+    without="the engine is dropped and collected; its memory is freed when nothing else holds it",
+    probe=_core_clients)
 
 
 def shutdown(llm: Any) -> None:
@@ -79,11 +88,21 @@ def shutdown(llm: Any) -> None:
         llm.llm_engine.engine_core.shutdown()
 
 
+def _lora_manager() -> str | None:
+    import inspect
+
+    from vllm.lora import worker_manager
+
+    return None if "_adapter_manager" in inspect.getsource(worker_manager) else \
+        "vllm.lora.worker_manager keeps no _adapter_manager"
+
+
 LORA_CHECK = Hook(
     "vllm.lora_layer_check", "vllm", CHECKED,
     buys="a synced LoRA adapter with a layer vLLM has no LoRA slot for is refused (vLLM would ignore it "
          "silently and generate with the base weights there)",
-    without="such a layer is not detected")
+    without="such a layer is not detected",
+    probe=_lora_manager)
 
 
 def unused_lora_layers(model_runner: Any, adapter_id: int) -> list[str]:

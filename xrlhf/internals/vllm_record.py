@@ -48,11 +48,25 @@ import torch
 from xrlhf.internals import Hook
 from xrlhf.internals.vllm import CHECKED
 
+def _sampler_hooks() -> str | None:
+    from vllm.v1.worker.gpu.sample import logprob
+    from vllm.v1.worker.gpu.sample.sampler import Sampler
+
+    sample = inspect.signature(Sampler.sample).parameters
+    missing = [n for n in ("logits", "expanded_idx_mapping", "pos") if n not in sample]
+    if "sampling_params" not in inspect.signature(Sampler.add_request).parameters:
+        missing.append("add_request(sampling_params)")
+    if not callable(getattr(logprob, "compute_token_logprobs", None)):
+        missing.append("compute_token_logprobs")
+    return f"vLLM's V2 sampler has no {', '.join(missing)}" if missing else None
+
+
 WORKER_LOGPROBS = Hook(
     "vllm.worker_logprobs", "vllm", CHECKED,
     buys="sampled tokens' logprobs stay on the GPU in vLLM's worker and are taken once per call "
          "(logprobs_path: worker), instead of per request and step through vLLM's outputs",
-    without="logprobs come through vLLM's outputs (logprobs_path: outputs)")
+    without="logprobs come through vLLM's outputs (logprobs_path: outputs)",
+    probe=_sampler_hooks)
 
 MAX_SAVED_PER_SLOT = 8
 """Rows moved aside and never taken (a call that failed) are dropped oldest first beyond this
