@@ -89,15 +89,15 @@ FLAGS = {"compile": ["policy.generate.torch_compile=true"], "nocompile": ["polic
 PREV_TREE = "XRLHF_PREV_TREE"
 """Where the ``prev`` variant's build is: a directory holding its ``xrlhf`` and ``configs``."""
 ENV = {"importtime": {"PYTHONPROFILEIMPORTTIME": "1", "RAY_DEDUP_LOGS": "0"}, "threads1": {"TORCHINDUCTOR_COMPILE_THREADS": "1"},
-       "fullhead": {"XRLHF_RAY_FULL_HEAD": "1"}, "preload": {"RAY_preload_python_modules": "vllm"},
-       "keepsklearn": {"XRLHF_KEEP_SKLEARN": "1"},
+       "fullhead": {"XRLHF_HOOKS_OFF": "ray.lean_head"}, "preload": {"RAY_preload_python_modules": "vllm"},
+       "keepsklearn": {"XRLHF_HOOKS_OFF": "transformers.without_sklearn"},
        "noprestart": {"RAY_enable_worker_prestart": "0", "RAY_prestart_worker_first_driver": "0"}}
 """What a variant's words set in the run's environment (a local Ray's workers inherit it):
 ``importtime``: every process's imports, module by module, on its stderr (the run's log);
 ``fullhead``: Ray's whole head (the dashboard's API server and the autoscaler's monitor too, as
-before ``coordinator.lean_head``); ``preload``: every Ray worker imports vLLM before it takes work
+before ``internals.ray.lean_head``); ``preload``: every Ray worker imports vLLM before it takes work
 (Ray's ``preload_python_modules``; the workers Ray prestarts when the driver connects begin then);
-``keepsklearn``: the workers' transformers imports scikit-learn as it would (``utils.lean_imports``);
+``keepsklearn``: the workers' transformers imports scikit-learn as it would (``internals.transformers``);
 ``noprestart``: Ray starts no idle workers when the driver connects (it starts one per CPU, 16 on
 the GPU machine, that import Ray beside the run's own workers; a run's workers are actors only).
 ``prev``: the previous build, a tree of its files named by ``PREV_TREE`` (the same call's baseline:

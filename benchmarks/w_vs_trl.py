@@ -14,7 +14,9 @@ Variants (``--variants``; ``name`` or ``name=key.path=value,key.path=value``):
 * ``sync-awake``: the synchronous loop with vLLM awake (what ``async`` is compared with);
 * ``sync-split`` / ``async-split``: vLLM on a second GPU of its own (``benchmarks.async_grpo.SPLIT``,
   weights over NCCL), synchronous or one step off (issue 29; needs a machine of two GPUs);
-* any other name with its overrides after ``=``.
+* ``public-only``: every hook of ``xrlhf.internals`` off (``XRLHF_PUBLIC_ONLY=1``: public APIs only);
+* any other name with its overrides after ``=``; ``env:NAME=value`` sets a variable for the
+  variant (``off-lean=env:XRLHF_HOOKS_OFF=ray.lean_head``).
 
 Writes ``<out>/w_vs_trl.json``: one object per xrlhf run with ``gpu``, ``trl_dtype``,
 ``trl_step_s``, ``xrlhf_variant``, ``xrlhf_step_s``, ``ratio`` (xrlhf / TRL), ``phases``,
@@ -45,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.async_grpo import SPLIT
+from xrlhf.coordinator.forkserver import environ
 
 CONFIG = "configs/gpu/grpo_w.yaml"
 VARIANTS = {
@@ -55,6 +58,7 @@ VARIANTS = {
     "sync-awake": ["policy.generate.sleep_level=0"],
     "sync-split": list(SPLIT),
     "async-split": [*SPLIT, "rollout.max_staleness=1"],
+    "public-only": ["env:XRLHF_PUBLIC_ONLY=1"],
 }
 """What each named variant changes in the config."""
 
@@ -108,7 +112,20 @@ def run_trl(dtype: str, model: str, out: Path, steps: int, timed_from: int, time
 
 def run_xrlhf(name: str, overrides: list[str], model: str, args: argparse.Namespace,
               machine: list[dict[str, Any]]) -> dict[str, Any]:
-    """One xrlhf variant of W in this process, with the GPU sampled (``async_grpo.BusyGRPO``)."""
+    """One xrlhf variant of W in this process, with the GPU sampled (``async_grpo.BusyGRPO``); an
+    override ``env:NAME=value`` is set in the environment for that variant (``env:XRLHF_PUBLIC_ONLY=1``)."""
+    env = dict(o[4:].split("=", 1) for o in overrides if o.startswith("env:"))
+    overrides = [o for o in overrides if not o.startswith("env:")]
+    all_overrides = [f"policy.model={model}", f"trainer.steps={args.steps}", "trainer.eval_every=0",
+                     f"trainer.eval_size={args.eval_size}", "trainer.save_final=false",
+                     "algorithm.name=benchmarks.async_grpo:BusyGRPO", "algorithm.advantage_estimator=grpo",
+                     "policy.weight_sync.verify=false", *overrides]
+    with environ(env):
+        return _run_xrlhf(name, overrides, env, model, args, machine, all_overrides)
+
+
+def _run_xrlhf(name: str, overrides: list[str], env: dict[str, str], model: str, args: argparse.Namespace,
+               machine: list[dict[str, Any]], all_overrides: list[str]) -> dict[str, Any]:
     import tempfile
     import traceback
 
@@ -118,10 +135,6 @@ def run_xrlhf(name: str, overrides: list[str], model: str, args: argparse.Namesp
     from xrlhf.runner import run
     from xrlhf.validation import load_config
 
-    all_overrides = [f"policy.model={model}", f"trainer.steps={args.steps}", "trainer.eval_every=0",
-                     f"trainer.eval_size={args.eval_size}", "trainer.save_final=false",
-                     "algorithm.name=benchmarks.async_grpo:BusyGRPO", "algorithm.advantage_estimator=grpo",
-                     "policy.weight_sync.verify=false", *overrides]
     cfg = load_config(Path(args.config), all_overrides)
     used = machine[:2 if "ray.num_gpus=2" in overrides else 1]  # the split layout samples both GPUs
     ag.BusyGRPO.samplers = samplers = [DeviceMemorySampler(gpu=g["index"]) for g in used]
@@ -149,7 +162,7 @@ def run_xrlhf(name: str, overrides: list[str], model: str, args: argparse.Namesp
     s = ag.summarize(rows, args.timed_from, len(used))
     log = (run_dir / "train.log").read_text() if (run_dir / "train.log").is_file() else ""
     ready = [ln for ln in log.splitlines() if "Ray handles ready in" in ln]
-    return {"xrlhf_variant": name, "overrides": overrides, "xrlhf_step_s": s["step_s_median"],
+    return {"xrlhf_variant": name, "overrides": overrides, "env": env, "xrlhf_step_s": s["step_s_median"],
             "phases": s["phases_median"], "gpu_busy": s["gpu_busy"], "peak_gib": s["peak_gib"],
             "staleness": s["staleness_observed"], "reward_mean_last": s["reward_mean_last"],
             "mismatch_mean": s["mismatch_mean"], "per_step": s["per_step"], "ready_line": ready[-1] if ready else None,

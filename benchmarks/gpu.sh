@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The one entry point of the GPU benchmarks on the device machine: stages run in turn, each under
+# a time limit, logs and tables packed into one archive in $OUT. From the repository root, with the
+# stack shipped to /root/wc as parts p0, p1, ... (docs/testing.md: benchmarks/stage_site.sh) and,
+# for TRL, ../shared/bench copied to .bench (carried):
+#
+#   bash benchmarks/gpu.sh setup versions tests      # install; what is installed; the GPU tests of vLLM and the hooks
+#   bash benchmarks/gpu.sh w                         # W as shipped and on public APIs only, beside TRL's default
+#   bash benchmarks/gpu.sh hooks                     # W with each hook of xrlhf.internals off, beside W as shipped
+#   bash benchmarks/gpu.sh w2                        # the second workload beside TRL's default
+#
+# Each stage's figures: $OUT/<stage>/*.json (w_vs_trl.json's rows); docs/benchmarks.md renders them.
+STAGE=gpu
+source benchmarks/gpu_lib.sh
+
+stage_setup() { stage_setup_model; }
+stage_setup_model() {
+  stage_install
+  [ -f artifacts/model-0.5b/config.json ] || \
+    run model 180 python -m xrlhf.cli make-tiny-model artifacts/model-0.5b --preset 0.5b --dtype bfloat16
+}
+
+stage_versions() {  # the stack as Python sees it, and the hooks as xrlhf sees them
+  TAIL=40 run versions 120 python - <<'PY'
+import importlib.metadata as md, torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(),
+      "nccl", torch.cuda.nccl.version(), "gpus", torch.cuda.device_count(), torch.cuda.get_device_name(0))
+for p in ("vllm", "triton", "ray", "transformers", "deepspeed", "trl"):
+    try:
+        print(p, md.version(p))
+    except md.PackageNotFoundError:
+        print(p, "absent")
+import vllm
+print("vllm imported from", vllm.__file__)
+PY
+  TAIL=30 run hooks_table 120 python -m xrlhf.cli hooks
+}
+
+stage_tests() {  # the hooks' probes against the installed libraries, then vLLM's GPU tests
+  TAIL=12 run tests_hooks 300 python -m pytest -q -rA -p no:cacheprovider tests/internals/test_hooks.py
+  XRLHF_GPU_RUNS="$OUT/runs" TAIL=20 run tests_vllm 560 python -m pytest -m gpu -q -rA -p no:cacheprovider \
+    tests/gpu/test_vllm_engine.py tests/gpu/test_vllm_inflight.py tests/gpu/test_sm_carveout_gpu.py
+}
+
+stage_w() {  # W as shipped and with every hook off, beside TRL's default (6 steps each, one call)
+  TAIL=10 run w 590 python -m benchmarks.w_vs_trl --trl-dtype float32 --trl-timeout 200 --steps 6 \
+    --variants default,public-only --out "$OUT/w"
+  rm -rf /tmp/w_vs_trl-*
+}
+
+stage_hooks() {  # W with each hook that acts on W switched off, between two runs as shipped (no TRL)
+  local v="default"
+  for h in ${HOOKS:-process.fork_server ray.lean_head python.package_map vllm.worker_logprobs torch.recompile_limit}; do
+    v="$v;off-$h=env:XRLHF_HOOKS_OFF=$h"
+  done
+  TAIL=12 run hooks 590 python -m benchmarks.w_vs_trl --trl-dtype none --steps 5 --variants "$v;default" \
+    --out "$OUT/hooks"
+  rm -rf /tmp/w_vs_trl-*
+}
+
+stage_w2() {  # the second workload (configs/gpu/grpo_w2.yaml: 1.5b, 32 x 8, <= 480 tokens) beside TRL's default
+  TAIL=8 run w2 590 python -m benchmarks.w_vs_trl --config configs/gpu/grpo_w2.yaml --model artifacts/model-1.5b \
+    --preset 1.5b --trl-args "--prompts-per-step 32 --micro-batch 16 --max-new-tokens 480 --gpu-memory-utilization 0.4" \
+    --trl-dtype float32 --trl-timeout 300 --steps 6 --variants default --out "$OUT/w2"
+  rm -rf /tmp/w_vs_trl-*
+}
+
+for s in "$@"; do
+  type "stage_$s" >/dev/null 2>&1 || { echo "unknown stage $s"; exit 2; }
+  log "stage $s"
+  "stage_$s"
+done
+pack "$@"
