@@ -13,9 +13,13 @@
 STAGE=gpu
 source benchmarks/gpu_lib.sh
 
-stage_setup() { stage_setup_model; }
-stage_setup_model() {
+stage_setup() {  # the stack (and the wheels carried in .whl: TRL for the stages beside it), W's model
   stage_install
+  if ls .whl/*.whl >/dev/null 2>&1 && [ ! -f /root/site/.whl-installed ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /root/site .whl/*.whl 2>&1 | tail -2
+    python3 -m compileall -q -j 0 /root/site > /dev/null 2>&1
+    touch /root/site/.whl-installed
+  fi
   [ -f artifacts/model-0.5b/config.json ] || \
     run model 180 python -m xrlhf.cli make-tiny-model artifacts/model-0.5b --preset 0.5b --dtype bfloat16
 }
@@ -38,7 +42,7 @@ PY
 
 stage_tests() {  # the hooks' probes against the installed libraries, then vLLM's GPU tests
   TAIL=12 run tests_hooks 300 python -m pytest -q -rA -p no:cacheprovider tests/internals/test_hooks.py
-  XRLHF_GPU_RUNS="$OUT/runs" TAIL=20 run tests_vllm 560 python -m pytest -m gpu -q -rA -p no:cacheprovider \
+  XRLHF_GPU_RUNS="$OUT/runs" TAIL=20 run tests_vllm 420 python -m pytest -m gpu -q -rA -p no:cacheprovider \
     tests/gpu/test_vllm_engine.py tests/gpu/test_vllm_inflight.py tests/gpu/test_sm_carveout_gpu.py
 }
 
