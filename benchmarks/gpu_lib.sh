@@ -43,6 +43,10 @@ stage_install() {  # the stack alone (what needs no model)
     fi
     log "installed"
   fi
+  if ls /root/wcn/p* >/dev/null 2>&1; then  # a second xz stream of site/ (torch's nvidia libraries), unpacked over it
+    (cd /root/wcn && cat $(ls p* | sort -V) | python3 -c "import sys, tarfile; tarfile.open(fileobj=sys.stdin.buffer, \
+      mode='r|xz').extractall('/root', filter='fully_trusted')" && rm -f p* && echo "libraries installed") 2>&1 | tail -2
+  fi
   # Byte-compiled like any installed stack (pip --no-compile above), and the image's packages too
   # (gpu_env.sh says why): `import vllm` reads .pyc, not source, in every start-up measured after
   # this. With the prefix set Python reads bytecode only there: the standard library goes there too.
