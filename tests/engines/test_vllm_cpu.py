@@ -80,10 +80,16 @@ def fused_like_vllm(hf: nn.Module) -> nn.Module:
         else:
             module(path).register_parameter(leaf, nn.Parameter(t.clone()))
     module("lm_head").register_parameter("weight", root.model.embed_tokens.weight)  # tied, as vLLM ties
+    root.config = hf.config  # vLLM's models keep the HF config
 
     def load_weights(weights):
         loaded = set()
         params = dict(root.named_parameters())
+        weights = list(weights)
+        names = {n for n, _ in weights}
+        if "lm_head.weight" in names and "model.embed_tokens.weight" not in names:  # vLLM 0.33's check, per call
+            raise ValueError("'lm_head.weight' was skipped because it is tied to 'model.embed_tokens.weight', but "
+                             "'model.embed_tokens.weight' was not found in the checkpoint")
         with torch.no_grad():
             for name, t in weights:
                 if name == "lm_head.weight":
@@ -387,12 +393,21 @@ def vllm_module():
     registry._run_in_subprocess = in_a_subprocess
     models = types.ModuleType("vllm.model_executor.models")
     models.registry = registry
+    core_client = types.ModuleType("vllm.v1.engine.core_client")  # what the hooks' probes look for
+    core_client.InprocClient = core_client.SyncMPClient = type("Client", (), {"shutdown": lambda self: None})
+    logprob = types.ModuleType("vllm.v1.worker.gpu.sample.logprob")
+    logprob.compute_token_logprobs = lambda logits, ids: torch.log_softmax(logits.float(), -1).gather(-1, ids.long())
+    worker_manager = types.ModuleType("vllm.lora.worker_manager")
+    worker_manager.WorkerLoRAManager = type("WorkerLoRAManager", (), {})
     fakes = {"vllm": fake, "vllm.distributed": types.ModuleType("vllm.distributed"),
              "vllm.distributed.parallel_state": parallel_state, "vllm.inputs": inputs, "vllm.sampling_params": sampling,
              **{m: types.ModuleType(m) for m in ("vllm.v1", "vllm.v1.worker", "vllm.v1.worker.gpu",
                                                  "vllm.v1.worker.gpu.sample")},
              "vllm.v1.worker.gpu.sample.sampler": sampler, "vllm.model_executor": types.ModuleType("vllm.model_executor"),
-             "vllm.model_executor.models": models, "vllm.model_executor.models.registry": registry}
+             "vllm.model_executor.models": models, "vllm.model_executor.models.registry": registry,
+             "vllm.v1.engine": types.ModuleType("vllm.v1.engine"), "vllm.v1.engine.core_client": core_client,
+             "vllm.v1.worker.gpu.sample.logprob": logprob, "vllm.lora": types.ModuleType("vllm.lora"),
+             "vllm.lora.worker_manager": worker_manager}
     saved = {k: sys.modules.get(k) for k in fakes}
     sys.modules.update(fakes)
     internals.forget()

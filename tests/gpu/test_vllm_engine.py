@@ -3,8 +3,9 @@ and each weight-sync transport leaving vLLM with exactly the trainer's weights (
 read-back, verify on) and generating accordingly.
 
 One vLLM engine serves the module (float32 small model, sleep level 2, built first so that it
-profiles an idle GPU); the trainer sits on the same GPU (cpu, cuda_ipc, disk) or on the second
-(nccl). Run on a GPU machine: ``pytest -m gpu tests/gpu``.
+profiles an idle GPU, its engine core in a process of its own: a process cannot map its own CUDA IPC
+handles, and the trainer is this test's process); the trainer sits on the same GPU (cpu, cuda_ipc,
+disk) or on the second (nccl). Run on a GPU machine: ``pytest -m gpu tests/gpu``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ GREEDY = SamplingParams(temperature=0, max_new_tokens=24)
 def vllm_engine(small_model):
     from xrlhf.engines.vllm import VLLMGenerateEngine
 
-    options = generate_options(gpu_memory_utilization=0.25, sleep_level=2, max_model_len=256, max_num_seqs=64)
+    options = generate_options(gpu_memory_utilization=0.25, sleep_level=2, max_model_len=256, max_num_seqs=64,
+                               multiprocessing=True)
     engine = VLLMGenerateEngine(EngineSpec(small_model, device="cuda", seed=0, options={**options, "dtype": "float32"}))
     yield engine
     engine.shutdown()

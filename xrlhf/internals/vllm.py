@@ -89,12 +89,9 @@ def shutdown(llm: Any) -> None:
 
 
 def _lora_manager() -> str | None:
-    import inspect
-
     from vllm.lora import worker_manager
 
-    return None if "_adapter_manager" in inspect.getsource(worker_manager) else \
-        "vllm.lora.worker_manager keeps no _adapter_manager"
+    return None if hasattr(worker_manager, "WorkerLoRAManager") else "vllm.lora.worker_manager has no WorkerLoRAManager"
 
 
 LORA_CHECK = Hook(

@@ -181,7 +181,12 @@ class XrlhfWorkerExtension:
         if adapter is not None:
             adapter["tensors"].update((n, t.detach().to("cpu", copy=True)) for n, t in named)
             return
-        state["loaded"].update(self._xrlhf_model().load_weights(weights=named) or ())
+        model = self._xrlhf_model()
+        if getattr(getattr(model, "config", None), "tie_word_embeddings", False):
+            # the output embedding is the input one in vLLM: loaded with it (vLLM 0.33 refuses a bucket
+            # that holds the tied name without the one it is tied to)
+            named = [(n, t) for n, t in named if not n.endswith("lm_head.weight")]
+        state["loaded"].update(model.load_weights(weights=named) or ())
 
     def xrlhf_end_sync(self) -> list[str]:
         """Parameters not loaded since the last call (a complete sync loads every one). In adapter
