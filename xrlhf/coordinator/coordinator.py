@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import time
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from typing import Any, Iterator
 
 import ray
@@ -88,7 +87,7 @@ def _worker_env() -> dict[str, str]:
     if _PACKAGE_MAP is None:
         _PACKAGE_MAP = package_map.share()
     if _PACKAGE_MAP is not None:
-        env[package_map.ENV] = _PACKAGE_MAP  # the workers' transformers import skips ~35k stats (utils.package_map)
+        env[package_map.ENV] = _PACKAGE_MAP  # the workers' transformers import skips ~35k stats (internals.imports)
     return env
 
 
@@ -110,7 +109,7 @@ def shutdown_ray() -> None:
 
 
 _PACKAGE_MAP: str | None = None
-"""The file of ``utils.package_map.share`` that this process's local Ray's workers read."""
+"""The file of ``internals.imports.share`` that this process's local Ray's workers read."""
 
 
 WORKER_POINTS = ("born_s", "module_s", "imported_s", "init_s", "called_s")
