@@ -35,11 +35,11 @@ def test_summarize_reports_the_median_round_and_the_spread():
 
 
 class FakeEngine:
-    """What the benchmark touches of ``VLLMGenerateEngine``: its logprobs path option, ``_rpc``
+    """What the benchmark touches of ``VLLMGenerateEngine``: its logprobs path, ``_rpc``
     and the request loop's ``exclusive``; records whether the worker's sampler records."""
 
     def __init__(self, path: str = "worker"):
-        self.options = SimpleNamespace(logprobs_path=path)
+        self.logprobs_path = path
         self.recording = path == "worker"  # the engine installs the recording at start-up
         self.rpcs: list = []
         self.owned = False
@@ -72,7 +72,7 @@ def test_set_logprobs_path_toggles_the_recording_only_when_it_changes():
     gb.set_logprobs_path(engine, "outputs")
     gb.set_logprobs_path(engine, "worker")
     assert engine.rpcs == [("xrlhf_record_logprobs", False), ("xrlhf_record_logprobs", True)]
-    assert engine.options.logprobs_path == "worker" and engine.recording
+    assert engine.logprobs_path == "worker" and engine.recording
 
 
 @pytest.mark.parametrize("start", ["worker", "outputs"])
@@ -82,7 +82,7 @@ def test_rounds_alternate_the_paths_and_write_after_every_variant(monkeypatch, s
 
     def fake_run(name):
         def run(engine, prompts, new_tokens, sampler):
-            seen.append((name, engine.options.logprobs_path, engine.recording))
+            seen.append((name, engine.logprobs_path, engine.recording))
             return {"seconds": next(seconds), "tokens_per_s": 1}
         return run
 

@@ -32,8 +32,15 @@ def fresh(monkeypatch):
     internals.forget()
 
 
+@pytest.fixture(autouse=True)
+def no_test_hooks_left():
+    """Hooks a test declares (``test.*``) leave the registry with it."""
+    yield
+    for name in [n for n in internals.HOOKS if n.startswith("test.")]:
+        del internals.HOOKS[name]
+
+
 def _hook(name: str, **kw) -> Hook:
-    internals.HOOKS.pop(name, None)
     kw.setdefault("package", "python")
     kw.setdefault("checked", ("3.0", "3.99"))
     return Hook(name, buys="speed", without="the public path", **kw)
