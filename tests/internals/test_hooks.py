@@ -160,3 +160,13 @@ def test_an_engine_refuses_releases_it_was_not_checked_on(monkeypatch):
     assert Pinned.version_errors() == []
     versions["fakelib"] = "1.3.0"
     assert Pinned.version_errors()[0].startswith("fakelib 1.3.0 is not supported; it runs on fakelib 1.0 or 1.2")
+
+
+def test_needs_names_what_a_module_lacks():
+    from xrlhf.internals import needs
+
+    assert needs("importlib.metadata", "version", "PackageNotFoundError.args")() is None
+    assert needs("importlib.metadata", "version", "_no_such", "Distribution._nope")() == \
+        "importlib.metadata has no _no_such, Distribution._nope"
+    with pytest.raises(ModuleNotFoundError):  # Hook.active reports a probe that raises as failed
+        needs("no_such_module_xrlhf", "x")()

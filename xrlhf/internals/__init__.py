@@ -43,6 +43,20 @@ def _no_probe() -> str | None:
     return None
 
 
+def needs(module: str, *names: str) -> Callable[[], str | None]:
+    """A probe: ``module`` imports and has each of ``names`` (dotted below it: ``"Node.start_monitor"``)."""
+    def probe() -> str | None:
+        missing = []
+        for name in names:
+            obj = importlib.import_module(module)
+            for part in name.split("."):
+                obj = getattr(obj, part, None)
+            if obj is None:
+                missing.append(name)
+        return f"{module} has no {', '.join(missing)}" if missing else None
+    return probe
+
+
 @dataclass(frozen=True)
 class Hook:
     """One use of a library's internals (or a process trick) and its public fallback.

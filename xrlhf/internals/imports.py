@@ -24,29 +24,23 @@ import os
 import sys
 import tempfile
 
-from xrlhf.internals import Hook
+from xrlhf.internals import Hook, needs
 
 ENV = "XRLHF_PACKAGE_MAP"
 """The file ``share`` wrote, set in the workers' environment by ``coordinator.init_ray``."""
-
-def _replaceable(name: str):
-    def probe() -> str | None:
-        return None if callable(getattr(importlib.metadata, name, None)) else f"importlib.metadata has no {name}"
-    return probe
-
 
 PACKAGE_MAP = Hook(
     "python.package_map", "python", ("3.11", "3.12"),
     buys="a worker answers importlib.metadata.packages_distributions from the driver's file "
          "instead of ~35,000 file stats in each transformers import",
     without="each process computes packages_distributions itself",
-    probe=_replaceable("packages_distributions"))
+    probe=needs("importlib.metadata", "packages_distributions"))
 
 ENTRY_POINTS = Hook(
     "python.entry_points", "python", ("3.11", "3.12"),
     buys="a worker answers importlib.metadata.entry_points once per selection (vLLM asks while it starts)",
     without="each call reads every distribution's entry points",
-    probe=_replaceable("entry_points"))
+    probe=needs("importlib.metadata", "entry_points"))
 
 ORIGINAL = importlib.metadata.packages_distributions
 """The standard library's own ``packages_distributions``."""

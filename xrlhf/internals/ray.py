@@ -5,16 +5,9 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from xrlhf.internals import Hook
+from xrlhf.internals import Hook, needs
 
 _HEAD_PARTS = ("start_api_server", "start_monitor")
-
-
-def _node_has_head_parts() -> str | None:
-    import ray._private.node as node
-
-    missing = [n for n in _HEAD_PARTS if not callable(node.Node.__dict__.get(n))]
-    return f"ray._private.node.Node has no {', '.join(missing)}" if missing else None
 
 
 LEAN_HEAD = Hook(
@@ -22,7 +15,7 @@ LEAN_HEAD = Hook(
     buys="a local Ray's head starts without the dashboard's API server and the autoscaler's monitor, "
          "which a run never uses (ray.init waits ~2 s for the API server)",
     without="a local Ray starts its whole head",
-    probe=_node_has_head_parts)
+    probe=needs("ray._private.node", *(f"Node.{n}" for n in _HEAD_PARTS)))
 
 
 @contextmanager
@@ -44,18 +37,12 @@ def lean_head() -> Iterator[None]:
             setattr(node.Node, n, f)
 
 
-def _has_niceness() -> str | None:
-    import ray._private.ray_constants as constants
-
-    return None if hasattr(constants, "RAY_WORKER_NICENESS") else "Ray no longer names its worker_niceness setting"
-
-
 NICENESS = Hook(
     "ray.worker_niceness", "ray", ("2.60", "2.60"),
     buys="a local Ray's workers run at the driver's priority, not nice 15: beside any other busy process "
          "they are the run, not the machine's last priority",
     without="Ray starts its workers at nice 15",
-    probe=_has_niceness)
+    probe=needs("ray._private.ray_constants", "RAY_WORKER_NICENESS"))
 
 
 def init_options() -> dict[str, Any]:

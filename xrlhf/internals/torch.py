@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-from xrlhf.internals import Hook
-
-
-def _has_carveout() -> str | None:
-    import torch
-
-    return None if hasattr(torch._C, "_set_sm_carveout_experimental") else \
-        "torch._C has no _set_sm_carveout_experimental"
+from xrlhf.internals import Hook, needs
 
 
 SM_CARVEOUT = Hook(
     "torch.sm_carveout", "torch", ("2.11", "2.14"),
     buys="an engine's GEMMs leave SMs free for vLLM's kernels one step off under MPS (sm_carveout)",
     without="GEMMs size themselves for the whole GPU; sm_carveout is ignored",
-    probe=_has_carveout)
+    probe=needs("torch._C", "_set_sm_carveout_experimental"))
 
 
 def set_sm_carveout(sms: int) -> bool:
@@ -31,19 +24,12 @@ def set_sm_carveout(sms: int) -> bool:
     return True
 
 
-def _has_recompile_limit() -> str | None:
-    import torch._dynamo
-
-    return None if hasattr(torch._dynamo.config, "recompile_limit") else \
-        "torch._dynamo.config has no recompile_limit"
-
-
 RECOMPILE_LIMIT = Hook(
     "torch.recompile_limit", "torch", ("2.11", "2.14"),
     buys="a compiled decoder layer keeps a compiled variant for every way it is called (train, eval, "
          "frozen, LoRA, autocast) past torch's default of 8",
     without="past 8 variants a compiled layer runs eagerly (torch warns)",
-    probe=_has_recompile_limit)
+    probe=needs("torch._dynamo.config", "recompile_limit"))
 
 
 def allow_recompiles(limit: int) -> None:
@@ -60,18 +46,11 @@ def import_compiler() -> None:
     import torch._dynamo  # noqa: F401
 
 
-def _has_bad_fork() -> str | None:
-    import torch
-
-    return None if callable(getattr(torch.cuda, "_is_in_bad_fork", None)) else \
-        "torch.cuda has no _is_in_bad_fork"
-
-
 BAD_FORK = Hook(
     "torch.bad_fork_flag", "torch", ("2.11", "2.14"),
     buys="the fork server tells by a test fork whether an import touched CUDA (torch's own flag)",
     without="the fork server trusts torch.cuda.is_initialized() alone",
-    probe=_has_bad_fork)
+    probe=needs("torch.cuda", "_is_in_bad_fork"))
 
 
 def in_bad_fork() -> bool:

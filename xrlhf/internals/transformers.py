@@ -5,22 +5,15 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from xrlhf.internals import Hook
+from xrlhf.internals import Hook, needs
 from xrlhf.utils.versions import installed, release
-
-def _has_attention_property() -> str | None:
-    from transformers import PretrainedConfig
-
-    return None if isinstance(getattr(PretrainedConfig, "_attn_implementation", None), property) else \
-        "transformers.PretrainedConfig has no _attn_implementation property"
-
 
 ATTENTION = Hook(
     "transformers.attn_implementation", "transformers", ("5.17", "5.24"),
     buys="the attention implementation transformers chose for a model (config._attn_implementation: "
          "no public getter), so packing keeps a flash model's own varlen path",
     without="xrlhf assumes transformers' default (sdpa) unless it set the attention itself",
-    probe=_has_attention_property)
+    probe=needs("transformers", "PretrainedConfig._attn_implementation"))
 
 MARK = "xrlhf_attention"
 """The attribute ``set_attention`` leaves on a model (a plain attribute: no weight, not saved)."""
@@ -43,19 +36,12 @@ EAGER_SKLEARN_BEFORE = (5, 24)
 """Transformers releases below this import scikit-learn with their generation package."""
 
 
-def _sklearn_switch() -> str | None:
-    import transformers.utils.import_utils as import_utils
-
-    return None if callable(getattr(import_utils, "is_sklearn_available", None)) else \
-        "transformers.utils.import_utils has no is_sklearn_available"
-
-
 WITHOUT_SKLEARN = Hook(
     "transformers.without_sklearn", "transformers", ("5.17", "5.23"),
     buys="a worker's transformers import skips scikit-learn and scipy.stats (loaded for assisted "
          "generation, which no engine uses; transformers 5.24 loads them lazily)",
     without="transformers imports scikit-learn in every worker where it is installed",
-    probe=_sklearn_switch)
+    probe=needs("transformers.utils.import_utils", "is_sklearn_available"))
 
 
 def import_without_sklearn() -> bool:

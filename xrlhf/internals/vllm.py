@@ -11,17 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from xrlhf.internals import Hook
+from xrlhf.internals import Hook, needs
 
 CHECKED = ("0.25", "0.33")
 """vLLM releases the hooks of this module were checked on."""
-
-
-def _has_inspection() -> str | None:
-    from vllm.model_executor.models import registry
-
-    return None if callable(getattr(registry, "_run_in_subprocess", None)) else \
-        "vllm.model_executor.models.registry has no _run_in_subprocess"
 
 
 INSPECT_IN_PROCESS = Hook(
@@ -29,7 +22,7 @@ INSPECT_IN_PROCESS = Hook(
     buys="vLLM inspects a model class in the generator's process instead of a new Python process that "
          "imports vLLM again (on a machine without vLLM's cache: every first start)",
     without="vLLM inspects each model class in a subprocess once per cache",
-    probe=_has_inspection)
+    probe=needs("vllm.model_executor.models.registry", "_run_in_subprocess"))
 
 
 def inspect_models_in_process() -> None:
@@ -41,11 +34,7 @@ def inspect_models_in_process() -> None:
         registry._run_in_subprocess = lambda fn: fn()
 
 
-def _core_clients() -> str | None:
-    from vllm.v1.engine import core_client
-
-    missing = [c for c in ("InprocClient", "SyncMPClient") if not hasattr(getattr(core_client, c, None), "shutdown")]
-    return f"vllm.v1.engine.core_client has no {', '.join(missing)} with a shutdown" if missing else None
+_CORE_CLIENTS = needs("vllm.v1.engine.core_client", "InprocClient.shutdown", "SyncMPClient.shutdown")
 
 
 PAUSE = Hook(
@@ -53,7 +42,7 @@ PAUSE = Hook(
     buys="a weight sync lands while keyed calls generate: vLLM pauses with its requests kept, loads, resumes "
          "(one step off: generation does not wait for the trainer's sync)",
     without="a sync waits until the running generation has finished",
-    probe=_core_clients)
+    probe=_CORE_CLIENTS)
 
 
 def can_pause(llm: Any) -> bool:
@@ -79,7 +68,7 @@ SHUTDOWN = Hook(
     "vllm.shutdown", "vllm", CHECKED,
     buys="an engine's GPU memory and processes are freed when xrlhf shuts it down (healing, tests)",
     without="the engine is dropped and collected; its memory is freed when nothing else holds it",
-    probe=_core_clients)
+    probe=_CORE_CLIENTS)
 
 
 def shutdown(llm: Any) -> None:
@@ -88,18 +77,12 @@ def shutdown(llm: Any) -> None:
         llm.llm_engine.engine_core.shutdown()
 
 
-def _lora_manager() -> str | None:
-    from vllm.lora import worker_manager
-
-    return None if hasattr(worker_manager, "WorkerLoRAManager") else "vllm.lora.worker_manager has no WorkerLoRAManager"
-
-
 LORA_CHECK = Hook(
     "vllm.lora_layer_check", "vllm", CHECKED,
     buys="a synced LoRA adapter with a layer vLLM has no LoRA slot for is refused (vLLM would ignore it "
          "silently and generate with the base weights there)",
     without="such a layer is not detected",
-    probe=_lora_manager)
+    probe=needs("vllm.lora.worker_manager", "WorkerLoRAManager"))
 
 
 def unused_lora_layers(model_runner: Any, adapter_id: int) -> list[str]:
