@@ -58,10 +58,16 @@ def test_the_recompile_limit_is_raised_only_with_its_hook_on(monkeypatch):
 
     from xrlhf.internals.torch import allow_recompiles
 
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
-    monkeypatch.setenv("XRLHF_PUBLIC_ONLY", "1")
-    allow_recompiles(64)
-    assert torch._dynamo.config.recompile_limit == 8
-    monkeypatch.delenv("XRLHF_PUBLIC_ONLY")
-    allow_recompiles(64)
-    assert torch._dynamo.config.recompile_limit == 64
+    # saved and set back by hand: monkeypatch would undo with delattr, which hides a setting of
+    # torch's config module for the rest of the process
+    saved = torch._dynamo.config.recompile_limit
+    try:
+        torch._dynamo.config.recompile_limit = 8
+        monkeypatch.setenv("XRLHF_PUBLIC_ONLY", "1")
+        allow_recompiles(64)
+        assert torch._dynamo.config.recompile_limit == 8
+        monkeypatch.delenv("XRLHF_PUBLIC_ONLY")
+        allow_recompiles(64)
+        assert torch._dynamo.config.recompile_limit == 64
+    finally:
+        torch._dynamo.config.recompile_limit = saved
