@@ -10,7 +10,7 @@ public path that runs without it. A hook runs only where it is *active*:
 
 Outside the range, or where the names moved, the public path runs and one warning line per
 process says what is lost. Nothing outside this package reads or writes another library's private
-name, patches another module, or plays a process trick (``tests/test_internals_gate.py`` checks
+name, patches another module, or plays a process trick (``tests/internals/test_gate.py`` checks
 the AST of every module); ``docs/internals.md`` lists the hooks and what each buys.
 
 The submodules import their library only inside functions, so importing one costs nothing and
