@@ -7,6 +7,7 @@
 #   bash benchmarks/gpu.sh setup versions tests      # install; what is installed; the GPU tests of vLLM and the hooks
 #   bash benchmarks/gpu.sh w                         # W as shipped and on public APIs only, beside TRL's default
 #   bash benchmarks/gpu.sh hooks                     # W with each hook of xrlhf.internals off, beside W as shipped
+#   bash benchmarks/gpu.sh hooks_async               # W one step off with the MPS daemon, then the SM carve-out, off
 #   bash benchmarks/gpu.sh w2                        # the second workload beside TRL's default
 #
 # Each stage's figures: $OUT/<stage>/*.json (w_vs_trl.json's rows); docs/benchmarks.md renders them.
@@ -54,11 +55,20 @@ stage_w() {  # W as shipped and with every hook off, beside TRL's default (6 ste
 
 stage_hooks() {  # W with each hook that acts on W switched off, between two runs as shipped (no TRL)
   local v="default"
-  for h in ${HOOKS:-process.fork_server ray.lean_head python.package_map vllm.worker_logprobs torch.recompile_limit}; do
+  for h in ${HOOKS:-process.fork_server ray.lean_head ray.worker_niceness python.package_map python.entry_points \
+      vllm.worker_logprobs vllm.inspect_in_process torch.recompile_limit transformers.attn_implementation}; do
     v="$v;off-$h=env:XRLHF_HOOKS_OFF=$h"
   done
-  TAIL=12 run hooks 590 python -m benchmarks.w_vs_trl --trl-dtype none --steps 5 --variants "$v;default" \
+  TAIL=14 run hooks 590 python -m benchmarks.w_vs_trl --trl-dtype none --steps 4 --variants "$v;default" \
     --out "$OUT/hooks"
+  rm -rf /tmp/w_vs_trl-*
+}
+
+stage_hooks_async() {  # W one step off (where the MPS daemon and the SM carve-out act), each of them off
+  local a="rollout.max_staleness=1|policy.generate.sleep_level=0"
+  TAIL=10 run hooks_async 590 python -m benchmarks.w_vs_trl --trl-dtype none --steps 5 --variants \
+    "async=$a;off-process.mps_daemon=$a|env:XRLHF_HOOKS_OFF=process.mps_daemon;off-torch.sm_carveout=$a|env:XRLHF_HOOKS_OFF=torch.sm_carveout" \
+    --out "$OUT/hooks_async"
   rm -rf /tmp/w_vs_trl-*
 }
 
