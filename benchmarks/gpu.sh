@@ -7,7 +7,7 @@
 #   bash benchmarks/gpu.sh setup versions tests      # install; what is installed; the GPU tests of vLLM and the hooks
 #   bash benchmarks/gpu.sh w                         # W as shipped and on public APIs only, beside TRL's default
 #   bash benchmarks/gpu.sh hooks                     # W with each hook of xrlhf.internals off, beside W as shipped
-#   bash benchmarks/gpu.sh hooks_async               # W one step off with the MPS daemon, then the SM carve-out, off
+#   bash benchmarks/gpu.sh hooks_async               # W one step off as shipped, then with the MPS daemon off
 #   bash benchmarks/gpu.sh w2                        # the second workload beside TRL's default
 #
 # Each stage's figures: $OUT/<stage>/*.json (w_vs_trl.json's rows); docs/benchmarks.md renders them.
@@ -44,7 +44,7 @@ PY
 stage_tests() {  # the hooks' probes against the installed libraries, then vLLM's GPU tests
   TAIL=12 run tests_hooks 300 python -m pytest -q -rA -p no:cacheprovider tests/internals/test_hooks.py
   XRLHF_GPU_RUNS="$OUT/runs" TAIL=20 run tests_vllm 420 python -m pytest -m gpu -q -rA -p no:cacheprovider \
-    tests/gpu/test_vllm_engine.py tests/gpu/test_vllm_inflight.py tests/gpu/test_sm_carveout_gpu.py
+    tests/gpu/test_vllm_engine.py tests/gpu/test_vllm_inflight.py
 }
 
 stage_w() {  # W as shipped and with every hook off, beside TRL's default (6 steps each, one call)
@@ -55,8 +55,8 @@ stage_w() {  # W as shipped and with every hook off, beside TRL's default (6 ste
 
 stage_hooks() {  # W with each hook that acts on W switched off, between two runs as shipped (no TRL)
   local v="default"
-  for h in ${HOOKS:-process.fork_server ray.lean_head ray.worker_niceness python.package_map python.entry_points \
-      vllm.worker_logprobs vllm.inspect_in_process torch.recompile_limit transformers.attn_implementation}; do
+  for h in ${HOOKS:-process.fork_server ray.worker_niceness python.entry_points vllm.worker_logprobs \
+      vllm.inspect_in_process transformers.attn_implementation transformers.without_sklearn}; do
     v="$v;off-$h=env:XRLHF_HOOKS_OFF=$h"
   done
   TAIL=14 run hooks 590 python -m benchmarks.w_vs_trl --trl-dtype none --steps 4 --variants "$v;default" \
@@ -64,10 +64,10 @@ stage_hooks() {  # W with each hook that acts on W switched off, between two run
   rm -rf /tmp/w_vs_trl-*
 }
 
-stage_hooks_async() {  # W one step off (where the MPS daemon and the SM carve-out act), each of them off
+stage_hooks_async() {  # W one step off (where the MPS daemon acts), then with it off
   local a="rollout.max_staleness=1|policy.generate.sleep_level=0"
   TAIL=10 run hooks_async 590 python -m benchmarks.w_vs_trl --trl-dtype none --steps 5 --variants \
-    "async=$a;off-process.mps_daemon=$a|env:XRLHF_HOOKS_OFF=process.mps_daemon;off-torch.sm_carveout=$a|env:XRLHF_HOOKS_OFF=torch.sm_carveout" \
+    "async=$a;off-process.mps_daemon=$a|env:XRLHF_HOOKS_OFF=process.mps_daemon" \
     --out "$OUT/hooks_async"
   rm -rf /tmp/w_vs_trl-*
 }

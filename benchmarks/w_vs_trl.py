@@ -16,7 +16,7 @@ Variants (``--variants``; ``name`` or ``name=key.path=value,key.path=value``):
   weights over NCCL), synchronous or one step off (issue 29; needs a machine of two GPUs);
 * ``public-only``: every hook of ``xrlhf.internals`` off (``XRLHF_PUBLIC_ONLY=1``: public APIs only);
 * any other name with its overrides after ``=``; ``env:NAME=value`` sets a variable for the
-  variant (``off-lean=env:XRLHF_HOOKS_OFF=ray.lean_head``).
+  variant (``off-fork=env:XRLHF_HOOKS_OFF=process.fork_server``).
 
 Writes ``<out>/w_vs_trl.json``: one object per xrlhf run with ``gpu``, ``trl_dtype``,
 ``trl_step_s``, ``xrlhf_variant``, ``xrlhf_step_s``, ``ratio`` (xrlhf / TRL), ``phases``,

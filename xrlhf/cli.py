@@ -16,7 +16,6 @@ from pathlib import Path
 from loguru import logger
 
 from xrlhf import internals
-from xrlhf.internals import imports as package_map
 from xrlhf.utils.errors import NonFiniteError, UserError, WorkerDiedError
 
 
@@ -69,7 +68,6 @@ def main(argv: list[str] | None = None) -> int:
     logger.remove()
     logger.add(sys.stderr, level=os.environ.get("XRLHF_LOG_LEVEL", "INFO"),
                format="<green>{time:HH:mm:ss}</green> | <level>{level: <7}</level> | {message}")
-    package_map.memoize()  # transformers' import computes it, the workers then read it (internals.imports)
     argv = sys.argv[1:] if argv is None else argv
     parser = _parser(next((a for a in argv if not a.startswith("-")), None))
     args, rest = parser.parse_known_args(argv)

@@ -86,20 +86,6 @@ def test_auto_means_one_step_off_on_the_trainers_gpu(base_config, fake_control):
     assert not mps.wanted(asleep)
 
 
-def test_one_step_off_leaves_sms_to_vllm_on_the_shared_gpu(base_config, fake_control, monkeypatch):
-    monkeypatch.setattr(mps.DAEMON, "root", None)
-    assert not mps.running()
-    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", "/somewhere")  # a daemon the environment names
-    assert mps.running()
-    topo = _topology(base_config, rollout__max_staleness=1)
-    set_by_hand = topo.spec("reference").engines["infer"][1].options
-    set_by_hand.sm_carveout = 0.25
-    assert mps.carve_for_overlap(topo) == ["policy.train", "critic.train"]
-    assert topo.spec("policy").engines["train"][1].options.sm_carveout == mps.OVERLAP_SM_SHARE
-    assert set_by_hand.sm_carveout == 0.25  # the user's value stays
-    assert mps.carve_for_overlap(topo) == []  # set once
-
-
 def test_auto_without_the_binary_runs_without_mps(base_config, monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     assert not mps.wanted(_topology(base_config, rollout__max_staleness=1))

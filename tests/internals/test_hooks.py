@@ -107,17 +107,17 @@ def test_unknown_names_in_hooks_off_are_a_config_error(monkeypatch, tiny_model):
     from xrlhf.utils.errors import UserError
     from xrlhf.validation import load_config
 
-    monkeypatch.setenv(HOOKS_OFF, "ray.lean_head,ray.leanhead")
+    monkeypatch.setenv(HOOKS_OFF, "ray.worker_niceness,ray.workerniceness")
     with pytest.raises(UserError) as e:
         load_config("configs/quickstart.yaml", [f"policy.model={tiny_model}"])
-    assert f"{HOOKS_OFF}: no hook is called 'ray.leanhead'; xrlhf hooks lists them" in e.value.messages
+    assert f"{HOOKS_OFF}: no hook is called 'ray.workerniceness'; xrlhf hooks lists them" in e.value.messages
 
 
 def test_the_cli_lists_the_hooks_and_switches_them_off():
     out = subprocess.run([sys.executable, "-m", "xrlhf.cli", "hooks"], capture_output=True, text=True, timeout=300,
                          env=_env())
     assert out.returncode == 0, out.stderr
-    assert "| ray.lean_head |" in out.stdout and "| on |" in out.stdout
+    assert "| ray.worker_niceness |" in out.stdout and "| on |" in out.stdout
     for switch in (["--public-only"], []):
         env = _env() if switch else {**_env(), PUBLIC_ONLY: "1"}
         out = subprocess.run([sys.executable, "-m", "xrlhf.cli", "hooks", *switch], capture_output=True, text=True,

@@ -12,7 +12,6 @@ import logging
 import os
 import threading
 import time
-from contextlib import suppress
 from typing import Any, Iterator
 
 import ray
@@ -23,14 +22,12 @@ from xrlhf.coordinator.handle import ROLLOUT_GROUPS, BaseReference, ModelHandle
 from xrlhf.coordinator.health import HEALTH_GROUP, Heartbeat
 from xrlhf.coordinator.forkserver import NOTHING, SERVER, base_worker_env, environ, fork_plan, fork_server_works
 from xrlhf.coordinator.forkserver import preloads as _preloads
-from xrlhf.coordinator.mps import (DAEMON, OVERLAP_SM_SHARE, carve_for_overlap, overlaps_on_a_gpu, running,
-                                   sm_limit_warning, wanted)
+from xrlhf.coordinator.mps import DAEMON, sm_limit_warning, wanted
 from xrlhf.coordinator.resources import Slot, place
 from xrlhf.coordinator.spec import HandleSpec, Topology
 from xrlhf.coordinator.weight_routes import WeightRoutes
 from xrlhf.coordinator.worker import EngineWorker
 from xrlhf.engines.base import DistInfo, EngineSpec, engine_class
-from xrlhf.internals import imports as package_map
 from xrlhf.internals.ray import init_options, lean_head
 from xrlhf.utils import bytecode
 from xrlhf.utils.errors import WorkerDiedError
@@ -82,13 +79,7 @@ def init_ray(options: RayConfig, mps: bool = False, preload: dict[str, list] | N
 
 def _worker_env() -> dict[str, str]:
     """What a local Ray's workers (and the fork server) get in their environment beside the driver's."""
-    global _PACKAGE_MAP
-    env = base_worker_env()
-    if _PACKAGE_MAP is None:
-        _PACKAGE_MAP = package_map.share()
-    if _PACKAGE_MAP is not None:
-        env[package_map.ENV] = _PACKAGE_MAP  # the workers' transformers import skips ~35k stats (internals.imports)
-    return env
+    return base_worker_env()
 
 
 def _forks(options: RayConfig) -> bool:
@@ -98,18 +89,9 @@ def _forks(options: RayConfig) -> bool:
 
 def shutdown_ray() -> None:
     """Stop Ray, then the MPS daemon started with it (if any)."""
-    global _PACKAGE_MAP
     ray.shutdown()
     DAEMON.stop()
     SERVER.stop()
-    if _PACKAGE_MAP is not None:
-        with suppress(OSError):
-            os.remove(_PACKAGE_MAP)
-        _PACKAGE_MAP = None
-
-
-_PACKAGE_MAP: str | None = None
-"""The file of ``internals.imports.share`` that this process's local Ray's workers read."""
 
 
 WORKER_POINTS = ("born_s", "module_s", "imported_s", "init_s", "called_s")
@@ -189,9 +171,6 @@ class Coordinator:
             logger.info(f"fork server (pid {SERVER.proc.pid}): imports what {long} needs beside Ray's start, and "
                         "before it what the other handles' engines need (a copy of its own holds those); the workers "
                         "are forked from them")
-        if running() and overlaps_on_a_gpu(self.topology) and (carved := carve_for_overlap(self.topology)):
-            logger.info(f"one step off under MPS: {', '.join(carved)} leave {OVERLAP_SM_SHARE:.0%} of the GPU's SMs "
-                        "to vLLM (sm_carveout)")
         times: dict[str, Any] = {"ray_s": time.time() - t0}
         slots = self.slots = place({s.name: s.resources for s in self.specs})
         self.placement_groups = list({id(s.pg): s.pg for s in slots.values()}.values())

@@ -262,7 +262,6 @@ def _imports(path: Path) -> tuple[dict[str, list], list[str], str | None]:
     from xrlhf.internals import imports
     from xrlhf.internals.transformers import import_without_sklearn
 
-    imports.install()
     gc.freeze()  # as EngineWorker does: the collections of the imports below skip torch's heap
     import_without_sklearn()
     imports.cache_entry_points()

@@ -195,33 +195,3 @@ def quit_orphans() -> None:
 DAEMON = Daemon()
 """The process's one daemon: started with the local Ray (``coordinator.init_ray``), quit with it
 (``coordinator.shutdown_ray``)."""
-
-
-OVERLAP_SM_SHARE = 0.65
-"""``sm_carveout`` of the train and infer engines on the generator's GPU one step off under MPS.
-W, one step off (docs/async.md): on one H200, half the SMs 3.70 and 3.50 s against 4.24 and
-4.03 without (same calls); on one H100 (2026-11-27, two calls), 0.65 gave 3.64 and 3.59 s, 0.5
-3.70 and 4.46 s, 0.35 3.99 s, the synchronous runs 4.15-5.83 s. The update (2.9 s at 0.65)
-still fits in generation beside it (3.5 s), which is what the step waits for."""
-
-
-def running() -> bool:
-    """Whether this run's workers are MPS clients: a daemon started here, or one the environment names."""
-    return DAEMON.root is not None or bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY"))
-
-
-def carve_for_overlap(topology: Topology) -> list[str]:
-    """The engines on the generator's GPU whose ``sm_carveout`` is unset leave ``OVERLAP_SM_SHARE``
-    of its SMs to vLLM (their GEMMs would otherwise fill every SM and hold vLLM's decoding
-    kernels back). Call it where ``overlaps_on_a_gpu`` and MPS ``running``; returns the
-    ``handle.role`` of each engine set."""
-    specs = {s.name: s.resources for s in topology.handles}
-    anchor, carved = anchor_of("rollout", specs), []
-    for handle in topology.handles:
-        if handle.name == "rollout" or anchor_of(handle.name, specs) != anchor:
-            continue
-        for role, (_, spec) in handle.engines.items():
-            if "sm_carveout" in type(spec.options).model_fields and spec.options.sm_carveout is None:
-                spec.options.sm_carveout = OVERLAP_SM_SHARE
-                carved.append(f"{handle.name}.{role}")
-    return carved

@@ -25,8 +25,6 @@ import ray  # noqa: E402
 
 from xrlhf.internals import imports  # noqa: E402
 
-imports.install()  # before anything imports transformers: the driver's map (internals.imports)
-
 from xrlhf.engines.base import DistInfo, EngineSpec  # noqa: E402
 from xrlhf.engines.host import EngineHost  # noqa: E402
 from xrlhf.internals.transformers import import_without_sklearn  # noqa: E402

@@ -25,7 +25,6 @@ from pathlib import Path
 
 import torch
 
-from xrlhf.internals.torch import allow_recompiles
 
 
 def use_cache_dir(cache_dir: str | None) -> str | None:
@@ -62,11 +61,6 @@ def compile_layers(model: torch.nn.Module) -> str:
     if stack is None:
         raise ValueError(f"compile: true: {type(model).__name__} has no stack of repeated layers to compile; "
                          f"set compile: false")
-    # One code object (the block's forward) serves every compiled model of the process, and each
-    # way of calling it is an entry of its cache: with and without gradients, train and eval mode,
-    # trainable or frozen weights (policy and reference), autocast, LoRA. Past torch's default of 8
-    # the block would run eagerly, with only a warning: allow more.
-    allow_recompiles(64)
     for layer in stack:
         layer.compile(dynamic=True)
     return f"{len(stack)} x {type(stack[0]).__name__} compiled (torch.compile, dynamic shapes)"

@@ -27,7 +27,7 @@ from xrlhf.engines.hf.attention import unreported
 from xrlhf.engines.hf.compiling import compile_layers, use_cache_dir
 from xrlhf.engines.hf.packing import Packed, Padded, pack_rows, pad_rows
 from xrlhf.engines.hf.probe import choose_path, probe_chunked
-from xrlhf.internals.torch import import_compiler, set_sm_carveout
+from xrlhf.internals.torch import import_compiler
 from xrlhf.internals.transformers import attention_of
 from xrlhf.utils.tensors import chunked_head_columns, head_columns
 
@@ -142,12 +142,6 @@ class HFModelOptions(BaseModel):
         "full-weight training and inference (W on one H200: train 1.58 -> 1.06 s), off on CPU, with "
         "gradient_checkpointing, LoRA (not measured on a GPU yet) and DeepSpeed")
 
-    sm_carveout: float | None = Field(
-        None, ge=0, le=0.9, description="share of the GPU's SMs the engine's GEMMs leave free (cuBLASLt's SM count "
-        "target, through torch's experimental carveout; GEMMs then go through cuBLASLt): room for vLLM's kernels "
-        "beside the trainer one step off. Default: 0.65 for the engines on the generator's GPU where one step off "
-        "overlaps under MPS (ray.mps; W on H100s: 1.33-1.39x the synchronous step, 0.5 gave 1.12-1.31x), else 0")
-
     def chunk_tokens(self, device: str, vocab: int) -> int:
         """Tokens per logprob chunk on ``device`` for a vocabulary of ``vocab``: the option where
         set, else ``engines.budget.logprob_chunk``."""
@@ -168,27 +162,6 @@ class HFModelOptions(BaseModel):
         """YAML reads an unquoted ``off`` (and ``no``, ``false``) as ``False``: that means off;
         ``True`` means auto."""
         return {False: "off", True: "auto"}.get(v, v) if isinstance(v, bool) else v
-
-
-def carve_out_sms(share: float, device: torch.device) -> int:
-    """This process's GEMMs leave ``share`` of the GPU's SMs free (``HFModelOptions.sm_carveout``);
-    returns the SMs carved out.
-
-    cuBLASLt sizes its persistent kernels to the SM count target, so the kernels of another
-    process (under MPS) find SMs free. Unlike an MPS SM limit, which leaves cuBLAS sizing its
-    kernels for the whole GPU (wrong GEMMs: docs/async.md), the library is told the truth.
-
-    Raises:
-        ValueError: ``share`` leaves no SM for the GEMMs.
-    """
-    total = torch.cuda.get_device_properties(device).multi_processor_count
-    sms = round(share * total)
-    if sms >= total:
-        raise ValueError(f"sm_carveout: {share} of {total} SMs leaves none for the engine's GEMMs; set it lower")
-    if sms > 0 and set_sm_carveout(sms):  # torch applies the carveout on its cuBLASLt path
-        logger.info(f"GEMMs target {total - sms} of {total} SMs (sm_carveout {share}; cuBLASLt)")
-        return sms
-    return 0
 
 
 class HFModel:
@@ -216,8 +189,6 @@ class HFModel:
             disable_dropout(self.model)
         self.options = (spec.options if isinstance(spec.options, HFModelOptions)
                         else HFModelOptions(packing="off", compile=False))  # a generate engine: eager
-        if self.options.sm_carveout and self.device.type == "cuda":  # an engine of a GPU shared one step off
-            carve_out_sms(self.options.sm_carveout, self.device)
         self.attention_path = "padded"
         self.logprob_chunk = 0
         self.head_compiled = False
