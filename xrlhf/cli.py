@@ -25,8 +25,8 @@ from xrlhf.utils.errors import NonFiniteError, UserError, WorkerDiedError
 COMMANDS = {
     "plan": ("memory per GPU, phase and layout, before anything starts", "xrlhf.plan.cli", "add_arguments"),
     "make-tiny-model": ("build a small model and tokenizer locally", "xrlhf.models.make", "add_arguments"),
-    "make-dataset": ("write a preference / KTO / Q&A dataset built from the reasoning env", "xrlhf.envs.synthetic",
-                     "add_arguments"),
+    "make-dataset": ("write a preference / KTO / Q&A dataset built from the reasoning env, or arithmetic word "
+                     "problems for the dataset env", "xrlhf.envs.synthetic", "add_arguments"),
     "prepare-data": ("build the datasets the shipped configs read (configs/*.yaml)", "xrlhf.envs.synthetic",
                      "add_prepare_arguments"),
     "make-completions": ("a model's completions of an env's training prompts (distillation's teacher data)",

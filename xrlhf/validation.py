@@ -400,6 +400,8 @@ def user_code_errors(cfg: XConfig, env) -> list[str]:
     for what, call in (("eval_prompts()", env.eval_prompts), ("train_prompts(0, 4)", lambda: env.train_prompts(0, 4))):
         try:
             got = call()
+        except UserError as e:  # the env's own lines (a dataset's bad rows): already name the place and the fix
+            return e.messages
         except Exception as e:  # noqa: BLE001 - the user's code: name it
             return [f"{where}: {what} raised {_raised(e)}; fix the env"]
         if not isinstance(got, list) or not all(isinstance(p, Prompt) for p in got):

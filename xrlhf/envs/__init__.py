@@ -5,7 +5,7 @@
 """
 
 from xrlhf.envs.base import ENVS, Env, EnvOptions, Prompt, Score, build_env, clean_response, register_env
-from xrlhf.envs import calc, multiturn, qa, reasoning  # noqa: F401  (register the built-in envs)
+from xrlhf.envs import calc, dataset, multiturn, qa, reasoning  # noqa: F401  (register the built-in envs)
 from xrlhf.envs.reasoning import ReasoningEnv
 
 __all__ = ["ENVS", "Env", "EnvOptions", "Prompt", "Score", "build_env", "clean_response",

@@ -9,9 +9,10 @@ from the env's training stream and those of ``--split eval`` from its held-out p
 eval file never shares a problem with a training file or with the RL eval split's complement.
 
 ``xrlhf make-dataset {preferences,kto,qa} OUT.jsonl [--rows N] [--seed S] [--split train|eval]``
-is :func:`add_arguments` + :func:`run`. ``xrlhf prepare-data`` builds every dataset the shipped
-configs read, with the recipes of :data:`SHIPPED`: the one place those recipes are written
-(the configs' comments and docs/algorithms.md point here).
+is :func:`add_arguments` + :func:`run`; ``make-dataset arithmetic`` (word problems with worked
+answers, for the ``dataset`` env) is :mod:`xrlhf.envs.word_problems`. ``xrlhf prepare-data``
+builds every dataset the shipped configs read, with the recipes of :data:`SHIPPED`: the one
+place those recipes are written (the configs' comments and docs/algorithms.md point here).
 """
 
 from __future__ import annotations
@@ -97,14 +98,17 @@ def make_rows(kind: str, prompts: list[Prompt], opts: ReasoningOptions, seed: in
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``xrlhf make-dataset KIND OUT``."""
-    parser.add_argument("kind", choices=["preferences", "kto", "qa"], help="row format to write")
+    parser.add_argument("kind", choices=["preferences", "kto", "qa", "arithmetic"],
+                        help="row format to write (arithmetic: word problems for the dataset env)")
     parser.add_argument("out", help="the .jsonl file to write")
     parser.add_argument("--rows", type=int, default=2000, help="number of rows (default 2000)")
     parser.add_argument("--seed", type=int, default=0, help="the dataset is a function of its arguments")
     parser.add_argument("--split", choices=["train", "eval"], default="train",
                         help="draw prompts from the env's training problems or its held-out ones")
-    parser.add_argument("--tasks", default="add,compare,sort,parity", help="comma-separated task families")
-    parser.add_argument("--max-operand", type=int, default=20, help="add/compare operands are 0..N")
+    parser.add_argument("--tasks", default=None, help="comma-separated task families (default: all; "
+                        "add,compare,sort,parity, or for arithmetic add,subtract,multiply,two_step)")
+    parser.add_argument("--max-operand", type=int, default=20, help="add/compare operands are 0..N "
+                        "(arithmetic: 1..N)")
     parser.add_argument("--desirable-fraction", type=float, default=0.5, help="kto: share of label-true rows")
 
 
@@ -120,10 +124,15 @@ def run(args: argparse.Namespace) -> int:
 
     if args.rows < 1:
         raise UserError(f"make-dataset --rows: must be >= 1, got {args.rows}")
+    if args.kind == "arithmetic":
+        from xrlhf.envs import word_problems
+
+        return word_problems.run(args)
     if not 0.0 <= args.desirable_fraction <= 1.0:
         raise UserError(f"make-dataset --desirable-fraction: must be in [0, 1], got {args.desirable_fraction}")
     try:
-        opts = ReasoningOptions(tasks=[t.strip() for t in args.tasks.split(",") if t.strip()],
+        tasks = args.tasks or "add,compare,sort,parity"
+        opts = ReasoningOptions(tasks=[t.strip() for t in tasks.split(",") if t.strip()],
                                 max_operand=args.max_operand)
     except ValidationError as e:
         raise UserError(*(f"make-dataset --{'-'.join(map(str, err['loc'])).replace('_', '-')}: {err['msg']}"
@@ -141,17 +150,24 @@ SHIPPED: dict[str, list[str]] = {
     "artifacts/data/kto.jsonl": ["kto", "--rows", "4000", "--seed", "3"],                       # kto_offline
     "artifacts/data/qa.jsonl": ["qa", "--rows", "4000", "--seed", "4"],                         # qa_ppo
     "artifacts/data/qa_eval.jsonl": ["qa", "--rows", "256", "--seed", "5", "--split", "eval"],  # qa_ppo
+    "artifacts/data/arithmetic.jsonl": ["arithmetic", "--rows", "4000", "--seed", "6"],       # arithmetic
 }
-"""The datasets the shipped configs read -> ``xrlhf make-dataset`` arguments (all on tasks
-add, compare, sort with operands up to 20, as the configs' env sections)."""
+"""The datasets the shipped configs read -> ``xrlhf make-dataset`` arguments (those from the
+reasoning env on tasks add, compare, sort with operands up to 20, as the configs' env sections:
+:func:`recipe`)."""
 
 SHIPPED_TASKS = ["--tasks", "add,compare,sort", "--max-operand", "20"]
 
 
+def recipe(path: str) -> list[str]:
+    """The ``xrlhf make-dataset`` arguments after ``KIND OUT`` that build the shipped dataset ``path``."""
+    kind, *rest = SHIPPED[path]
+    return rest if kind == "arithmetic" else [*rest, *SHIPPED_TASKS]
+
+
 def shipped_command(path: str) -> str:
     """The ``xrlhf make-dataset`` command line that builds the shipped dataset ``path``."""
-    kind, *rest = SHIPPED[path]
-    return " ".join(["xrlhf make-dataset", kind, path, *rest, *SHIPPED_TASKS])
+    return " ".join(["xrlhf make-dataset", SHIPPED[path][0], path, *recipe(path)])
 
 
 def add_prepare_arguments(parser: argparse.ArgumentParser) -> None:
@@ -166,11 +182,10 @@ def prepare(args: argparse.Namespace) -> int:
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    for path, recipe in SHIPPED.items():
+    for path in SHIPPED:
         out = Path(args.root) / path
         if out.is_file() and not args.force:
             logger.info(f"{out}: exists (--force rebuilds it)")
             continue
-        kind, *rest = recipe
-        run(parser.parse_args([kind, str(out), *rest, *SHIPPED_TASKS]))
+        run(parser.parse_args([SHIPPED[path][0], str(out), *recipe(path)]))
     return 0
