@@ -2,13 +2,15 @@
 # The one entry point of the GPU benchmarks on the device machine: stages run in turn, each under
 # a time limit, logs and tables packed into one archive in $OUT. From the repository root, with the
 # stack shipped to /root/wc as parts p0, p1, ... (docs/testing.md: benchmarks/stage_site.sh) and,
-# for TRL, ../shared/bench copied to .bench (carried):
+# for TRL, its wheels in .whl (carried; `setup` installs them):
 #
 #   bash benchmarks/gpu.sh setup versions tests      # install; what is installed; the GPU tests of vLLM and the hooks
 #   bash benchmarks/gpu.sh w                         # W as shipped and on public APIs only, beside TRL's default
 #   bash benchmarks/gpu.sh hooks                     # W with each hook of xrlhf.internals off, beside W as shipped
 #   bash benchmarks/gpu.sh hooks_async               # W one step off as shipped, then with the MPS daemon off
 #   bash benchmarks/gpu.sh w2                        # the second workload beside TRL's default
+#   bash benchmarks/gpu.sh w7model w7trl             # 4 GPUs: W7's 7B model built here, TRL's ZeRO-3 recipe on it
+#   bash benchmarks/gpu.sh w7                        # 4 GPUs: W7 as xrlhf plans it (layout auto), co-located and split
 #
 # Each stage's figures: $OUT/<stage>/*.json (w_vs_trl.json's rows); docs/benchmarks.md renders them.
 STAGE=gpu
@@ -76,6 +78,25 @@ stage_w2() {  # the second workload (configs/gpu/grpo_w2.yaml: 1.5b, 32 x 8, <= 
   TAIL=8 run w2 590 python -m benchmarks.w_vs_trl --config configs/gpu/grpo_w2.yaml --model artifacts/model-1.5b \
     --preset 1.5b --trl-args "--prompts-per-step 32 --micro-batch 16 --max-new-tokens 480 --gpu-memory-utilization 0.4" \
     --trl-dtype float32 --trl-timeout 300 --steps 6 --variants default --out "$OUT/w2"
+  rm -rf /tmp/w_vs_trl-*
+}
+
+W7_TRL="--prompts-per-step 64 --micro-batch 8 --max-new-tokens 512 --max-model-len 640 --gpu-memory-utilization 0.3"
+
+stage_w7model() {  # W7's model (Qwen2.5-7B's shape, random weights, 15 GB) built on this machine
+  [ -f artifacts/model-7b/config.json ] || \
+    run w7model 580 python -m xrlhf.cli make-tiny-model artifacts/model-7b --preset 7b --dtype bfloat16
+}
+
+stage_w7trl() {  # TRL 1.16 on W7: accelerate launch, TRL's DeepSpeed ZeRO-3 recipe, vLLM co-located, 4 GPUs
+  TAIL=10 run w7trl 590 python -m benchmarks.w_vs_trl --config configs/gpu/grpo_w7.yaml --model artifacts/model-7b \
+    --preset 7b --trl-processes 4 --trl-args "$W7_TRL" --trl-dtype float32 --trl-timeout 570 --steps 5 \
+    --variants "" --out "$OUT/w7trl"
+}
+
+stage_w7() {  # xrlhf on W7 as planned (layout auto), then co-located and split by hand; no checkpoints (~100 GB each)
+  TAIL=12 run w7 590 python -m benchmarks.w_vs_trl --config configs/gpu/grpo_w7.yaml --model artifacts/model-7b \
+    --preset 7b --trl-dtype none --steps 5 --variants "${W7_VARIANTS:-default}" --out "$OUT/w7"
   rm -rf /tmp/w_vs_trl-*
 }
 

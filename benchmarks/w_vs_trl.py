@@ -1,6 +1,6 @@
 """Workload W: xrlhf against TRL's GRPOTrainer, measured in one call on one GPU (issue 25).
 
-Runs TRL 1.16's GRPOTrainer on W (``.bench/trl_grpo.py``, a copy of ``../shared/bench``) at one
+Runs TRL 1.16's GRPOTrainer on W (``benchmarks/trl_grpo.py``, from ``../shared/bench``) at one
 dtype, then xrlhf's variants of ``configs/gpu/grpo_w.yaml`` back to back, each for ``--steps``
 steps (10), and gives every xrlhf figure as a ratio to the TRL run of the same call. Steps
 ``--timed-from`` (3) .. the last are timed (medians), on both sides.
@@ -83,20 +83,23 @@ def median_from(values: list[float]) -> float | None:
 
 
 def run_trl(dtype: str, model: str, out: Path, steps: int, timed_from: int, timeout: float,
-            extra: list[str] | None = None) -> dict[str, Any]:
-    """TRL's GRPOTrainer on W in a process of its own; the median step time of the timed steps.
+            extra: list[str] | None = None, processes: int = 1) -> dict[str, Any]:
+    """TRL's GRPOTrainer on W in a process of its own (``processes`` > 1: ``accelerate launch``
+    with TRL's ZeRO-3 recipe, one process per GPU); the median step time of the timed steps.
     ``extra``: more arguments of ``trl_grpo.py`` (another workload's shape: ``--trl-args``)."""
-    bench = Path(".bench/trl_grpo.py")
-    if not bench.is_file():
-        return {"error": "no .bench/trl_grpo.py (copy ../shared/bench into .bench and carry it)"}
+    bench = Path("benchmarks/trl_grpo.py")
     run_dir = out / f"trl-{dtype}"
-    cmd = [sys.executable, str(bench), "--model", model, "--out", str(run_dir), "--dtype", dtype,
+    launch = [sys.executable] if processes == 1 else [
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file", "benchmarks/trl_zero3.yaml",
+        "--num_processes", str(processes)]
+    cmd = [*launch, str(bench), "--model", model, "--out", str(run_dir), "--dtype", dtype,
            "--steps", str(steps), *(extra or [])]
     t0 = time.time()
     with open(out / f"trl-{dtype}.log", "w") as log:
         try:
-            # TRL's recipe is one process on one GPU: on a machine of two it gets the first alone
-            env = dict(os.environ, CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0])
+            # one process: TRL's recipe is one GPU, so on a machine of several it gets the first alone
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(processes))))
+            env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(visible.split(",")[:processes]))
             rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, env=env).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
@@ -107,7 +110,8 @@ def run_trl(dtype: str, model: str, out: Path, steps: int, timed_from: int, time
     return {"trl_dtype": dtype, "trl_step_s": median_from(timed), "trl_steps": len(rows), "trl_rc": rc,
             "trl_wall_s": round(time.time() - t0, 1), "trl_init_s": summary.get("init_s"),
             "trl_peak_gib": max((r.get("torch_max_reserved_gb", 0.0) for r in rows), default=None),
-            "trl_versions": {k: summary.get(k) for k in ("trl", "torch", "vllm")}, "trl_args": extra or []}
+            "trl_versions": {k: summary.get(k) for k in ("trl", "torch", "vllm")}, "trl_args": extra or [],
+            "trl_processes": processes}
 
 
 def run_xrlhf(name: str, overrides: list[str], model: str, args: argparse.Namespace,
@@ -177,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", default="0.5b", help="the model preset --model is built from when missing")
     p.add_argument("--config", default=CONFIG, help="xrlhf's config (W2: configs/gpu/grpo_w2.yaml)")
     p.add_argument("--trl-args", default="", help="more arguments of TRL's script, one string (W2's shape)")
+    p.add_argument("--trl-processes", type=int, default=1, help="GPUs for TRL: > 1 runs its ZeRO-3 recipe "
+                   "under accelerate launch (benchmarks/trl_zero3.yaml)")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--timed-from", type=int, default=3)
     p.add_argument("--eval-size", type=int, default=16)
@@ -190,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
 
     machine = gpus()
     model = ensure_model(args.model, preset=args.preset)
-    trl = run_trl(args.trl_dtype, model, out, args.steps, args.timed_from, args.trl_timeout, args.trl_args.split()) \
+    trl = run_trl(args.trl_dtype, model, out, args.steps, args.timed_from, args.trl_timeout, args.trl_args.split(),
+                  args.trl_processes) \
         if args.trl_dtype != "none" else {"trl_dtype": None, "trl_step_s": None}
     print(f"[w_vs_trl] TRL {args.trl_dtype}: {trl.get('trl_step_s')} s/step", flush=True)
     entries = []

@@ -34,6 +34,7 @@ from xrlhf.engines.base import Head
 from xrlhf.envs import Env, Prompt
 from xrlhf.envs.episode import is_episode_env
 from xrlhf.utils.errors import NonFiniteError
+from xrlhf.utils.flops import MatmulShape, StepThroughput
 from xrlhf.utils.memory import memory_metrics
 from xrlhf.utils.registry import Registry
 from xrlhf.utils.timeline import Timeline
@@ -99,6 +100,8 @@ class Trainer(ABC):
         """Spans of the step's work by lane (``utils.timeline``); each step's row carries them."""
         self.memory_timeline = memory_timeline_on(cfg)
         self._memory: dict[str, float] = {}
+        self.throughput = StepThroughput(_matmul_shape(cfg.policy.model), getattr(cfg.algorithm, "ppo_epochs", 1))
+        """Tokens per second per GPU and the train phase's MFU (GPU runs; the GPUs seen in ``memory_marks``)."""
         self.transcripts: Callable[[int, list], None] | None = None
         """Given the step and an evaluation's episodes, keeps a few as transcripts (the runner's
         ``report.write_transcripts``); ``None``: none kept."""
@@ -152,6 +155,7 @@ class Trainer(ABC):
             if self.evaluates_after(step):
                 metrics.update(self.evaluate())
             metrics["time/step_s"] = time.time() - t0
+            metrics.update(self.throughput.metrics(metrics))
             self.log({"step": step, **metrics, "timeline": self.timeline.drain()})
             logger.info(self.progress_line(step, metrics))
             if on_step_end is not None and on_step_end(step):
@@ -178,7 +182,11 @@ class Trainer(ABC):
     def memory_marks(self, phase: str) -> dict[str, float]:
         """``memory/<phase>/...``: every handle's memory since the previous mark (none when the
         memory timeline is off)."""
-        return memory_metrics(phase, self.handles.memory()) if self.memory_timeline else {}
+        if not self.memory_timeline:
+            return {}
+        stats = self.handles.memory()
+        self.throughput.see(stats)
+        return memory_metrics(phase, stats)
 
     def evaluate(self) -> dict[str, float]:
         """The generator's answers to the env's held-out prompts, scored (``evaluate``)."""
@@ -207,6 +215,10 @@ class Trainer(ABC):
         parts = [f"step {step}/{self.cfg.trainer.steps}"] + [f"{short} {m[k]:.3f}" for k, short in keys if k in m]
         if "perf/gen_tokens_per_s" in m:
             parts.append(f"{m['perf/gen_tokens_per_s']:.0f} tok/s")
+        if "perf/tokens_per_s_per_gpu" in m:
+            parts.append(f"{m['perf/tokens_per_s_per_gpu']:.0f} tok/s/GPU")
+        if "perf/train_mfu" in m:
+            parts.append(f"train MFU {m['perf/train_mfu']:.0%}")
         return " | ".join(parts + [f"{m['time/step_s']:.2f}s"])
 
 
@@ -407,6 +419,14 @@ def _check_reward_source(cfg: XConfig) -> list[str]:
                 f"reward.model: <a reward model directory> (xrlhf run configs/rm.yaml trains one), or "
                 f"reward.source: function with reward.function: pkg.mod:fn"]
     return []
+
+
+def _matmul_shape(model: str) -> MatmulShape | None:
+    """The policy's ``MatmulShape`` for MFU; ``None`` where its ``config.json`` is not Llama-like."""
+    try:
+        return MatmulShape.of_model(model)
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
 
 
 def memory_timeline_on(cfg: XConfig) -> bool:

@@ -287,6 +287,8 @@ class EngineHost:
         if not torch.cuda.is_available():
             return stats
         free, total = torch.cuda.mem_get_info()
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        stats.update({"gpu": str(props.uuid), "gpu_name": props.name})  # which GPU: throughput per GPU, MFU
         stats.update({"max_allocated_gb": torch.cuda.max_memory_allocated() / 2**30,
                       "reserved_gb": torch.cuda.memory_reserved() / 2**30, "device_used_gb": (total - free) / 2**30})
         if reset:

@@ -65,9 +65,11 @@ class Collector:
         batch["scores"] = scores
         batch["group_ids"] = torch.arange(len(groups)).repeat_interleave(n)
         n_tokens = float(batch["response_mask"].sum())
+        lengths = batch["attention_mask"].sum(dim=1).double() if "attention_mask" in batch else torch.zeros(0)
         metrics = {"reward/mean": float(scores.mean()), "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
                    "response/length_mean": n_tokens / len(batch),
                    "perf/gen_tokens_per_s": tally.tokens / max(tally.generate_s, 1e-9),
+                   "perf/sequence_tokens": float(lengths.sum()), "perf/sequence_tokens_sq": float((lengths ** 2).sum()),
                    "time/generate_s": tally.generate_s, "time/reward_s": tally.reward_s,
                    **{k: v / generated for k, v in tally.reward_metrics.items()}, **metrics}
         return Rollout(batch, [g.prompt for g in groups for _ in range(n)], [t for g in groups for t in g.texts],
