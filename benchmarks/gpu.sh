@@ -46,7 +46,7 @@ PY
 stage_tests() {  # the hooks' probes against the installed libraries, then vLLM's GPU tests
   TAIL=12 run tests_hooks 300 python -m pytest -q -rA -p no:cacheprovider tests/internals/test_hooks.py
   XRLHF_GPU_RUNS="$OUT/runs" TAIL=20 run tests_vllm 420 python -m pytest -m gpu -q -rA -p no:cacheprovider \
-    tests/gpu/test_vllm_engine.py tests/gpu/test_vllm_inflight.py
+    tests/gpu/test_vllm_engine.py tests/gpu/test_vllm_inflight.py tests/gpu/test_vllm_tp.py
 }
 
 stage_w() {  # W as shipped and with every hook off, beside TRL's default (6 steps each, one call)
