@@ -110,7 +110,7 @@ def gpu_config(model: str, heartbeat_s: float = 20.0, gpus: int = 1) -> dict[str
         "algorithm": {"name": "grpo", "mini_batch_size": 128, "kl_coef": 0.0},
         "trainer": {"steps": 6 if gpus == 1 else 5, "prompts_per_step": 32, "samples_per_prompt": 4,
                     "eval_every": 0},
-        "checkpoint": {"every": 1 if gpus == 1 else 0, "keep": 2},
+        "checkpoint": {"every": 1 if gpus == 1 else 0, "every_minutes": 0, "keep": 2},
         "fault_tolerance": {"max_restarts": len(faults), "heartbeat_timeout_s": heartbeat_s},
         "logging": {"tensorboard": False, "report": False},
     }

@@ -19,6 +19,12 @@ a shard written by a rank that died). A resume uses the newest checkpoint whose 
 their manifest; one that does not is moved aside (``torn-step-...``) with a warning naming the
 file, and the one before it is used. Retention (``checkpoint.keep``) counts verified checkpoints
 only, and deletes old ones only after the new one is complete, so it never deletes the only good one.
+
+When a run writes one (:class:`SaveSchedule`): every ``checkpoint.every`` steps, and at the first
+step's end ``checkpoint.every_minutes`` after the last one (10 by default, so that a SIGKILL never
+costs more than about that much; off where a config sets ``every`` alone); the last step and a
+signal always write one. A save reads the
+RNG states, never draws from them: where and how often a run saves does not change its numbers.
 """
 
 from __future__ import annotations
@@ -28,13 +34,15 @@ import json
 import os
 import random
 import shutil
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from loguru import logger
 
 from xrlhf.utils.errors import UserError
+from xrlhf.utils.files import atomic_write, fsync_dir
 
 PREFIX = "step-"
 MANIFEST = "manifest.json"
@@ -43,6 +51,29 @@ TORN = "torn-"
 
 def checkpoint_dir(out: Path) -> Path:
     return out / "checkpoints"
+
+
+def checkpoint_step(path: Path) -> int:
+    """The RL step of the checkpoint directory ``path`` (``step-00000010``: 10)."""
+    return int(path.name[len(PREFIX):])
+
+
+class SaveSchedule:
+    """Whether a step's end writes a checkpoint: every ``every`` steps (0: never by steps), or
+    once ``every_minutes`` have passed since the last save or the start (0: never by time),
+    whichever comes first. ``clock``: seconds, monotonic (tests pass their own)."""
+
+    def __init__(self, every: int, every_minutes: float, clock: Callable[[], float] = time.monotonic):
+        self.every, self.seconds, self.clock = every, every_minutes * 60, clock
+        self.last = clock()
+
+    def due(self, step: int) -> bool:
+        by_steps = bool(self.every) and step % self.every == 0
+        return by_steps or (bool(self.seconds) and self.clock() - self.last >= self.seconds)
+
+    def saved(self) -> None:
+        """A checkpoint was written (by this schedule, the last step or a signal): time counts from now."""
+        self.last = self.clock()
 
 
 def save_checkpoint(out: Path, step: int, driver: dict[str, Any], handles: dict[str, Any], keep: int) -> Path:
@@ -60,7 +91,7 @@ def save_checkpoint(out: Path, step: int, driver: dict[str, Any], handles: dict[
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     state = {**driver, "python_rng": random.getstate(), "torch_rng": torch.get_rng_state()}
-    torch.save(state, tmp / "driver.pt")
+    _save(state, tmp / "driver.pt")
     for name, handle in handles.items():
         if _trainable(handle):  # each rank writes its own part: no state through the driver
             handle.save_state(str(tmp / name))
@@ -69,15 +100,24 @@ def save_checkpoint(out: Path, step: int, driver: dict[str, Any], handles: dict[
                 raise UserError(f"checkpoint: {name}'s workers wrote their state to {tmp / name}, which this "
                                 f"machine does not see; on a cluster the run directory (--output-dir) must be on "
                                 f"storage every node mounts at the same path (docs/cluster.md)")
-    torch.save({name: h.rng_state() for name, h in handles.items()}, tmp / "rng.pt")
+    _save({name: h.rng_state() for name, h in handles.items()}, tmp / "rng.pt")
     write_manifest(tmp, step)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
+    fsync_dir(root)
     for old in list_checkpoints(out)[:-keep]:  # complete ones only: the new one is among them
         shutil.rmtree(old, ignore_errors=True)
     logger.info(f"checkpoint step {step} -> {final}")
     return final
+
+
+def _save(obj: Any, path: Path) -> None:
+    """``torch.save``, on disk before the checkpoint is renamed into place (fsync)."""
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _sha256(path: Path) -> str:
@@ -96,9 +136,7 @@ def write_manifest(path: Path, step: int) -> None:
     """``manifest.json`` of the checkpoint directory ``path``: each file's size and sha256
     (written last: its presence says every file was written)."""
     files = {str(f.relative_to(path)): {"bytes": f.stat().st_size, "sha256": _sha256(f)} for f in _files(path)}
-    tmp = path / f".{MANIFEST}.tmp"
-    tmp.write_text(json.dumps({"step": step, "files": files}, indent=1))
-    os.replace(tmp, path / MANIFEST)
+    atomic_write(path / MANIFEST, json.dumps({"step": step, "files": files}, indent=1))
 
 
 def checkpoint_problem(path: Path) -> str | None:

@@ -130,27 +130,31 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "validate":
         print(f"{args.config}: ok")
         return 0
+    from xrlhf.rundir import NewRunNeeded
     from xrlhf.runner import Interrupted, default_output_dir, run
 
     if args.resume and not args.output_dir:
         raise UserError("--resume needs --output-dir: the run directory to continue")
     out = args.output_dir or str(default_output_dir(cfg))
+    again = resume_command(args.config, out, args.overrides, resume=False)
     try:
         # absolute: workers write their checkpoint state and load the warm-up's model by the paths the
         # driver hands them, from their own working directory (on a cluster: where their node started)
         run(cfg, Path(out).absolute(), resume=args.resume)
+    except NewRunNeeded as e:  # its command with this config and these overrides
+        raise UserError(e.line(args.config, args.overrides)) from None
     except Interrupted as e:
         if e.saved:
             logger.warning(f"{e}; resume with: {resume_command(args.config, out, args.overrides)}")
         else:
-            logger.warning(f"{e}; run it again in a new --output-dir (or delete {out})")
+            logger.warning(f"{e}; start it again (it starts over in the same directory) with: {again}")
         return e.code
     except WorkerDiedError as e:
         from xrlhf.checkpoint import list_checkpoints
 
         how = (f"continue from {list_checkpoints(Path(out))[-1].name} with: "
                f"{resume_command(args.config, out, args.overrides)}" if list_checkpoints(Path(out))
-               else "no checkpoint was written (checkpoint.every); start it again in a new --output-dir")
+               else f"no checkpoint was written; start it again (it starts over in the same directory) with: {again}")
         n = cfg.fault_tolerance.max_restarts
         logger.error(f"{e}; {how}. " + (f"fault_tolerance.max_restarts: all {n} restarts were used" if n else
                      "fault_tolerance.max_restarts: N heals dead workers on its own (0 here: off)"))
@@ -158,9 +162,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     return 0
 
 
-def resume_command(config: str, out: str, overrides: list[str]) -> str:
-    """The command that continues the run in ``out``: the same config and overrides, ``--resume``."""
-    return shlex.join(["xrlhf", "run", config, *overrides, "--output-dir", str(out), "--resume"])
+def resume_command(config: str, out: str, overrides: list[str], resume: bool = True) -> str:
+    """The command that continues the run in ``out``: the same config and overrides, ``--resume``
+    (``resume=False``: without it, which starts a run that saved nothing over)."""
+    return shlex.join(["xrlhf", "run", config, *overrides, "--output-dir", str(out), *(["--resume"] if resume else [])])
 
 
 if __name__ == "__main__":

@@ -2,10 +2,12 @@
 
 Outputs in the run directory: ``config.yaml`` (resolved), ``train.log``, ``metrics.jsonl``
 (one JSON object per step), ``tensorboard/``, ``checkpoints/``, ``summary.json``,
-``final/`` (the policy in HF format), ``report.md`` and ``plots/``.
+``final/`` (the policy in HF format), ``report.md`` and ``plots/``, and ``run.lock``: one run at
+a time writes there (``xrlhf.rundir``).
 
-Runs survive: checkpoints every ``checkpoint.every`` steps; ``--resume`` continues from the
-latest one bit for bit; SIGINT/SIGTERM finish the step, checkpoint and exit; a dead worker
+Runs survive: checkpoints every ``checkpoint.every`` steps or ``checkpoint.every_minutes`` (10 by
+default), whichever comes first; ``--resume`` continues from the latest one bit for bit, or to
+more ``trainer.steps``; SIGINT/SIGTERM finish the step, checkpoint and exit; a dead worker
 stops the run naming it, or restarts from the last checkpoint (``fault_tolerance``).
 """
 
@@ -19,18 +21,19 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
 from loguru import logger
 
-from xrlhf.checkpoint import (checkpoint_dir, list_checkpoints, load_driver_state, restore_handles, resume_checkpoint,
-                              save_checkpoint)
+from xrlhf.checkpoint import (SaveSchedule, checkpoint_dir, checkpoint_step, list_checkpoints, load_driver_state,
+                              restore_handles, resume_checkpoint, save_checkpoint)
 from xrlhf.config import XConfig, dump_config
 from xrlhf.utils.faults import Healing
 from xrlhf.data.text import load_tokenizer
 from xrlhf.envs import build_env
-from xrlhf.tracking import Tracker, truncate_metrics
+from xrlhf.rundir import AGAIN, NEW, SUMMARY, RunLock, begin_attempt, check_output_dir, make_output_dir
+from xrlhf.tracking import Tracker
 from xrlhf.utils.errors import UserError, WorkerDiedError
-from xrlhf.resolved import resolve_dict, resolved_config
+from xrlhf.utils.files import atomic_write
+from xrlhf.resolved import resolved_config
 from xrlhf.validation import algorithm_options
 
 
@@ -87,54 +90,12 @@ def default_output_dir(cfg: XConfig) -> Path:
     return Path("runs") / f"{cfg.name or 'run'}-{datetime.now():%Y%m%d-%H%M%S}"
 
 
-def check_output_dir(out: Path, cfg: XConfig, resume: bool) -> None:
-    """Refuse to overwrite a run, and to "resume" one that cannot be resumed.
-
-    Without ``--resume`` the directory must hold no run (no ``config.yaml``): a finished run's
-    ``final/``, metrics and TensorBoard events are never replaced or mixed with a new run's.
-    With it, the directory must be a run with a checkpoint whose config matches, and unfinished.
-    """
-    started = (out / "config.yaml").is_file()
-    if not resume:
-        if started:
-            what = "a finished run" if (out / "summary.json").is_file() else "a run"
-            raise UserError(f"--output-dir: {out} already holds {what}; choose another directory"
-                            + ("" if what == "a finished run" else ", or add --resume to continue it"))
-        return
-    _check_resume_config(out, cfg)
-    ckpts = list_checkpoints(out)
-    if not ckpts:
-        raise UserError(f"--resume: {out} has no checkpoint: the run stopped before its first one "
-                        f"(checkpoint.every: {cfg.checkpoint.every}); start it again in another --output-dir "
-                        f"(or delete {out})")
-    if (out / "summary.json").is_file() and int(ckpts[-1].name[len("step-"):]) >= cfg.trainer.steps:
-        raise UserError(f"--resume: {out} is a finished run ({cfg.trainer.steps} steps, summary.json); nothing "
-                        f"to resume")
-
-
-def _check_resume_config(out: Path, cfg: XConfig) -> None:
-    saved_path = out / "config.yaml"
-    if not saved_path.is_file():
-        raise UserError(f"--resume: {out} has no config.yaml; is it a run directory?")
-    # both resolved: a default given explicitly now (or left out then) is the same value
-    saved, now = _flatten(resolve_dict(yaml.safe_load(saved_path.read_text()))), _flatten(resolved_config(cfg))
-    diff = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
-    if diff:
-        raise UserError(*[f"--resume: {k} differs from the original run ({saved.get(k)!r} there, {now.get(k)!r} now)"
-                          for k in diff])
-
-
-def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(d, dict):
-        return {prefix: d}
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        out.update(_flatten(v, f"{prefix}{k}." if not isinstance(v, dict) or v else f"{prefix}{k}"))
-    return {k.rstrip("."): v for k, v in out.items()}
-
-
 def run(cfg: XConfig, output_dir: str | Path | None = None, resume: bool = False) -> dict[str, Any]:
     """Train as ``cfg`` says; returns (and writes) ``summary.json``.
+
+    The run directory is checked, created and locked before anything starts (``xrlhf.rundir``):
+    a path that cannot be one, a live run writing there, or a run that cannot be continued as
+    asked raises ``UserError`` (one line each).
 
     Raises:
         Interrupted: after a signal (a checkpoint was written).
@@ -142,11 +103,18 @@ def run(cfg: XConfig, output_dir: str | Path | None = None, resume: bool = False
     """
     # absolute: workers write their state by the paths the driver hands them, from their own cwd
     out = (Path(output_dir) if output_dir else default_output_dir(cfg)).absolute()
-    check_output_dir(out, cfg, resume)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(dump_config(resolved_config(cfg)))
+    make_output_dir(out, resume)
+    with RunLock(out) as lock:  # held until Ray is down and the report written
+        start = check_output_dir(out, cfg, resume)
+        begin_attempt(out, start)
+        atomic_write(out / "config.yaml", dump_config(resolved_config(cfg)))
+        return _run_locked(cfg, out, lock, resume=start not in (NEW, AGAIN))
+
+
+def _run_locked(cfg: XConfig, out: Path, lock: RunLock, resume: bool) -> dict[str, Any]:
+    """``run`` in its locked directory: the sinks, the healing loop, and the clean-up however it ends."""
     sink = logger.add(out / "train.log", level="DEBUG")
-    tracker = Tracker(out, cfg.logging, cfg.name or out.name, cfg.model_dump(mode="json"))
+    tracker = Tracker(out, cfg.logging, cfg.name or out.name, cfg.model_dump(mode="json"), lock=lock)
     healing = Healing(cfg.fault_tolerance.max_restarts)
     import ray
 
@@ -190,10 +158,10 @@ def _restart_from_checkpoint(error: WorkerDiedError, out: Path, healing: Healing
     """Log and record a restart of every worker from the last complete checkpoint (the next
     ``_run_once`` resumes there; with none, the run starts again: deterministic, so exact too)."""
     ckpt = resume_checkpoint(out)
-    start = int(ckpt.name[len("step-"):]) if ckpt is not None else 0
+    start = checkpoint_step(ckpt) if ckpt is not None else 0
     at = error.step if error.step is not None else start + 1
     redone = f"steps {start + 1}..{at}" if at > start + 1 else f"step {at}"
-    where = f"checkpoint {ckpt.name}" if ckpt is not None else "the start (no checkpoint yet: checkpoint.every)"
+    where = f"checkpoint {ckpt.name}" if ckpt is not None else "the start (no checkpoint yet)"
     healing.record(error, f"every worker from {where}", 0.0, redone, step=at, from_step=start, t0=time.time())
     logger.warning(f"{error} (during step {at}); restarting every worker from {where}, redoing {redone} "
                    f"({len(healing.events)}/{healing.max_restarts})")
@@ -203,9 +171,7 @@ def write_pids(out: Path, pids: dict[str, list[int]]) -> None:
     """``workers.json``: each handle's worker process ids, in rank order, rewritten after a restart
     in place. Written aside, then renamed, so that a reader (``benchmarks.healing``'s fault
     injector, a person's watch script) never reads a half-written file: one did in CI."""
-    tmp = out / "workers.json.tmp"
-    tmp.write_text(json.dumps(pids))
-    os.replace(tmp, out / "workers.json")
+    atomic_write(out / "workers.json", json.dumps(pids))
 
 
 def _healed(healing: Healing) -> None:
@@ -234,13 +200,13 @@ def _start_point(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, r
     ckpt = resume_checkpoint(out) if resume else None
     if had_checkpoints and ckpt is None:
         raise UserError(f"--resume: every checkpoint in {checkpoint_dir(out)} is torn (moved to torn-step-*, the "
-                        f"warnings above say why); start the run again in another --output-dir")
+                        f"warnings above say why); run the same command again to start the run over in {out}")
     state = load_driver_state(ckpt) if ckpt else None
     if state is not None:
         logger.info(f"resuming from {ckpt} (step {state['trainer']['step']})")
-        truncate_metrics(tracker.path, state["metrics_offset"])
+        tracker.truncate(state["metrics_offset"])
         return ckpt, state, state["model_dir"], state["extra"], t_start - state["wall_seconds"]
-    truncate_metrics(tracker.path, 0)
+    tracker.truncate(0)
     model_dir, extra = cfg.policy.model, {}
     if cfg.warmup.steps:
         model_dir, before = supervised_warmup(cfg, env, tokenizer, model_dir, out, tracker, stop=lambda: bool(stop))
@@ -309,10 +275,12 @@ def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resu
                                         "metrics_offset": tracker.offset(), "wall_seconds": time.time() - t_start},
                             coord.handles, cfg.checkpoint.keep)
 
+        saves = SaveSchedule(cfg.checkpoint.every, cfg.checkpoint.every_minutes)
+
         def on_step_end(step: int) -> bool:
-            every = cfg.checkpoint.every
-            if stop or step == cfg.trainer.steps or (every and step % every == 0):
+            if stop or step == cfg.trainer.steps or saves.due(step):
                 checkpoint(step)  # the last step too: a run killed during the final eval resumes there
+                saves.saved()
             return bool(stop)
 
         result = trainer.fit(on_step_end)
@@ -335,7 +303,7 @@ def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resu
                "startup": coord.startup,  # seconds from Ray's start to each handle up, built, all ready
                # the epoch time the steps' ``timeline`` spans count from: lines them up with outside probes
                "timeline_origin": round(trainer.timeline.origin, 3) if hasattr(trainer, "timeline") else None}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    atomic_write(out / SUMMARY, json.dumps(summary, indent=2))
     logger.info(f"done in {summary['wall_seconds']:.0f}s: eval reward {summary['eval_reward_initial']:.3f} -> "
-                f"{summary['eval_reward_final']:.3f}; summary in {out / 'summary.json'}")
+                f"{summary['eval_reward_final']:.3f}; summary in {out / SUMMARY}")
     return summary

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from xrlhf.config import dump_config
-from xrlhf.runner import check_output_dir
+from xrlhf.rundir import RESUME, check_output_dir
 from xrlhf.utils.errors import UserError
 from xrlhf.resolved import resolve_dict, resolved_config
 from xrlhf.validation import validate_dict
@@ -27,8 +27,12 @@ def test_config_yaml_holds_every_default(base_config):
 
 
 def started_run(tmp_path, data: dict) -> None:
+    """A run directory with ``config.yaml`` and a checkpoint (what ``--resume`` compares against)."""
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "config.yaml").write_text(data)
+    ckpt = tmp_path / "run" / "checkpoints" / "step-00000001"
+    ckpt.mkdir(parents=True)
+    (ckpt / "manifest.json").write_text('{"step": 1, "files": {}}')
 
 
 def test_resume_accepts_a_default_given_explicitly_and_refuses_a_change(base_config, tmp_path):
@@ -37,8 +41,7 @@ def test_resume_accepts_a_default_given_explicitly_and_refuses_a_change(base_con
     explicit["algorithm"]["clip_eps"] = 0.2
     explicit["policy"]["train"]["packing"] = "auto"
     explicit["env"]["options"]["sort_length"] = 3  # the reasoning env's default
-    with pytest.raises(UserError, match="has no checkpoint"):  # the config check passed: same run
-        check_output_dir(tmp_path / "run", validate_dict(explicit), resume=True)
+    assert check_output_dir(tmp_path / "run", validate_dict(explicit), resume=True) == RESUME  # the same run
     explicit["algorithm"]["clip_eps"] = 0.3
     with pytest.raises(UserError) as e:
         check_output_dir(tmp_path / "run", validate_dict(explicit), resume=True)
@@ -50,5 +53,4 @@ def test_resume_of_a_run_whose_config_yaml_was_written_unresolved(base_config, t
     started_run(tmp_path, dump_config(validate_dict(base_config)))
     explicit = copy.deepcopy(base_config)
     explicit["algorithm"]["clip_eps"] = 0.2
-    with pytest.raises(UserError, match="has no checkpoint"):
-        check_output_dir(tmp_path / "run", validate_dict(explicit), resume=True)
+    assert check_output_dir(tmp_path / "run", validate_dict(explicit), resume=True) == RESUME

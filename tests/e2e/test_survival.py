@@ -1,6 +1,8 @@
 """Runs that survive: SIGKILL + resume is bit-identical, signals checkpoint and exit cleanly,
 a dead worker stops the run when healing is off (healing: tests/e2e/test_healing.py), no
-process is left behind."""
+process is left behind; a live run's directory refuses a second writer, a run stopped before
+saving anything starts again in place, a finished run goes on to more steps (tests/test_rundir.py:
+the same without runs)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ import yaml
 from safetensors.torch import load_file
 
 from xrlhf.checkpoint import checkpoint_problem, list_checkpoints, resume_checkpoint
-from xrlhf.runner import check_output_dir, run
+from xrlhf.rundir import AGAIN, RunLock, check_output_dir
+from xrlhf.runner import run
 from xrlhf.validation import load_config, validate_dict
 from xrlhf.utils.errors import UserError
 
@@ -134,7 +137,8 @@ def test_lora_sigkill_then_resume_ends_with_the_same_adapters(survival_config, t
 
 def test_resume_refuses_a_different_config(survival_config, tmp_path):
     cfg = validate_dict(survival_config)
-    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "checkpoints" / "step-00000002").mkdir(parents=True)  # a run with a checkpoint
+    (tmp_path / "r" / "checkpoints" / "step-00000002" / "manifest.json").write_text('{"step": 2, "files": {}}')
     (tmp_path / "r" / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     survival_config["algorithm"]["kl_coef"] = 0.5
     survival_config["trainer"]["steps"] = 9
@@ -179,8 +183,12 @@ def test_sigint_during_warmup_stops_there_saying_nothing_was_saved(survival_conf
     assert proc.returncode == 130, out
     assert time.time() - t0 < 20  # not after the warm-up, the Ray start-up and a step
     assert "SIGINT: finishing the current warm-up step, then stop (nothing to save" in out
-    assert "before the first RL step; nothing was saved; run it again in a new --output-dir" in out
+    assert (f"before the first RL step; nothing was saved; start it again (it starts over in the same directory) "
+            f"with: xrlhf run {tmp_path / 'cfg.yaml'} --output-dir {tmp_path / 'run'}\n") in out
     assert "Ray" not in out and "--resume" not in out and "Traceback" not in out
+    # the directory it left is taken by the same command, and by --resume: neither sends to the other
+    cfg = load_config(tmp_path / "cfg.yaml")
+    assert [check_output_dir(tmp_path / "run", cfg, resume) for resume in (False, True)] == [AGAIN, AGAIN]
 
 
 def test_dead_worker_stops_the_run_naming_it(survival_config, tmp_path):
@@ -201,3 +209,59 @@ def test_dead_worker_stops_the_run_naming_it(survival_config, tmp_path):
     assert "fault_tolerance.max_restarts" in out  # how to go on: --resume, or start again if nothing was saved
     assert "--output-dir" in out and ("--resume" in out or "no checkpoint was written" in out)
     assert_no_leftovers(proc.pid)
+
+
+def cli_run(tmp_path: Path, out: Path, *extra: str) -> subprocess.Popen:
+    """``xrlhf run cfg.yaml --output-dir out ...`` (the config ``start`` wrote), output captured."""
+    return subprocess.Popen([sys.executable, "-m", "xrlhf.cli", "run", str(tmp_path / "cfg.yaml"), "--output-dir",
+                             str(out), *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_live_run_refuses_a_second_writer(survival_config, tmp_path):
+    """Issue 49: a second ``--resume`` into a live run once resumed from a checkpoint the live run then
+    rotated away, and cut the live run's metrics.jsonl short. Now a second writer, with or without
+    --resume, is refused in one line naming the live run, exit 2, and the live run goes on whole."""
+    survival_config["trainer"]["steps"] = 1000  # alive until killed below (50 steps ended before the second came)
+    out = tmp_path / "run"
+    proc = start(survival_config, tmp_path, out)
+    try:
+        wait_for_step(out, 1, proc)  # the lock is held from before the warm-up; metrics hold a step by now
+        record = json.loads((out / "run.lock").read_text())
+        assert record["pid"] == proc.pid
+        second = [cli_run(tmp_path, out, "--resume"), cli_run(tmp_path, out)]  # the config's warnings, then one line
+        for p in second:
+            stdout, stderr = p.communicate(timeout=300)
+            assert p.returncode == 2, stderr
+            errors = [x for x in stderr.splitlines() if " | WARNING | " not in x]
+            assert errors == [f"error: --output-dir: {out} is being written by a live run (pid {proc.pid} on "
+                              f"{record['host']}, started {record['started']}); wait for it to end or stop it "
+                              f"(kill -INT {proc.pid}), or choose another --output-dir"]
+            assert stdout == ""
+        wait_for_step(out, 2, proc)  # the live run goes on, its metrics whole
+        rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip().endswith("}")]
+        assert [r["step"] for r in rows if "reward/mean" in r][:2] == [1, 2]
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert_no_leftovers(proc.pid)
+    with RunLock(out):  # the dead run's lock is free: the kernel dropped it with the process
+        pass
+
+
+def test_a_finished_run_goes_on_to_more_steps(survival_config, tmp_path):
+    """``--resume trainer.steps=3`` on a finished 2-step run (a constant LR: the schedule does not
+    depend on the run's length) continues it from its last checkpoint and ends with the weights
+    of a 3-step run."""
+    survival_config["trainer"].update(steps=2, eval_every=0)  # an evaluation between steps draws from the sampler
+    run(validate_dict(survival_config), tmp_path / "extended")
+    survival_config["trainer"]["steps"] = 3
+    cfg = validate_dict(survival_config)
+    summary = run(cfg, tmp_path / "extended", resume=True)
+    assert summary["steps"] == 3
+    rows = [json.loads(x) for x in (tmp_path / "extended" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "reward/mean" in r] == [1, 2, 3]
+    assert [r["step"] for r in rows if "eval/reward_mean" in r] == [0, 3]  # the 2-step run's final eval was cut
+    run(cfg, tmp_path / "straight")
+    a, b = final_weights(tmp_path / "straight"), final_weights(tmp_path / "extended")
+    for k in a:
+        assert torch.equal(a[k], b[k]), k

@@ -287,9 +287,13 @@ class WarmupConfig(Strict):
 
 
 class CheckpointConfig(Strict):
-    """Periodic checkpoints for exact resume (``xrlhf run ... --resume``)."""
+    """Periodic checkpoints for exact resume (``xrlhf run ... --resume``): every ``every`` steps or
+    ``every_minutes`` after the last one, whichever comes first, at a step's end; the last step and
+    a signal always write one."""
 
-    every: int = Field(0, ge=0, description="write a checkpoint every N RL steps (0: only at the end and on signals)")
+    every: int = Field(0, ge=0, description="write a checkpoint every N RL steps (0: not by steps)")
+    every_minutes: float = Field(10.0, ge=0, description="write a checkpoint at the first step's end N minutes "
+                                 "after the last one (0: not by time): what a SIGKILL can cost at most, plus a step")
     keep: int = Field(2, ge=1, description="keep the last K checkpoints")
 
 

@@ -27,6 +27,13 @@ def lr_lambda(warmup: int, total: int, schedule: str):
     return fn
 
 
+def schedule_uses_total(schedule: str) -> bool:
+    """Whether :func:`lr_lambda`'s multipliers depend on ``total`` (the run's optimizer steps):
+    a cosine decays over the run, so a run continued to more steps would not have had the same
+    LRs; a constant schedule (after its warm-up) does not care how long the run is."""
+    return schedule == "cosine"
+
+
 def all_reduce_grads(params: list[torch.nn.Parameter]) -> None:
     """Sum gradients over the data-parallel group, in one flat buffer per dtype."""
     import torch.distributed as dist
