@@ -91,6 +91,22 @@ def test_overrides_typed_and_nested():
         apply_overrides(data, ["justakey"])
 
 
+def test_overrides_index_lists():
+    data = {"env": {"options": {"tools": [{"name": "calculator", "options": {"timeout_s": 5}}, {"name": "python"}]}}}
+    apply_overrides(data, ["env.options.tools[0].options.timeout_s=2", "env.options.tools[1].options.sandbox=process"])
+    assert data["env"]["options"]["tools"] == [{"name": "calculator", "options": {"timeout_s": 2}},
+                                               {"name": "python", "options": {"sandbox": "process"}}]
+    with pytest.raises(UserError) as e:
+        apply_overrides(data, ["env.options.tools[2].name=x", "env.options[0].x=1", "env.options.tools[x]=1",
+                               "nothing[0]=1"])
+    assert e.value.messages == [
+        "env.options.tools[2].name: index 2 is out of range; the list holds 2 item(s)",
+        "env.options[0].x: 'options' is not a list (it holds {'tools': [{'name': 'calculator', 'options': "
+        "{'timeout_s': 2}}, {'name': 'python', 'options': {'sandbox': 'process'}}]})",
+        "env.options.tools[x]=1: an override must look like section.key=value (a list item: key[0])",
+        "nothing[0]: 'nothing' holds no list to index"]
+
+
 def test_load_config_from_file(base_config, tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(base_config))

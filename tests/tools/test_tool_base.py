@@ -108,6 +108,15 @@ def test_tool_errors_one_line_each_with_the_yaml_path():
     assert tool_errors([{"name": "calculator"}, {"name": "python", "options": {"timeout_s": 2}}], "tools") == []
 
 
+def test_a_tool_timeout_must_be_below_the_turns():
+    specs = [{"name": "calculator"}, {"name": "python", "options": {"timeout_s": 60}}]
+    assert tool_errors(specs, "env.options.tools", step_timeout_s=60) == [
+        "env.options.tools[1].options.timeout_s: 60 s is not below the turn's limit (env.options.step_timeout_s: "
+        "60 s), which abandons the turn first; lower timeout_s or raise step_timeout_s"]
+    assert tool_errors(specs, "env.options.tools", step_timeout_s=61) == []
+    assert tool_errors([{"name": "calculator"}], "t", step_timeout_s=5) != []  # its default of 5 s too
+
+
 def test_call_tool_never_raises_and_caps_output():
     boom = Boom()
     result = call_tool(boom, "x")

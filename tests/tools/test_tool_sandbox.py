@@ -316,3 +316,21 @@ def test_a_worker_that_cannot_import_xrlhf_reports_it_in_one_line(tmp_path):
     assert reply["ready"] is False and reply["error"].startswith("ModuleNotFoundError: No module named 'xrlhf'")
     if os.geteuid() != 0:  # root reads any directory
         assert f"cannot read {locked}" in reply["error"]
+
+
+def test_a_package_the_sandbox_cannot_read_is_named(tmp_path, monkeypatch):
+    """A tool's package of mode 0700 inside a readable directory on the import path: the hint
+    names the package's directory, not only the import path's entries. ``os.access`` answers as
+    for the namespace sandbox's fresh uid (root, which runs this suite, reads any directory)."""
+    import os
+
+    from xrlhf.tools import _tool_worker
+
+    (tmp_path / "mypkg" / "sub").mkdir(parents=True)
+    (tmp_path / "mypkg").chmod(0o700)
+    locked = str(tmp_path / "mypkg")
+    real = os.access
+    monkeypatch.setattr(_tool_worker.os, "access", lambda p, mode: real(p, mode) and os.fspath(p) != locked)
+    assert _tool_worker.unreadable([str(tmp_path)], "mypkg.sub.tool") == [locked]
+    assert _tool_worker.unreadable([str(tmp_path)], "other.tool") == []
+    assert _tool_worker.unreadable([locked], "") == [locked]  # an entry of the path itself, as before

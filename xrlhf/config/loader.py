@@ -49,28 +49,81 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``a.b.c=value`` overrides (values parsed as YAML) to a nested dict, in place."""
+    """Apply ``a.b.c=value`` overrides (values parsed as YAML) to a nested dict, in place; a list
+    item is named by its index, ``env.options.tools[0].options.timeout_s=2``."""
     errors = []
     for item in overrides:
         key, sep, raw = item.partition("=")
-        if not sep or not key or any(not k for k in key.split(".")):
-            errors.append(f"{item}: an override must look like section.key=value")
+        path = _override_path(key) if sep else None
+        if path is None:
+            errors.append(f"{item}: an override must look like section.key=value (a list item: key[0])")
             continue
-        value = _parse_value(raw)
-        node = data
-        parts = key.split(".")
-        for part in parts[:-1]:
-            if not isinstance(node.get(part), dict):
-                if part in node and node[part] is not None:
-                    errors.append(f"{key}: {part!r} is not a section (it holds {node[part]!r})")
-                    break
-                node[part] = {}
-            node = node[part]
+        node: Any = data
+        for here, step in enumerate(path[:-1]):
+            child = _child(node, step, path[here + 1], key, errors)
+            if child is None:
+                break
+            node = child
         else:
-            node[parts[-1]] = value
+            if isinstance(path[-1], int):
+                if _in_range(node, path[-1], key, errors):
+                    node[path[-1]] = _parse_value(raw)
+            else:
+                node[path[-1]] = _parse_value(raw)
     if errors:
         raise UserError(*errors)
     return data
+
+
+def _override_path(key: str) -> list[str | int] | None:
+    """``a.b[0].c`` -> ``['a', 'b', 0, 'c']``; ``None`` when it is not such a path."""
+    path: list[str | int] = []
+    for part in key.split("."):
+        name, _, rest = part.partition("[")
+        if not name:
+            return None
+        path.append(name)
+        while rest:
+            index, close, rest = rest.partition("]")
+            if not close or not index.isdigit() or (rest and not rest.startswith("[")):
+                return None
+            path.append(int(index))
+            rest = rest[1:]
+    return path
+
+
+def _child(node: Any, step: str | int, following: str | int, key: str, errors: list[str]) -> Any:
+    """The container ``step`` names in ``node`` (a new section where a key is missing); ``None``
+    with an error line where there is none."""
+    if isinstance(step, int):
+        return node[step] if _in_range(node, step, key, errors) and _container(node[step], following, key,
+                                                                              f"item {step}", errors) else None
+    if step not in node or node[step] is None:
+        if isinstance(following, int):
+            errors.append(f"{key}: {step!r} holds no list to index")
+            return None
+        node[step] = {}
+    return node[step] if _container(node[step], following, key, repr(step), errors) else None
+
+
+def _container(value: Any, following: str | int, key: str, what: str, errors: list[str]) -> bool:
+    if isinstance(following, int) and not isinstance(value, list):
+        errors.append(f"{key}: {what} is not a list (it holds {value!r})")
+        return False
+    if isinstance(following, str) and not isinstance(value, dict):
+        errors.append(f"{key}: {what} is not a section (it holds {value!r})")
+        return False
+    return True
+
+
+def _in_range(node: Any, index: int, key: str, errors: list[str]) -> bool:
+    if not isinstance(node, list):
+        errors.append(f"{key}: [{index}] indexes something that is not a list (it holds {node!r})")
+        return False
+    if index >= len(node):
+        errors.append(f"{key}: index {index} is out of range; the list holds {len(node)} item(s)")
+        return False
+    return True
 
 
 def _parse_value(raw: str) -> Any:

@@ -39,7 +39,7 @@ class ToolEnvOptions(EpisodeOptions):
 
     @model_validator(mode="after")
     def _tools_valid(self) -> "ToolEnvOptions":
-        errors = tool_errors([t.model_dump() for t in self.tools], "env.options.tools")
+        errors = tool_errors([t.model_dump() for t in self.tools], "env.options.tools", self.step_timeout_s)
         if errors:  # a cross-field check: each line names its own YAML path
             raise ValueError("\n".join(errors))
         return self

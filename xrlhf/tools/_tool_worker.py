@@ -25,7 +25,8 @@ BOOT = ("import json, os, sys\ncfg = json.loads(sys.argv[1])\nsys.path[:0] = cfg
         "try:\n"
         "    from xrlhf.tools._tool_worker import main\n"
         "except ImportError as e:\n"
-        "    bad = [p for p in cfg['path'] if os.path.isdir(p) and not os.access(p, os.R_OK | os.X_OK)]\n"
+        "    dirs = cfg['path'] + [os.path.join(p, 'xrlhf') for p in cfg['path']]\n"
+        "    bad = [p for p in dirs if os.path.isdir(p) and not os.access(p, os.R_OK | os.X_OK)]\n"
         "    hint = ' (the sandbox user cannot read ' + ', '.join(bad) + ': make it readable by other users, chmod "
         "o+rX, or set the tool sandbox: process)' if bad else ''\n"
         "    print(json.dumps({'ready': False, 'error': type(e).__name__ + ': ' + str(e) + hint}), flush=True)\n"
@@ -63,9 +64,16 @@ def build(cfg):
     return cls(config)
 
 
-def unreadable(paths):
-    """Dirs of the import path this process cannot read (the namespace sandbox's fresh uid)."""
-    return [p for p in paths if os.path.isdir(p) and not os.access(p, os.R_OK | os.X_OK)]
+def unreadable(paths, module=""):
+    """Dirs this process cannot read (the namespace sandbox's fresh uid): entries of the import
+    path, and the package directories of ``module`` (``pkg.sub``) under them (a package of mode
+    0700 inside a readable directory)."""
+    parts = [p for p in module.split(".") if p]
+    dirs = list(paths)
+    for root in paths:
+        for depth in range(1, len(parts) + 1):
+            dirs.append(os.path.join(root, *parts[:depth]))
+    return [p for p in dirs if os.path.isdir(p) and not os.access(p, os.R_OK | os.X_OK)]
 
 
 def exit_when_orphaned(fd=0):
@@ -97,7 +105,7 @@ def main(cfg):
         from xrlhf.tools.base import one_line
 
         error = f"{type(e).__name__}: {one_line(e)}"
-        blocked = unreadable(cfg["path"])
+        blocked = unreadable(cfg["path"], cfg["tool"].partition(":")[0])
         if blocked and isinstance(e, ImportError):
             error += (f" (the sandbox's user cannot read {', '.join(blocked)}: make it readable by other users, "
                       f"chmod o+rX, or set the tool's sandbox: process)")

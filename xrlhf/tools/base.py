@@ -260,12 +260,14 @@ class ToolSpec(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
-def tool_errors(specs: list[dict[str, Any] | ToolSpec], where: str) -> list[str]:
+def tool_errors(specs: list[dict[str, Any] | ToolSpec], where: str, step_timeout_s: float | None = None) -> list[str]:
     """Every problem of a list of tool specs, one line each, prefixed with ``where`` (the YAML path
     of the list, e.g. ``env.options.tools``). An empty list means the tools can be built.
 
     Checks: each spec is ``{name, options}``; the name is a known tool; the options validate
-    against that tool's ``Config``; no two specs give the model the same tool name.
+    against that tool's ``Config``; no two specs give the model the same tool name; a call's
+    ``timeout_s`` is below ``step_timeout_s`` (the turn's limit, which abandons the whole turn:
+    a tool's own limit above it would never act).
     """
     errors: list[str] = []
     seen: dict[str, int] = {}
@@ -292,6 +294,10 @@ def tool_errors(specs: list[dict[str, Any] | ToolSpec], where: str) -> list[str]
                 from xrlhf.tools.sandbox import sandbox_errors
 
                 errors += sandbox_errors(cls, config, f"{at}.options.sandbox")
+            if step_timeout_s is not None and config.timeout_s >= step_timeout_s:
+                errors.append(f"{at}.options.timeout_s: {config.timeout_s:g} s is not below the turn's limit "
+                              f"(env.options.step_timeout_s: {step_timeout_s:g} s), which abandons the turn first; "
+                              f"lower timeout_s or raise step_timeout_s")
         if cls.name in seen:
             errors.append(f"{at}.name: tool {cls.name!r} is already {where}[{seen[cls.name]}]; list each tool once")
         seen.setdefault(cls.name, i)
