@@ -17,6 +17,7 @@ from loguru import logger
 
 from xrlhf import internals
 from xrlhf.utils.errors import NonFiniteError, UserError, WorkerDiedError
+from xrlhf.utils.warnings_once import one_line_warnings
 
 
 # The commands whose arguments a module of their own adds: (help, module, its function). Only the
@@ -66,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # per-worker "Loading weights" bars: noise
     logger.remove()
+    one_line_warnings()
     logger.add(sys.stderr, level=os.environ.get("XRLHF_LOG_LEVEL", "INFO"),
                format="<green>{time:HH:mm:ss}</green> | <level>{level: <7}</level> | {message}")
     argv = sys.argv[1:] if argv is None else argv

@@ -29,6 +29,7 @@ from xrlhf.engines.base import DistInfo, EngineSpec  # noqa: E402
 from xrlhf.engines.host import EngineHost  # noqa: E402
 from xrlhf.internals.transformers import import_without_sklearn  # noqa: E402
 from xrlhf.utils.timeline import process_start  # noqa: E402
+from xrlhf.utils.warnings_once import one_line_warnings  # noqa: E402
 
 IMPORTED_AT = time.time()
 
@@ -51,6 +52,7 @@ class EngineWorker(EngineHost):
         # again (~9% of transformers' import on the 2-core box). Here, not at import: only a
         # worker's process, never a driver that imports this module.
         gc.freeze()
+        one_line_warnings()
         # Before the first call's engine specs import transformers (internals): transformers < 5.24
         # would import scikit-learn for nothing; vLLM's plugins read every distribution's entry
         # points several times.

@@ -20,6 +20,7 @@ boundary of the CDF (or greedy meets a near-tie), and logprobs agree to ~1e-6.
 
 from __future__ import annotations
 
+import inspect
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -143,6 +144,19 @@ class WeightGate:
             self._cond.notify_all()
 
 
+def cache_argument(model: torch.nn.Module) -> str:
+    """The name of the KV cache in ``model``'s forward and outputs: ``cache`` from transformers
+    5.24 (``past_key_values`` still works there but warns, and leaves in 5.40), else
+    ``past_key_values``. Read from the forward's public signature, once per class."""
+    cls = type(model)
+    if cls not in _CACHE_ARGUMENT:
+        _CACHE_ARGUMENT[cls] = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return _CACHE_ARGUMENT[cls]
+
+
+_CACHE_ARGUMENT: dict[type, str] = {}
+
+
 @dataclass
 class _Rows:
     """The unfinished rows of one micro-batch while they decode (``N`` rows, width ``L``).
@@ -179,10 +193,10 @@ class _Rows:
         """Feed the pending columns through ``model``, extending the cache: ``-> [N, V]`` the
         logits of the next token. Position ids count real tokens (as ``HFModel.forward``)."""
         pos = (self.attn.cumsum(-1) - 1).clamp(min=0)
+        name = cache_argument(model)
         out = model(input_ids=self.ids[:, -self.pending:], attention_mask=self.attn,
-                    position_ids=pos[:, -self.pending:], past_key_values=self.cache, use_cache=True,
-                    logits_to_keep=1)
-        self.cache, self.pending = out.past_key_values, 0
+                    position_ids=pos[:, -self.pending:], use_cache=True, logits_to_keep=1, **{name: self.cache})
+        self.cache, self.pending = getattr(out, name), 0
         return out.logits[:, -1]
 
     def append(self, tokens: torch.Tensor) -> None:
