@@ -48,7 +48,12 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> XConfig
 
 
 def validate_dict(data: dict[str, Any]) -> XConfig:
-    """Validate a config dict: the schema, registered options, engines, then cross-checks."""
+    """Validate a config dict: the schema, registered options, engines, then cross-checks
+    (``layout: auto``: first placed as the planner's fastest layout, ``plan.auto``)."""
+    if isinstance(data, dict) and data.get("layout") == "auto":
+        from xrlhf.plan.auto import apply_auto_layout
+
+        data = apply_auto_layout(data)
     errors: list[str] = []
     cfg = None
     try:

@@ -348,6 +348,10 @@ class XConfig(Strict):
     # the memory plan (``xrlhf plan``) refuses a GPU run it says cannot fit; false runs it anyway
     # (a model is a model: where it is wrong, say so with the run's memory timeline)
     check_plan: bool = True
+    layout: Literal["auto"] | None = Field(
+        None, description="auto: xrlhf run / validate place the handles as the fastest layout that xrlhf plan finds "
+        "on this machine's GPUs (ray.num_gpus of them) before validating; a value the config or an override "
+        "sets is kept (docs/plan.md); null: as written")
 
     def engine_sections(self) -> list[tuple[str, str, Section]]:
         """Every engine section the run uses: ``(yaml_path, role, section)``."""

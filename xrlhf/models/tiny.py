@@ -95,8 +95,15 @@ PRESETS: dict[str, dict[str, Any]] = {
     # shape of Qwen2.5-1.5B (28 layers, 1536 wide, MLP 8960) without its grouped KV heads.
     "1.5b": dict(layers=28, hidden=1536, heads=12, kv_heads=12, intermediate=8960,
                  tokenizer="bpe", vocab_size=32000, max_positions=2048),
+    # The shape of Qwen2.5-7B (28 layers, 3584 wide, MLP 18944, 28 heads, 4 key/value heads) and
+    # its untied output head, with the BPE vocabulary of the presets above instead of Qwen's 152k
+    # and no attention biases: 28 x (2*3584^2 + 2*3584*512 + 3*3584*18944 + 2*3584)
+    # + 2*32000*3584 + 3584 = 6,754,868,736 params (Qwen2.5-7B: 7,615,616,512).
+    "7b": dict(layers=28, hidden=3584, heads=28, kv_heads=4, intermediate=18944,
+               tokenizer="bpe", vocab_size=32000, max_positions=2048, tie_embeddings=False),
 }
-"""Named model sizes for ``build_model(**PRESETS[name])``; all tie input and output embeddings."""
+"""Named model sizes for ``build_model(**PRESETS[name])``; all but ``7b`` (Qwen2.5-7B unties them)
+tie input and output embeddings."""
 
 
 def build_tokenizer(kind: Literal["char", "bpe"] = "char", corpus: Iterable[str] | None = None,
@@ -275,22 +282,29 @@ def count_params(model_dir: str | Path) -> int:
     return _unique_numel(model)
 
 
-def preset_params(name: str) -> int:
-    """The parameter count of ``PRESETS[name]``, counted on the meta device (no weights, and for
-    BPE presets a tokenizer-free vocabulary of exactly ``vocab_size``)."""
+def preset_config(name: str) -> LlamaConfig:
+    """The ``LlamaConfig`` that ``build_model(**PRESETS[name])`` saves, without building the
+    tokenizer: a BPE preset's vocabulary is taken as exactly ``vocab_size`` (the default corpus
+    yields all of it), the special ids as both tokenizers number them (``SPECIAL_TOKENS``)."""
     defaults = {k: p.default for k, p in inspect.signature(build_model).parameters.items()
                 if p.kind is p.KEYWORD_ONLY}
     spec = {**defaults, **PRESETS[name]}
     vocab = round_up(spec["vocab_size"] if spec["tokenizer"] == "bpe" else
-                      len(SPECIAL_TOKENS) + len(CHARS), 64)
-    config = LlamaConfig(
+                     len(SPECIAL_TOKENS) + len(CHARS), 64)
+    return LlamaConfig(
         vocab_size=vocab, hidden_size=spec["hidden"],
         intermediate_size=spec["intermediate"] or 4 * spec["hidden"],
         num_hidden_layers=spec["layers"], num_attention_heads=spec["heads"],
         num_key_value_heads=spec["kv_heads"] or spec["heads"],
-        max_position_embeddings=spec["max_positions"], tie_word_embeddings=spec["tie_embeddings"])
+        max_position_embeddings=spec["max_positions"], tie_word_embeddings=spec["tie_embeddings"],
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+
+def preset_params(name: str) -> int:
+    """The parameter count of ``PRESETS[name]``, counted on the meta device (no weights, and for
+    BPE presets a tokenizer-free vocabulary of exactly ``vocab_size``)."""
     with torch.device("meta"):
-        model = LlamaForCausalLM(config)
+        model = LlamaForCausalLM(preset_config(name))
     return _unique_numel(model)
 
 

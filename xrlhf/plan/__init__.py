@@ -9,6 +9,10 @@ Layers, each a module of pure functions (no Ray, nothing started, no weights rea
 * ``layouts``: every layout the config could take, each GPU group's memory phase by phase;
 * ``sync``: the weight sync's bytes and time per transport;
 * ``advise``: the change that makes a layout fit;
+* ``speed``: a step's planned time, phase by phase (a roofline model, its constants in one place);
+* ``search``: every way of using the cluster's GPUs (co-located or split, trainer ranks, ZeRO-3,
+  vLLM's tensor and data parallel sizes), each planned, ranked by planned step time;
+* ``auto``: ``layout: auto``, the fastest of them applied before a run validates;
 * ``render``: the text table and the PNG.
 
 ``make_plan`` ties them together; ``xrlhf validate`` and ``xrlhf run`` use ``fit_errors``.
@@ -18,6 +22,7 @@ What is measured and what is modelled: docs/plan.md.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from xrlhf.plan.inputs import PlanInput, plan_input
 from xrlhf.plan.layouts import (
@@ -29,18 +34,27 @@ from xrlhf.plan.layouts import (
     plan_layout,
 )
 
+if TYPE_CHECKING:
+    from xrlhf.plan.search import Option
+    from xrlhf.plan.speed import Speeds
+
 __all__ = ["Cluster", "Plan", "fit_errors", "gpus_asked", "make_plan", "plan_input"]
 
 
 @dataclass
 class Plan:
-    """Every layout's plan (the configured one first), and advice for the configured one."""
+    """Every layout's plan (the configured one first), and advice for the configured one;
+    ``ranking``: every way of using the cluster's GPUs, fastest first (``search.search``), timed
+    with ``speeds``; ``auto``: the configured layout is ``layout: auto``'s choice."""
 
     inp: PlanInput
     cluster: Cluster
     layouts: list[LayoutPlan]
     fix: tuple[str, LayoutPlan] | None = None
     extra: dict = field(default_factory=dict)
+    ranking: list[Option] = field(default_factory=list)
+    speeds: Speeds | None = None
+    auto: bool = False
 
     @property
     def configured(self) -> LayoutPlan:

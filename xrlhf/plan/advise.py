@@ -8,6 +8,7 @@ the config could take.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -52,6 +53,7 @@ def candidate_fixes(inp: PlanInput) -> Iterator[tuple[str, PlanInput]]:
     r = inp.get("rollout")
     if r.generator.engine == "vllm" and r.anchor == p.anchor and not inp.staleness and r.generator.sleep_level < 2:
         yield "policy.generate.sleep_level=2", inp.with_handle(replace(r, generator=replace(r.generator, sleep_level=2)))
+    yield from lower_utilization(inp)
     if p.ranks > 1:
         for stage in (1, 2, 3):
             if t.engine != "deepspeed" or t.zero_stage < stage:
@@ -67,6 +69,21 @@ def candidate_fixes(inp: PlanInput) -> Iterator[tuple[str, PlanInput]]:
         no_ref = replace(inp.with_handle(lora), handles=tuple(h for h in inp.with_handle(lora).handles
                                                               if h.name != "reference"))
         yield "policy.train.lora.rank=16 (the reference becomes the policy's base)", no_ref
+
+
+def lower_utilization(inp: PlanInput, step: float = 0.05) -> Iterator[tuple[str, PlanInput]]:
+    """vLLM's ``gpu_memory_utilization`` lowered by ``step`` at a time, the largest first, down to
+    ``step``: only where it sizes the KV cache (``kv_cache_tokens`` unset). A smaller cache holds
+    fewer sequences at once (generation in waves: slower, ``plan.speed``)."""
+    r = inp.get("rollout")
+    g = r.generator
+    if g.engine != "vllm" or g.kv_tokens is not None:
+        return
+    n = math.ceil(round(g.gpu_memory_utilization / step, 6)) - 1
+    for i in range(n, 0, -1):
+        value = round(i * step, 4)
+        yield (f"policy.generate.gpu_memory_utilization={value:g}",
+               inp.with_handle(replace(r, generator=replace(g, gpu_memory_utilization=value))))
 
 
 def _zero(t: Trainer, stage: int) -> Trainer:

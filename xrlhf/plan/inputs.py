@@ -57,13 +57,15 @@ class Handle:
 class Workload:
     """The step: ``sequences`` (prompts x samples) of up to ``prompt_tokens + new_tokens``;
     ``mini_batch``: sequences per optimizer step; ``old_logprobs``: whether the policy runs a
-    forward without gradients before training (skipped for one on-policy step)."""
+    forward without gradients before training (skipped for one on-policy step); ``epochs``:
+    passes over the batch per step (``ppo_epochs``)."""
 
     sequences: int
     prompt_tokens: int
     new_tokens: int
     mini_batch: int
     old_logprobs: bool = True
+    epochs: int = 1
 
     @property
     def seq_len(self) -> int:
@@ -152,7 +154,7 @@ def _workload(cfg: XConfig, prompt_tokens: int) -> Workload:
     epochs = int(a.get("ppo_epochs", 1))
     one_step = epochs == 1 and mini >= sequences and not cfg.policy.train.dropout
     return Workload(sequences, prompt_tokens, cfg.policy.generate.max_new_tokens, min(mini, sequences),
-                    old_logprobs=not one_step)
+                    old_logprobs=not one_step, epochs=epochs)
 
 
 def plan_input(cfg: XConfig, prompt_tokens: int = 64) -> PlanInput:

@@ -4,13 +4,18 @@ also the GPU's capacity as a line, one panel per layout)."""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from xrlhf.plan import Plan
 from xrlhf.plan.layouts import Group, LayoutPlan
 from xrlhf.plan.memory import GIB
 from xrlhf.plan.sync import LINKS, MEASURED, sync_rows
 from xrlhf.utils.memory import PHASES
+
+if TYPE_CHECKING:
+    from xrlhf.plan.search import Option
 
 
 def _gib(b: float) -> str:
@@ -43,8 +48,9 @@ def verdict(lp: LayoutPlan) -> str:
 
 
 def plan_text(plan: Plan, config: str, links: dict[str, float] | None = None) -> str:
-    """The whole plan as text: header, the configured layout in full, the others in a line each,
-    the weight sync, the verdict and the fix."""
+    """The whole plan as text: header, the configured layout in full (and its planned step time),
+    the configured placement's variants in a line each, every way of using the GPUs ranked
+    (``plan.ranking``), the weight sync, the verdict, the fix and the fastest layout's command."""
     c, inp = plan.cluster, plan.inp
     w, p = inp.workload, inp.get("policy")
     s = p.shape
@@ -53,21 +59,72 @@ def plan_text(plan: Plan, config: str, links: dict[str, float] | None = None) ->
              f"step: {w.sequences} sequences of <= {w.prompt_tokens} + {w.new_tokens} tokens, "
              f"{w.mini_batch} per optimizer step"), *[f"({n})" for n in inp.notes], ""]
     conf = plan.configured
-    lines += [f"## {conf.layout.describe()} (as configured): {verdict(conf)}", ""]
+    how = "layout: auto's choice, below" if plan.auto else "as configured"
+    lines += [f"## {conf.layout.describe()} ({how}): {verdict(conf)}", "", *time_lines(plan)]
     for g in conf.groups:
         lines += [(f"GPU group {'+'.join(g.handles)} ({g.gpus} GPU(s)), GiB per GPU (peak allocated per handle; device: "
                   f"every handle, caches and {g.processes} CUDA context(s)):"), "", *group_table(g), "", *parts_lines(g), ""]
-    lines += [*[f"note: {n}" for n in conf.notes], *([""] if conf.notes else []), "## every layout", ""]
+    lines += [*[f"note: {n}" for n in conf.notes], *([""] if conf.notes else []),
+              "## every layout of the configured placement", ""]
     lines += ["| layout | GPUs | peak phase | peak GiB/GPU | verdict |", "|---|---|---|---|---|"]
     for lp in plan.layouts:
         phase, peak = max((g.peak() for g in lp.groups), key=lambda x: x[1], default=("-", 0))
         mark = " (configured)" if lp.configured else ""
         lines.append(f"| {lp.layout.describe()}{mark} | {lp.gpus_needed} | {phase} | {_gib(peak)} | {verdict(lp)} |")
+    if plan.ranking:
+        lines += ["", *ranking_lines(plan)]
     lines += ["", *sync_text(plan, links), ""]
     if not conf.fits:
         lines.append("fix: " + (f"{plan.fix[0]} ({verdict(plan.fix[1])})" if plan.fix else
                                 "no single change found; see the layouts above"))
+    best = next((o for o in plan.ranking if o.fits), None)
+    if best is not None and not plan.auto:
+        same = best.plan.inp == conf.inp and best.plan.layout == conf.layout
+        lines.append("fastest: the layout as configured" if same else
+                     f"fastest: {shlex.join(['xrlhf', 'run', config, *best.args()])} (or layout: auto in the config)")
     return "\n".join(lines)
+
+
+def time_lines(plan: Plan) -> list[str]:
+    """The configured layout's planned step time, phase by phase (``plan.speed``)."""
+    if plan.speeds is None:
+        return []
+    from xrlhf.plan.search import plan_time
+
+    t = plan_time(plan.configured, plan.cluster, plan.speeds)
+    line = (f"planned step: {t.total:.2f} s (generate {t.generate:.2f}, infer {t.infer:.2f}, train {t.train:.2f}, "
+            f"sync {t.sync:.2f}; a model: xrlhf/plan/speed.py)")
+    return [line, ""]
+
+
+def _row(i: int, o: Option) -> str:
+    """One layout of the ranking (``i``: its rank among those that fit)."""
+    p, t = o.placement, o.time
+    peak = max((g.peak()[1] for g in o.plan.groups), default=0) if o.plan else 0
+    gens = f"{p.dp} x tp {p.tp}"
+    what = o.verdict()
+    times = (f"{t.total:.2f} | {t.generate:.2f} | {t.infer + t.train:.2f} | {t.sync:.2f}" if t and not o.problem
+             else "- | - | - | -")
+    return (f"| {i if o.fits else '-'} | {p.describe()} | {o.trainer()} | {gens} | {times} | "
+            f"{_gib(peak) if peak else '-'} | {what} |")
+
+
+def ranking_lines(plan: Plan, limit: int = 12) -> list[str]:
+    """Every way of using the GPUs (``plan.ranking``), those that fit fastest first, as a table."""
+    fits = [o for o in plan.ranking if o.fits]
+    rest = [o for o in plan.ranking if not o.fits]
+    shown = fits[:limit] + rest[:max(3, limit - len(fits))]
+    p = plan.ranking[0].placement
+    gpus = p.trainers + (p.dp * p.tp if p.split else 0)
+    lines = [f"## every way of using {gpus} GPU(s), fastest first (planned s/step: xrlhf/plan/speed.py)", "",
+             "| # | layout | policy | generators | s/step | generate | infer + train | sync | peak GiB/GPU | verdict |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [_row(i + 1, o) for i, o in enumerate(shown)]
+    if len(shown) < len(plan.ranking):
+        lines.append(f"\n({len(plan.ranking) - len(shown)} more not shown)")
+    if plan.auto:
+        lines.append("\nlayout: auto: " + (f"#1, {' '.join(fits[0].args())}" if fits else "none fits"))
+    return lines
 
 
 def sync_text(plan: Plan, links: dict[str, float] | None = None) -> list[str]:

@@ -29,6 +29,7 @@ class ModelShape:
         lm_head: parameters of an untied output head (0 when tied to the embeddings).
         largest_layer: parameters of the largest block (a decoder layer or the embeddings):
             what ZeRO-3 gathers at least at once.
+        heads: attention heads (a tensor-parallel size must divide them; 0: unknown).
     """
 
     name: str
@@ -40,6 +41,7 @@ class ModelShape:
     vocab: int
     lm_head: int = 0
     largest_layer: int = 0
+    heads: int = 0
 
     def head_params(self, head: str) -> int:
         """Parameters of the model with ``head``: ``causal_lm``, or ``value`` / ``score`` (the
@@ -63,7 +65,7 @@ def config_shape(config, name: str, params: int, lm_head: int, largest_layer: in
     head_dim = int(getattr(text, "head_dim", None) or hidden // heads)
     kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
     return ModelShape(name, params, hidden, layers, intermediate, kv_heads * head_dim,
-                      int(getattr(text, "vocab_size", 0) or 0), lm_head, largest_layer)
+                      int(getattr(text, "vocab_size", 0) or 0), lm_head, largest_layer, heads)
 
 
 @lru_cache(maxsize=32)
