@@ -10,7 +10,7 @@
 #   bash benchmarks/gpu.sh hooks_async               # W one step off as shipped, then with the MPS daemon off
 #   bash benchmarks/gpu.sh w2                        # the second workload beside TRL's default
 #   bash benchmarks/gpu.sh w7model w7trl             # 4 GPUs: W7's 7B model built here, TRL's ZeRO-3 recipe on it
-#   bash benchmarks/gpu.sh w7                        # 4 GPUs: W7 as xrlhf plans it (layout auto), co-located and split
+#   bash benchmarks/gpu.sh w7plan w7                 # 4 GPUs: the plan, then W7 as planned (layout auto) and co-located
 #
 # Each stage's figures: $OUT/<stage>/*.json (w_vs_trl.json's rows); docs/benchmarks.md renders them.
 STAGE=gpu
@@ -94,10 +94,19 @@ stage_w7trl() {  # TRL 1.16 on W7: accelerate launch, TRL's DeepSpeed ZeRO-3 rec
     --variants "" --out "$OUT/w7trl"
 }
 
-stage_w7() {  # xrlhf on W7 as planned (layout auto), then co-located and split by hand; no checkpoints (~100 GB each)
+W7_COLOCATED="layout=null|policy.resources.ranks=4|policy.resources.gpus_per_rank=1|policy.generate.resources=null\
+|policy.generate.tensor_parallel_size=1|policy.generate.sleep_level=2|rollout.max_staleness=0|reference.resources.ranks=4\
+|reference.resources.colocate_with=policy|policy.train.engine=deepspeed|policy.train.zero_stage=3"
+
+stage_w7() {  # xrlhf on W7 as planned (layout auto: split, one step off), then co-located (the plan's #2, by hand)
   TAIL=12 run w7 590 python -m benchmarks.w_vs_trl --config configs/gpu/grpo_w7.yaml --model artifacts/model-7b \
-    --preset 7b --trl-dtype none --steps 5 --variants "${W7_VARIANTS:-default}" --out "$OUT/w7"
+    --preset 7b --trl-dtype none --steps 5 --variants "${W7_VARIANTS:-default=layout=auto;colocated=$W7_COLOCATED}" \
+    --out "$OUT/w7"
   rm -rf /tmp/w_vs_trl-*
+}
+
+stage_w7plan() {  # what the plan says for W7 on this machine, written down before the runs (issue 50: within 10% / 25%)
+  TAIL=40 run w7plan 120 python -m xrlhf.cli plan configs/gpu/grpo_w7.yaml --gpus 4
 }
 
 for s in "$@"; do

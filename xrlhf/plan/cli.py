@@ -26,9 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speed", action="append", default=[], metavar="NAME=VALUE",
                    help="a constant of the step-time model (xrlhf/plan/speed.py: mfu, decode_mfu, host_us_per_seq, "
                         "tp_efficiency, zero3_efficiency, hbm_tb_s, tflops)")
-    p.add_argument("--apply", action="store_true",
-                   help="print only the overrides of the fastest layout that fits: xrlhf run CONFIG $(xrlhf plan "
-                        "CONFIG --apply); exit 2 when none fits")
+    p.add_argument("--apply", nargs="?", type=int, const=1, default=None, metavar="N",
+                   help="print only the overrides of the fastest layout that fits (or of the ranking's #N): "
+                        "xrlhf run CONFIG $(xrlhf plan CONFIG --apply); exit 2 when none fits")
 
 
 def read_for_plan(config: str, overrides: list[str]) -> dict:
@@ -98,11 +98,15 @@ def run(args: argparse.Namespace) -> int:
         data = apply_overrides(data, [f"ray.num_gpus={cluster.total_gpus}"])
     options = search(data, cluster, speeds, args.prompt_tokens, keep=data if auto else None)
     best = next((o for o in options if o.fits), None)
-    if args.apply:
-        if best is None:
+    if args.apply is not None:
+        fitting = [o for o in options if o.fits]
+        if not fitting:
             raise UserError(f"no layout fits {cluster.total_gpus} GPU(s) of {gib:g} GiB; xrlhf plan without --apply "
                             f"says why")
-        print(shlex.join(best.args()))
+        if not 1 <= args.apply <= len(fitting):
+            raise UserError(f"--apply {args.apply}: the ranking has {len(fitting)} layout(s) that fit; give 1 to "
+                            f"{len(fitting)}")
+        print(shlex.join(fitting[args.apply - 1].args()))
         return 0
     if auto and best is not None:  # the plan of what layout: auto runs
         cfg = validated(apply_overrides(data, best.args()))
