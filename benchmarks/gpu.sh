@@ -11,8 +11,15 @@
 #   bash benchmarks/gpu.sh w2                        # the second workload beside TRL's default
 #   bash benchmarks/gpu.sh w7model w7trl             # 4 GPUs: W7's 7B model built here, TRL's ZeRO-3 recipe on it
 #   bash benchmarks/gpu.sh w7plan w7                 # 4 GPUs: the plan, then W7 as planned (layout auto) and co-located
+#   bash benchmarks/gpu.sh learn                     # configs/gpu/grpo_learn.yaml: one warm-up, RL seeds 0 1 2 (sync)
+#   bash benchmarks/gpu.sh learn_async               # the same one step off (two GPUs: the split layout too)
+#   bash benchmarks/gpu.sh trl_learn                 # TRL's GRPOTrainer from the same warm-up beside xrlhf's seed 0
+#   bash benchmarks/gpu.sh numerics                  # W's first steps as shipped against eager, no MPS, fp32 masters
 #
 # Each stage's figures: $OUT/<stage>/*.json (w_vs_trl.json's rows); docs/benchmarks.md renders them.
+# The learning stages keep their warm-up and runs in runs/learning_gpu (ignored: it stays on a warm
+# machine between calls), so a later stage reuses the warm-up and `learn` called again adds the
+# seeds a cut call did not start (--reuse-runs).
 STAGE=gpu
 source benchmarks/gpu_lib.sh
 
@@ -107,6 +114,28 @@ stage_w7() {  # xrlhf on W7 as planned (layout auto: split, one step off), then 
 
 stage_w7plan() {  # what the plan says for W7 on this machine, written down before the runs (issue 50: within 10% / 25%)
   TAIL=40 run w7plan 120 python -m xrlhf.cli plan configs/gpu/grpo_w7.yaml --gpus 4
+}
+
+stage_learn() {  # the learning recipe: its warm-up once (~2.5 min), then seeds 0 1 2 (~2 min each)
+  TAIL=14 run learn 585 python -m benchmarks.learning_gpu --seeds 0 1 2 --reuse-runs --budget-s 560 --out "$OUT/learn"
+}
+
+stage_learn_async() {  # one step off (vLLM awake, MPS as shipped); with two GPUs the split layout too
+  local v=${LEARN_VARIANTS:-async}
+  [ -z "$LEARN_VARIANTS" ] && [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && v=async,split
+  TAIL=14 run learn_async 585 python -m benchmarks.learning_gpu --variants "$v" --seeds 0 --reuse-runs \
+    --budget-s 560 --out "$OUT/learn_async"
+}
+
+stage_trl_learn() {  # TRL 1.16 (.whl, installed by setup) from the warm-up, then xrlhf's seed 0 in the same call
+  # TRL_LEARN_ARGS=--reuse-runs: xrlhf's seed 0 kept from an earlier `learn` on this machine (~2.5 min saved)
+  TAIL=14 run trl_learn 585 python -m benchmarks.learning_gpu --trl --seeds 0 --budget-s 575 --trl-timeout 420 \
+    $TRL_LEARN_ARGS --out "$OUT/trl_learn"
+}
+
+stage_numerics() {  # the numerics guard: W's first 3 steps, sync and one step off, two runs each (~5 min)
+  XRLHF_GPU_RUNS="$OUT/runs" TAIL=30 run numerics 585 python -m pytest -m gpu -q -rA -p no:cacheprovider \
+    tests/gpu/test_numerics_guard.py
 }
 
 for s in "$@"; do

@@ -536,6 +536,44 @@ def w_vs_trl(entries: list | None, link) -> list[str]:
     return out + [""]
 
 
+def learning_gpu(r: dict | None, trl: dict | None, link) -> list[str]:
+    """Issue 51: ``configs/gpu/grpo_learn.yaml`` over seeds and variants, and its time to reward beside TRL."""
+    out = ["## GRPO that learns on one GPU, and its time to reward beside TRL (issue 51)", ""]
+    if r is None:
+        out += ["Not run yet: `python -m benchmarks.learning_gpu --out benchmarks/results` (`bash benchmarks/gpu.sh "
+                "learn`; the variants: `learn_async`).", ""]
+    else:
+        w = r.get("warmup") or {}
+        out += [f"`{r['config']}` on {r['gpu']}: the policy warmed up once ({w.get('steps')} steps of "
+                f"{w.get('batch_size')} demonstrations at lr {w.get('lr')}, {fmt(w.get('seconds'), 0)} s; eval "
+                f"before it {fmt(w.get('eval_before_warmup'))}), then GRPO from its weights per variant and seed. "
+                f"Greedy eval reward on the held-out problems; RL s: the sum of the steps' times (start-up "
+                f"excluded, evaluations included); met: the eval rose by at least {r['margin']}. "
+                f"`{r.get('command', '')}`.", "",
+                "| variant | seed | eval before RL | last eval | rise | met | RL s | s/step |",
+                "|---|---|---|---|---|---|---|---|"]
+        out += [f"| {x['variant']} | {x['seed']} | {fmt(x.get('eval_before_rl'))} | {fmt(x.get('eval_last'))} "
+                f"| {fmt(x.get('rise'))} | {_met(x.get('met'))} | {fmt(x.get('rl_s'), 1)} "
+                f"| {fmt(x['rl_s'] / x['steps'] if x.get('rl_s') else None, 2)} |" for x in r["runs"]]
+        notes = [f"* {x['variant']} seed {x['seed']} failed: `{x['error']}`." for x in r["runs"] if x.get("error")]
+        notes += [f"* not run (time): {', '.join(r['not_run'])}."] if r.get("not_run") else []
+        out += [""] + (notes + [""] if notes else [])
+        out += [f"![eval reward against the RL clock]({link(r['png'])})", ""] if r.get("png") else []
+    if trl is None:
+        return out + ["Beside TRL: not run yet: `python -m benchmarks.learning_gpu --trl --out benchmarks/results` "
+                      "(`bash benchmarks/gpu.sh trl_learn`).", ""]
+    t = trl["trl"]
+    out += [f"Beside TRL ({trl['gpu']}, seed {trl['seed']}, the same warmed model, data and verifier; TRL "
+            f"{(t.get('summary') or {}).get('trl', '?')}, exit {t['rc']}; xrlhf's run "
+            f"{'in the same call' if trl.get('xrlhf_same_call') else 'from an earlier call on this machine'}): TRL's "
+            f"last eval reward {fmt(trl.get('target'))} (from {fmt(trl.get('trl_first'))}), first reached at "
+            f"{fmt(trl.get('trl_s'), 1)} s of its training (evaluations left out); xrlhf reaches it at "
+            f"{fmt(trl.get('xrlhf_s'), 1)} s: ratio **{fmt(trl.get('ratio'))}** (target ≤ {trl['target_ratio']}: "
+            f"{_met(trl.get('met'))}{'; ' + trl['note'] if trl.get('note') else ''}). `{trl.get('command', '')}`.", "",
+            f"![xrlhf beside TRL]({link(trl['png'])})", ""]
+    return out
+
+
 def startup(r: dict | None) -> list[str]:
     """Issue 25: W's handles ready, cold and warm, with the coordinator's timeline; vLLM alone."""
     if not r or "calls" not in r:
@@ -689,6 +727,7 @@ def main() -> None:
     lines += learning_retune(load(res / "learning_retune.json"))
     lines += episodes_gpu([e for m in ("sync", "async") if (e := load(res / f"episodes_gpu_{m}.json"))])
     lines += w_vs_trl(load(res / "w_vs_trl.json"), link)
+    lines += learning_gpu(load(res / "learning_gpu.json"), load(res / "learning_vs_trl.json"), link)
     lines += startup(load(res / "startup.json"))
     lines += train_matrix(load(res / "train_efficiency_matrix.json"))
     lines += logprob_head(load(res / "logprob_head_h100.json"))
