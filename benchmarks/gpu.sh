@@ -10,7 +10,8 @@
 #   bash benchmarks/gpu.sh hooks_async               # W one step off as shipped, then with the MPS daemon off
 #   bash benchmarks/gpu.sh w2                        # the second workload beside TRL's default
 #   bash benchmarks/gpu.sh w7model w7trl             # 4 GPUs: W7's 7B model built here, TRL's ZeRO-3 recipe on it
-#   bash benchmarks/gpu.sh w7plan w7                 # 4 GPUs: the plan, then W7 as planned (layout auto) and co-located
+#   bash benchmarks/gpu.sh w7plan w7                 # 4 GPUs: the plan, then W7 as planned (layout auto)
+#   bash benchmarks/gpu.sh w7co                      # 4 GPUs: W7 co-located (the plan's second choice)
 #   bash benchmarks/gpu.sh learn                     # configs/gpu/grpo_learn.yaml: one warm-up, RL seeds 0 1 2 (sync)
 #   bash benchmarks/gpu.sh learn_async               # the same one step off (two GPUs: the split layout too)
 #   bash benchmarks/gpu.sh trl_learn                 # TRL's GRPOTrainer from the same warm-up beside xrlhf's seed 0
@@ -105,10 +106,15 @@ W7_COLOCATED="layout=null|policy.resources.ranks=4|policy.resources.gpus_per_ran
 |policy.generate.tensor_parallel_size=1|policy.generate.sleep_level=2|rollout.max_staleness=0|reference.resources.ranks=4\
 |reference.resources.colocate_with=policy|policy.train.engine=deepspeed|policy.train.zero_stage=3"
 
-stage_w7() {  # xrlhf on W7 as planned (layout auto: split, one step off), then co-located (the plan's #2, by hand)
+stage_w7() {  # xrlhf on W7 as planned (layout auto: split, one step off); ~5 minutes with its last checkpoint
   TAIL=12 run w7 590 python -m benchmarks.w_vs_trl --config configs/gpu/grpo_w7.yaml --model artifacts/model-7b \
-    --preset 7b --trl-dtype none --steps 5 --variants "${W7_VARIANTS:-default=layout=auto;colocated=$W7_COLOCATED}" \
-    --out "$OUT/w7"
+    --preset 7b --trl-dtype none --steps 5 --variants "${W7_VARIANTS:-default=layout=auto}" --out "$OUT/w7"
+  rm -rf /tmp/w_vs_trl-*
+}
+
+stage_w7co() {  # xrlhf on W7 co-located (the plan's #2, by hand): 4 x ZeRO-3 ranks, a generator on each GPU
+  TAIL=12 run w7co 590 python -m benchmarks.w_vs_trl --config configs/gpu/grpo_w7.yaml --model artifacts/model-7b \
+    --preset 7b --trl-dtype none --steps 5 --variants "colocated=$W7_COLOCATED" --out "$OUT/w7co"
   rm -rf /tmp/w_vs_trl-*
 }
 
