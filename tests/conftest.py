@@ -102,6 +102,20 @@ def one_rank():
         os.environ.pop("LOCAL_RANK", None)
 
 
+@pytest.fixture(autouse=True)
+def _loguru_sink_back():
+    """``xrlhf.cli.main`` called in pytest's process swaps loguru's sinks for one on the
+    ``sys.stderr`` of that moment, pytest's capture, closed once the test ends: every later log line
+    then printed a "Logging error" block. After each test, one sink on the real stderr again."""
+    import sys
+
+    from loguru import logger
+
+    yield
+    logger.remove()
+    logger.add(sys.__stderr__, level="DEBUG")
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> str:
     """A 2-layer, 64-wide Llama with a char tokenizer (about 140k parameters)."""

@@ -20,6 +20,9 @@ def test_each_warning_is_one_line_once():
         handler.seen.clear()
         assert one_line_warnings() is handler  # once per process
         with warnings.catch_warnings():
+            # pytest puts its own ``showwarning`` back around each test: capture again inside
+            logging.captureWarnings(False)
+            logging.captureWarnings(True)
             warnings.simplefilter("always")
             for _ in range(3):
                 warnings.warn("`past_key_values` is deprecated\n  use `cache`", FutureWarning, stacklevel=1)
