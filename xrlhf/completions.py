@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from xrlhf.algorithms.rollout import sampling_params
-    from xrlhf.config.schema import _check_model_dir
+    from xrlhf.config.schema import check_model_dir
     from xrlhf.data.datasets import write_jsonl
     from xrlhf.data.text import decode_responses, encode_prompt, load_tokenizer
     from xrlhf.engines.base import EngineSpec
@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides)
     try:
-        model = _check_model_dir(args.model)
+        model = check_model_dir(args.model)
     except ValueError as e:
         raise UserError(f"model: {e}") from None
     if args.count < 1:

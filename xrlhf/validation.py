@@ -37,6 +37,7 @@ from pydantic import BaseModel, ValidationError
 from xrlhf.config.loader import apply_overrides, format_errors, read_yaml
 from xrlhf.config.schema import Section, XConfig
 from xrlhf.internals import HOOKS_OFF, unknown_switched_off
+from xrlhf.plan import machine
 from xrlhf.utils.errors import UserError, first_line
 
 
@@ -237,7 +238,7 @@ def rollout_plan(cfg: XConfig, split: bool):
 
     if split or cfg.rollout.max_staleness == 0 or cfg.policy.resources.gpus_per_rank == 0:
         return RolloutPlan(split)
-    device = _gpu_total_gib()
+    device = machine.gpu_total_gib()
     return RolloutPlan(split, device, _trainer_gib(cfg) if device else None)
 
 
@@ -252,7 +253,7 @@ def plan_errors(cfg: XConfig, gpu_gib: float | None = None) -> list[str]:
     placed = placements(cfg)
     if not any(on_gpu(placed, h) for h in placed):
         return []
-    gpu_gib = gpu_gib or _gpu_total_gib()
+    gpu_gib = gpu_gib or machine.gpu_total_gib()
     if not gpu_gib:
         return []
     try:
@@ -263,19 +264,6 @@ def plan_errors(cfg: XConfig, gpu_gib: float | None = None) -> list[str]:
 
 
 @functools.cache
-def _gpu_total_gib() -> float | None:
-    """The first GPU's total memory from ``nvidia-smi`` (no CUDA context in the driver: it
-    would hold ~0.5 GiB of the GPU for the whole run); ``None`` without one."""
-    import subprocess
-
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10)
-        return float(out.stdout.split()[0]) / 1024 if out.returncode == 0 and out.stdout.strip() else None
-    except (OSError, ValueError, subprocess.SubprocessError):
-        return None
-
-
 def _trainer_gib(cfg: XConfig) -> float | None:
     from transformers import AutoConfig
 
@@ -435,7 +423,7 @@ def user_code_errors(cfg: XConfig, env) -> list[str]:
 def _tool_start_errors(env) -> list[str]:
     """Each sandboxed tool of a tool env started once: its import and constructor run there."""
     from xrlhf.envs.tool_use import ToolEnvOptions
-    from xrlhf.tools.base import build_tool
+    from xrlhf.tools.build import build_tool
     from xrlhf.tools.sandbox import SandboxedTool, ToolStartError
 
     if not isinstance(env.config, ToolEnvOptions):

@@ -46,10 +46,11 @@ def test_link_speeds_and_bad_flags(capsys):
 
 def test_validate_refuses_a_gpu_config_whose_plan_does_not_fit(base_config, monkeypatch):
     import xrlhf.validation as v
+    from xrlhf.plan import machine
     from xrlhf.utils.errors import UserError
 
     gpu = {**base_config, "policy": {**base_config["policy"], "resources": {"ranks": 1, "gpus_per_rank": 1}}}
-    monkeypatch.setattr(v, "_gpu_total_gib", lambda: 0.01)  # a 10 MiB GPU: nothing fits
+    monkeypatch.setattr(machine, "gpu_total_gib", lambda: 0.01)  # a 10 MiB GPU: nothing fits
     with pytest.raises(UserError) as e:
         v.validate_dict(gpu)
     assert len(e.value.messages) == 1
@@ -57,7 +58,7 @@ def test_validate_refuses_a_gpu_config_whose_plan_does_not_fit(base_config, monk
     assert "the GPUs of policy+rollout+critic+reference need " in e.value.messages[0]
     assert e.value.messages[0].endswith("check_plan=false runs it anyway)")
     v.validate_dict({**gpu, "check_plan": False})  # the user's word over the model's
-    monkeypatch.setattr(v, "_gpu_total_gib", lambda: 79.2)
+    monkeypatch.setattr(machine, "gpu_total_gib", lambda: 79.2)
     v.validate_dict(gpu)
-    monkeypatch.setattr(v, "_gpu_total_gib", lambda: 0.01)
+    monkeypatch.setattr(machine, "gpu_total_gib", lambda: 0.01)
     v.validate_dict(base_config)  # on CPU: no GPU memory to check

@@ -105,9 +105,9 @@ def test_layout_auto_applies_the_fastest_and_keeps_what_the_config_sets():
 
 
 def test_layout_auto_without_a_gpu_validates_the_layout_as_written(monkeypatch):
-    import xrlhf.validation as v
+    from xrlhf.plan import machine
 
-    monkeypatch.setattr(v, "_gpu_total_gib", lambda: None)
+    monkeypatch.setattr(machine, "gpu_total_gib", lambda: None)
     data = _w7()
     assert apply_auto_layout(data) is data
 

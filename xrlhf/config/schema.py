@@ -25,7 +25,7 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-def _check_model_dir(v: str | None) -> str | None:
+def check_model_dir(v: str | None) -> str | None:
     if v is None:
         return v
     p = Path(v).expanduser()
@@ -41,7 +41,7 @@ def _check_model_dir(v: str | None) -> str | None:
     return str(p.resolve())
 
 
-ModelPath = Annotated[str, AfterValidator(_check_model_dir)]
+ModelPath = Annotated[str, AfterValidator(check_model_dir)]
 """A local HF-format model directory; validated to exist (no hub, ever)."""
 
 

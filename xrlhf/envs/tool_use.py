@@ -24,7 +24,8 @@ from loguru import logger
 from pydantic import Field, model_validator
 
 from xrlhf.envs.episode import Episode, EpisodeOptions, Message, Turn
-from xrlhf.tools.base import Tool, ToolResult, ToolSpec, build_tool, call_tool, tool_errors
+from xrlhf.tools.base import Tool, ToolResult, call_tool
+from xrlhf.tools.build import ToolSpec, build_tool, tool_errors
 from xrlhf.tools.format import ToolCallError, parse_tool_call, tool_prompt
 
 

@@ -10,10 +10,10 @@ the config or an override sets is never changed: a layout that would change one 
 from __future__ import annotations
 
 import copy
-import subprocess
 
 from loguru import logger
 
+from xrlhf.plan import machine
 from xrlhf.plan.layouts import Cluster
 from xrlhf.plan.search import Option, search
 from xrlhf.plan.speed import Speeds, gpu_kind, speeds_for
@@ -31,22 +31,12 @@ def choose(data: dict, cluster: Cluster, speeds: Speeds, prompt_tokens: int = 64
 def local_cluster(data: dict) -> Cluster | None:
     """This machine as the run would use it: ``ray.num_gpus`` GPUs (default: every GPU
     ``nvidia-smi`` lists) of the first GPU's memory; ``None`` without a GPU."""
-    from xrlhf.validation import _gpu_total_gib
-
-    gib = _gpu_total_gib()
+    gib = machine.gpu_total_gib()
     if not gib:
         return None
     ray = data.get("ray") if isinstance(data.get("ray"), dict) else {}
-    gpus = ray.get("num_gpus") if isinstance(ray.get("num_gpus"), int) else _gpu_count()
+    gpus = ray.get("num_gpus") if isinstance(ray.get("num_gpus"), int) else machine.gpu_count()
     return Cluster(max(1, gpus), 1, gib)
-
-
-def _gpu_count() -> int:
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return 1
-    return max(1, sum(line.startswith("GPU ") for line in out.stdout.splitlines()))
 
 
 def apply_auto_layout(data: dict, cluster: Cluster | None = None, speeds: Speeds | None = None,

@@ -85,11 +85,11 @@ def run(args: argparse.Namespace) -> int:
     from xrlhf.plan.search import search
     from xrlhf.plan.speed import gpu_kind, speeds_for
     from xrlhf.utils.errors import UserError
-    from xrlhf.validation import _gpu_total_gib
+    from xrlhf.plan import machine
 
     data = read_for_plan(args.config, args.overrides)
     cfg = validated(data)
-    gib = args.gpu_memory or _gpu_total_gib() or 79.2
+    gib = args.gpu_memory or machine.gpu_total_gib() or 79.2
     gpus = args.gpus or max(gpus_asked(plan_input(cfg, args.prompt_tokens)), cfg.ray.num_gpus or 0)
     cluster = Cluster(gpus, args.nodes, gib)
     speeds = speeds_for(gpu_kind(gib, args.gpu_kind), args.speed)
