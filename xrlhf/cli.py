@@ -21,8 +21,8 @@ from xrlhf.utils.warnings_once import one_line_warnings
 
 
 # The commands whose arguments a module of their own adds: (help, module, its function). Only the
-# command being run imports its module; the others import torch or transformers (about 4.5 s on a
-# 2-core box), which ``xrlhf --help``, ``xrlhf validate`` and a config error do not need.
+# command being run imports its module; the others import torch or transformers (seconds), which
+# ``xrlhf --help``, ``xrlhf validate`` and a config error do not need.
 COMMANDS = {
     "plan": ("memory per GPU, phase and layout, before anything starts", "xrlhf.plan.cli", "add_arguments"),
     "make-tiny-model": ("build a small model and tokenizer locally", "xrlhf.models.make", "add_arguments"),

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from xrlhf.envs.synthetic import SHIPPED, add_arguments, run, shipped_command
+from xrlhf.envs.synthetic import SHIPPED, add_arguments, recipe, run
 from xrlhf.envs.verifiers import exact, numeric
 from xrlhf.envs.word_problems import TEMPLATES, make_rows
 from xrlhf.utils.errors import UserError
@@ -79,9 +79,9 @@ def test_bad_flags_are_user_errors(tmp_path):
 
 
 def test_prepare_data_builds_the_config_dataset():
-    assert shipped_command("artifacts/data/arithmetic.jsonl") == \
-        "xrlhf make-dataset arithmetic artifacts/data/arithmetic.jsonl --rows 4000 --seed 6"
-    assert shipped_command("artifacts/data/qa.jsonl").endswith("--tasks add,compare,sort --max-operand 20")
+    assert SHIPPED["artifacts/data/arithmetic.jsonl"][0] == "arithmetic"
+    assert recipe("artifacts/data/arithmetic.jsonl") == ["--rows", "4000", "--seed", "6"]
+    assert recipe("artifacts/data/qa.jsonl")[-4:] == ["--tasks", "add,compare,sort", "--max-operand", "20"]
     assert "artifacts/data/arithmetic.jsonl" in SHIPPED
 
 

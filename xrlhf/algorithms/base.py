@@ -22,7 +22,7 @@ import torch
 from loguru import logger
 from pydantic import BaseModel
 
-from xrlhf.algorithms.handles import Handles
+from xrlhf.engines.handles import Handles
 from xrlhf.algorithms.off_policy import staleness_stats
 from xrlhf.algorithms.rollout import Producer, Rollout, sampling_params
 from xrlhf.algorithms.rollout.build import build_collector, build_producer, episode_runner

@@ -17,20 +17,14 @@ the current policy before every optimizer step, over the whole (global) mini-bat
 
 * ``kto`` (offline): ``{prompt, completion, label}`` rows from ``algorithm.dataset``.
 * ``kto_online``: each step the policy samples ``trainer.samples_per_prompt`` completions per
-  prompt, the reward source (env rule, reward model or function) scores them, a completion is
-  desirable iff its reward >= ``algorithm.threshold``, then ``epochs`` passes of KTO steps.
-  With ``filter_uniform_groups`` only the prompts whose samples got both labels are kept, as
-  DAPO's dynamic sampling keeps only groups with mixed outcomes (Yu et al. 2025): a prompt the
-  policy always fails then pushes its likely (and often nearly right) answers down no more.
+  prompt, the reward source scores them, a completion is desirable iff its reward >=
+  ``algorithm.threshold``, then ``epochs`` passes of KTO steps (``filter_uniform_groups``: only
+  prompts whose samples got both labels, as DAPO's dynamic sampling).
 
-The paper recommends weights with ``w_d n_d / (w_u n_u)`` in ``[1, 4/3]`` (``n_d``, ``n_u``:
-the counts of desirable and undesirable examples). Fixed weights cannot keep that online,
-where the counts move with the policy; ``balance_ratio`` computes ``w_d`` from the counts of
-the rows of each update (``functional.kto_balanced_desirable_weights``), over all of them or,
-with ``balance_per_prompt``, within each prompt's samples. The latter matters online: with one
-ratio for the batch, a hard prompt's 7 wrong answers in 8 still push the tokens they share with
-the right one (the format, the right first digits) down, while an easy prompt's right answers
-push up other tokens.
+``balance_ratio`` computes ``w_d`` from each update's counts of desirable and undesirable rows
+(the paper's ``w_d n_d / (w_u n_u)`` in ``[1, 4/3]``, which fixed weights cannot keep online),
+over the batch or, with ``balance_per_prompt``, within each prompt's samples; why the latter
+matters online: docs/algorithms.md.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Why: tests, notebooks and the supervised warm-up want a trainer on a model without starting
 Ray. Rather than a second execution path, a local handle calls the very ``EngineHost`` that a
 Ray ``EngineWorker`` is (``xrlhf.engines.host``), through the very call declarations of
-``ModelHandle`` (``xrlhf.engines.calls.HandleCalls``: split, pad, gather, unit-weighted
-metrics). It satisfies ``algorithms.handles.Handles``.
+``ModelHandle`` (``xrlhf.engines.handles.HandleCalls``: split, pad, gather, unit-weighted
+metrics); ``LocalHandles`` implements ``engines.handles.Handles`` as the Ray ``Coordinator`` does.
 
 Ranks run one after another in this process. With several hosts, ``generate`` / ``infer``
 split and pad exactly as a Ray handle does; a ``train_step`` needs the ranks' gradients summed
@@ -23,7 +23,7 @@ import torch
 from xrlhf.data.batch import Batch
 from xrlhf.data.dispatch import DP_TRAIN, plan
 from xrlhf.engines.base import DistInfo, EngineSpec, GenerateEngine, InferEngine, TrainEngine
-from xrlhf.engines.calls import HandleCalls
+from xrlhf.engines.handles import HandleCalls, Handles
 from xrlhf.engines.host import EngineHost
 
 
@@ -109,46 +109,27 @@ class _BaseReference(LocalHandle):
         return self.infer_base(batch, wait=wait)
 
 
-class LocalHandles:
-    """The models of a run in this process; satisfies ``algorithms.handles.Handles``.
+class LocalHandles(Handles):
+    """The models of a run in this process (``engines.handles.Handles``).
 
     Args:
-        policy: the trained model; with a generate engine it is also the generator.
+        policy: the trained model; with a generate engine and no ``rollout``, also the generator.
         critic, reference, reward, teacher: ``None`` when absent.
         rollout: a separate generator handle (its weights are then not synced by
             ``sync_weights``: tests that use one load it themselves).
+        reference_from_policy: the reference is the policy's base (LoRA adapters off).
     """
 
     def __init__(self, policy: LocalHandle, critic: LocalHandle | None = None,
                  reference: LocalHandle | None = None, reward: LocalHandle | None = None,
-                 rollout: LocalHandle | None = None, teacher: LocalHandle | None = None):
+                 rollout: LocalHandle | None = None, teacher: LocalHandle | None = None,
+                 reference_from_policy: bool = False):
+        if rollout is None and policy.hosts[0].gen is not None:
+            rollout = policy  # the policy samples with its own generate engine
         self.handles = {n: h for n, h in (("policy", policy), ("critic", critic), ("reference", reference),
                                           ("reward", reward), ("rollout", rollout), ("teacher", teacher))
                         if h is not None}
-
-    @property
-    def policy(self) -> LocalHandle:
-        return self.handles["policy"]
-
-    @property
-    def generator(self) -> LocalHandle:
-        return self.handles.get("rollout") or self.handles["policy"]
-
-    @property
-    def critic(self) -> LocalHandle | None:
-        return self.handles.get("critic")
-
-    @property
-    def reference(self) -> LocalHandle | None:
-        return self.handles.get("reference")
-
-    @property
-    def reward(self) -> LocalHandle | None:
-        return self.handles.get("reward")
-
-    @property
-    def teacher(self) -> LocalHandle | None:
-        return self.handles.get("teacher")
+        self.reference_from_policy = reference_from_policy
 
     def sync_weights(self, version: int | None = None) -> float:
         """The policy's train engines -> its own generate engines (when it has them)."""

@@ -34,19 +34,11 @@ class PolicyLoss:
     ``min(exp(old - rollout), tis_cap)`` (unchanged since before ``off_policy``).
 
     ``off_policy`` (``off_policy.is_weights``): each token's policy-gradient term times its
-    behaviour weight, and a token ``mis`` rejects (``keep == 0``) is left out of the loss *sum*
-    but still counts in the denominator: the engine divides by the global number of
-    ``response_mask`` tokens (``engines.base.LossFn``), which this loss cannot change. A
-    rejected token thus adds zero gradient and the kept ones keep their per-token scale, so a
-    batch with many rejections takes a smaller step. AReaL does the same on purpose
-    (``areal/utils/functional/functional.py``, ``ppo_actor_loss_fn`` keeps the pre-rejection
-    ``loss_mask_count``), and so does slime (``backends/megatron_utils/loss.py``: denominators from
-    the original ``loss_masks``); verl instead rewrites ``response_mask``
-    (``rollout_corr_helper.compute_rollout_correction_and_add_to_batch``), which also removes the
-    rejected tokens from its denominator and its entropy and KL terms. Here the entropy bonus and
-    the KL term stay over every response token, as with ``tis_cap``. Metrics
-    ``off_policy/clipped_frac``, ``off_policy/masked_frac``, ``off_policy/weight_mean`` are means
-    over the micro-batch's response tokens, which the engine averages weighted by tokens.
+    behaviour weight; a token ``mis`` rejects is left out of the loss *sum* but still counts in
+    the engine's denominator (all ``response_mask`` tokens), so a batch with many rejections takes
+    a smaller step (as AReaL and slime do; verl differs: docs/algorithms.md, "The denominator").
+    The entropy bonus and the KL term stay over every response token. The ``off_policy/*``
+    metrics are means over the micro-batch's response tokens.
 
     Entropy: the engine computes it only when ``needs_entropy``: for the bonus
     (``entropy_coef != 0``) or for the ``policy/entropy`` metric (``log_entropy``). It costs a

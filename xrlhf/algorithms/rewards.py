@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 from loguru import logger
 
-from xrlhf.algorithms.handles import Handle, Handles
+from xrlhf.engines.handles import Handle, Handles
 from xrlhf.config.schema import XConfig
 from xrlhf.data.batch import Batch
 from xrlhf.envs import Env, Prompt

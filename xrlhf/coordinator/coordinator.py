@@ -2,7 +2,7 @@
 
 It builds what the shell's ``Topology`` (``coordinator/spec.py``) says and reads no config. The
 algorithm layer gets ready ``ModelHandle`` objects (``policy``, ``generator``, ``critic``,
-``reference``, ``reward``, ``teacher``; the ``algorithms.handles.Handles`` Protocol) and calls
+``reference``, ``reward``, ``teacher``: ``engines.handles.Handles``, which it implements) and calls
 ``sync_weights(version)`` after each policy update.
 """
 
@@ -18,7 +18,7 @@ import ray
 from loguru import logger
 
 from xrlhf.config.schema import RayConfig
-from xrlhf.coordinator.handle import ROLLOUT_GROUPS, BaseReference, ModelHandle
+from xrlhf.coordinator.handle import ROLLOUT_GROUPS, ModelHandle
 from xrlhf.coordinator.health import HEALTH_GROUP, Heartbeat
 from xrlhf.coordinator.forkserver import NOTHING, SERVER, base_worker_env, environ, fork_plan, fork_server_works
 from xrlhf.coordinator.forkserver import preloads as _preloads
@@ -28,6 +28,7 @@ from xrlhf.coordinator.spec import HandleSpec, Topology
 from xrlhf.coordinator.weight_routes import WeightRoutes
 from xrlhf.coordinator.worker import EngineWorker
 from xrlhf.engines.base import DistInfo, EngineSpec, engine_class
+from xrlhf.engines.handles import Handles
 from xrlhf.internals.ray import init_options, lean_head
 from xrlhf.utils import bytecode
 from xrlhf.utils.errors import WorkerDiedError
@@ -57,8 +58,7 @@ def init_ray(options: RayConfig, mps: bool = False, preload: dict[str, list] | N
     # "local": a Ray of this run's own, even where a cluster started by `ray start` runs on this
     # machine (ray.init would join it, and refuse num_cpus); joining one is ray.address. Its
     # processes inherit this one's environment, so the variables are set here for the start: a
-    # runtime environment would make every worker wait for Ray's runtime-env agent (actors up
-    # 2.8 s against 4.2-5.2 s for three on the 2-core box).
+    # runtime environment would make every worker wait for Ray's runtime-env agent (docs/architecture.md).
     if mps:
         env.update(DAEMON.start(required=options.mps is True))
     if (warning := sm_limit_warning()) is not None:
@@ -69,8 +69,7 @@ def init_ray(options: RayConfig, mps: bool = False, preload: dict[str, list] | N
         if preload and _forks(options) and not SERVER.running and not SERVER.failed():
             SERVER.start(preload)  # before Ray (its imports overlap Ray's start), in Ray's workers' environment
         # Ray starts its workers at nice 15, below everything else on the machine. Ours are the
-        # run: beside any other busy process they starved (make test beside one spinning process
-        # on the 2-core box: 40% done after 28 minutes, against 25 minutes for all of it alone).
+        # run: beside any other busy process they starved (docs/testing.md).
         with lean_head():
             ray.init(address="local", num_cpus=options.num_cpus or os.cpu_count(), num_gpus=options.num_gpus,
                      include_dashboard=False, **init_options(), **kwargs)
@@ -124,7 +123,7 @@ def _alone(engines: dict[str, tuple[str, EngineSpec]]) -> dict[str, tuple[str, E
     return {role: e for role, e in engines.items() if engine_class(e[0], role).starts_alone_with(e[1].options)}
 
 
-class Coordinator:
+class Coordinator(Handles):
     """Owns Ray and the handles of one run.
 
     Args:
@@ -183,8 +182,7 @@ class Coordinator:
         handles = {s.name: self._spawn(s, slots[s.name]) for s in first}
         steps: list[tuple[ModelHandle, list, dict, list[DistInfo]]] = []
         # each handle builds as soon as its first worker is up: in a fixed order, one forked late
-        # held back the others' builds (a reference's: 4 s of W's warm start on an H100), and one
-        # forked early waited for the others' (the generator's: ~2 s, 2026-11-28)
+        # held back the others' builds and one forked early waited for the others' (docs/architecture.md)
         for s in self._as_they_come_up(handles):
             handle = self.handles[s.name] = handles[s.name]
             alone = _alone(s.engines)
@@ -310,38 +308,7 @@ class Coordinator:
         logger.info(f"weight sync: {self.transport} ({'co-located' if plan.colocated else 'split'} layout, "
                     f"verify {'on' if plan.verify else 'off'})")
 
-    # -- the handles, as ``algorithms.handles.Handles`` names them ---------------------------------
-    @property
-    def policy(self) -> ModelHandle:
-        """The trained model's handle."""
-        return self.handles["policy"]
-
-    @property
-    def generator(self) -> ModelHandle | None:
-        """The handle that generates, ``rollout`` (``None`` when nothing generates)."""
-        return self.handles.get("rollout")
-
-    @property
-    def critic(self) -> ModelHandle | None:
-        return self.handles.get("critic")
-
-    @property
-    def reference(self) -> ModelHandle | None:
-        """The reference's handle, or the policy's base (``BaseReference``) when the reference is
-        the policy with its LoRA adapters off (``reference.from_policy_base``)."""
-        if self.reference_from_policy and "policy" in self.handles:
-            return BaseReference(self.handles["policy"])
-        return self.handles.get("reference")
-
-    @property
-    def reward(self) -> ModelHandle | None:
-        return self.handles.get("reward")
-
-    @property
-    def teacher(self) -> ModelHandle | None:
-        """The teacher of on-policy distillation (``teacher`` section), or ``None``."""
-        return self.handles.get("teacher")
-
+    # -- ``Handles``: the handles by role are its own (policy, generator, ...) -----------------
     def end_rollout(self) -> None:
         """Generation is over until the next sync: co-located generators free their memory."""
         if self.weight_sync is not None:

@@ -1,29 +1,17 @@
 """The fork server: workers that begin with their imports done (``ray.fork_server``).
 
-Why: on W's warm start (one H100) the generator's path was Ray's start (2-4 s), the worker's own
-start with torch (~2 s), vLLM's import (6-8.5 s), then the engine's build (3.5-5 s): 15-20 s, all
-in a row. The import cannot begin before the worker's process exists, and that process cannot
-exist before Ray. So the driver starts a plain process first, this module's ``serve``, which
-imports what the preloading engines import (``Engine.preload``) while Ray starts, then waits.
-Ray starts such a handle's workers through ``fork_client.py`` (the actor's ``runtime_env``
-``py_executable``): the client hands the server its command line, environment, directory and
-standard streams, the server forks, and the child, with everything imported, runs Ray's worker
-entry point as the raylet asked. The import then overlaps Ray's start instead of following it.
+Why: a worker's imports (torch, transformers, vLLM) cannot begin before its process exists, nor
+that process before Ray, so they ran in a row with Ray's start. The driver starts a plain process
+first, this module's ``serve``, which imports what the preloading engines import
+(``Engine.preload``) while Ray starts; Ray then starts such a handle's workers through
+``fork_client.py`` (the actor's ``runtime_env`` ``py_executable``) and the server forks them.
+The other handles' workers (the trainers) are forked from a copy made before vLLM's import
+(``plain``), since vLLM's import patches torch's compiler, which a trainer must not inherit.
 
-Ray itself stays out of the server: its C++ core reads some settings (the job id among them) from
-the environment once, the first time it is used, so a worker forked from a process that had
-imported Ray fails its start (seen on the 2-core box). ``import ray`` fails in the server while it
-imports; the modules that tried it (vLLM's Ray executor catches the error) are imported again in
-the child, where Ray is whole. The server also refuses to fork once CUDA was touched (a forked
-child could not use it): a test fork checks torch's own flag, and every client then starts the
-usual way. Only a local Ray on Linux uses it (a cluster's worker may land on another machine).
-
-The other handles' workers (the trainers: torch, the engines' modules, transformers) are forked
-too, from a copy of the server made before vLLM's import (``plain``): once the generator forked
-early, the trainers' own imports (3.7 s of W's warm start on an H100, 2026-11-28) were the longest
-path. Not from the server itself: vLLM's import patches torch's compiler (``vllm/env_override.py``:
-inductor's lowering and cache pickler, one compile thread), which a trainer's ``compile`` must not
-inherit; the copy holds exactly what a trainer would import itself.
+Ray itself stays out of the server (its C++ core reads settings from the environment once, so a
+worker forked from a process that imported Ray fails), and the server refuses to fork once CUDA was
+touched. Only a local Ray on Linux uses it. How it works and what it saves: docs/architecture.md
+("The fork server").
 """
 
 from __future__ import annotations
@@ -89,8 +77,8 @@ def fork_plan(specs: list) -> dict[str, list[tuple[str, str, Any]]]:
 
 def start_early(config: str, overrides: list[str]) -> bool:
     """``xrlhf run``'s first step: where the config names a vLLM engine for a local Ray, start the
-    fork server before this process imports and validates anything (W's driver: ~11 s on an H100
-    before its Ray starts); the server validates the config itself and imports what its handles'
+    fork server before this process imports and validates anything (the driver's own imports take
+    seconds before its Ray starts); the server validates the config itself and imports what its handles'
     engines need (``fork_plan``). Anything unclear (a config that does not read) starts nothing: the
     run says why, and ``coordinator.init_ray`` starts a server from the validated topology just
     before Ray."""
@@ -206,12 +194,6 @@ class ForkServer:
         second would fail alike. "Nothing to preload" is no failure."""
         status = self.status()
         return bool(status) and not status.get("usable") and status.get("why") != NOTHING
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join((self.dir / LOG).read_text(errors="replace").splitlines()[-lines:]) if self.dir else ""
-        except OSError:
-            return ""
 
     def stop(self) -> None:
         """Stop the server (the workers it forked are Ray's, and stay), remove its directory."""

@@ -1,6 +1,6 @@
 """``ModelHandle``: one model (policy, critic, reference, reward, rollout) as a group of Ray actors.
 
-The calls and their dispatch are declared once in ``xrlhf.engines.calls.HandleCalls`` (the
+The calls and their dispatch are declared once in ``xrlhf.engines.handles.HandleCalls`` (the
 in-process ``LocalHandle`` runs the same declarations); this class runs them as Ray calls, one
 actor (``EngineWorker``) per rank. Calls return results, or with ``wait=False`` a ``Pending``
 whose ``get()`` gathers later, so independent handles overlap (reference and critic inference,
@@ -18,7 +18,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from xrlhf.data.dispatch import plan
-from xrlhf.engines.calls import HandleCalls
+from xrlhf.engines.handles import HandleCalls
 from xrlhf.utils import faults
 from xrlhf.utils.errors import WorkerDiedError, first_line
 
@@ -157,6 +157,10 @@ class ModelHandle(HandleCalls):
             except Exception:  # noqa: BLE001 - only a dead peer is of interest here
                 continue
         return None
+
+    def base_reference(self) -> "BaseReference":
+        """This handle's base as the reference (``BaseReference``)."""
+        return BaseReference(self)
 
     def _dispatch(self, mode: str, method: str, args: tuple, kwargs: dict, *, wait: bool,
                   gather: Callable | None, split_kwargs: tuple[str, ...], group: str | None, redo: bool = True) -> Any:

@@ -3,8 +3,7 @@
 Why: processes that share a GPU each have a CUDA context of their own, and the GPU runs one
 context at a time (time slices), so a one-step-off run on one GPU (vLLM generating batch s+1
 while the trainer updates on batch s) overlaps only the host's idle time. Under MPS the
-processes' kernels run side by side. W on one H100 (docs/async.md, same call): synchronous 5.11 s
-per step; one step off 4.53 s without MPS, 3.85 s with it (1.33x the synchronous step).
+processes' kernels run side by side (the measured gain: docs/async.md, "MPS on one GPU").
 
 This runs a control daemon of the run's own (``nvidia-cuda-mps-control -d``) with a pipe and a
 log directory of its own, so only this run's processes are its clients: no setting of the GPU
@@ -38,11 +37,9 @@ SM_LIMIT = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 def sm_limit_warning(environ: Mapping[str, str] = os.environ) -> str | None:
     """A warning where the environment limits an MPS client's SMs (every Ray worker inherits it).
 
-    Why: on an H100 (CUDA 13, torch 2.11's cuBLAS and cuBLASLt) bf16 GEMMs of W's shapes came out
-    wrong (finite garbage or NaN) under most limits: 30, 40, 60, 70, 75 and 80% (38-104 of 132
-    SMs); right at 20, 50, 90, 95 and 100% (``benchmarks/mps_sm_probe.py``, docs/async.md). A
-    model's loss can look right while some shapes are wrong (70%: W's loss to five digits, 18 of
-    30 shapes wrong), so nothing at run time can vouch for a limit."""
+    Why: cuBLAS's bf16 GEMMs were measured wrong (finite garbage or NaN, no error) under most SM
+    limits, and a model's loss can look right while some shapes are wrong, so nothing at run time
+    can vouch for a limit (the limits and shapes: docs/async.md, docs/design/probes.md)."""
     value = environ.get(SM_LIMIT, "").strip()
     if not value:
         return None
@@ -53,7 +50,7 @@ def sm_limit_warning(environ: Mapping[str, str] = os.environ) -> str | None:
         pass
     return (f"{SM_LIMIT}={value} limits every MPS client's SMs, and cuBLAS GEMMs were measured wrong (NaN or "
             "garbage, no error) under most limits on an H100 (docs/async.md); unset it unless a check like "
-            "benchmarks/mps_sm_probe.py passes on this GPU")
+            "the SM-limit probe of docs/design/probes.md passes on this GPU")
 
 
 def mps_option_errors(mps: bool | str, address: str | None) -> list[str]:

@@ -49,7 +49,7 @@ class EngineWorker(EngineHost):
         self._init_at = time.time()
         # What this process has loaded (Ray, torch) stays for its life: frozen, the collections that
         # the engines' imports trigger (transformers, vLLM: thousands of modules) do not walk it
-        # again (~9% of transformers' import on the 2-core box). Here, not at import: only a
+        # again (docs/architecture.md). Here, not at import: only a
         # worker's process, never a driver that imports this module.
         gc.freeze()
         one_line_warnings()
@@ -62,8 +62,7 @@ class EngineWorker(EngineHost):
         sys.unraisablehook = sigterm_again_outside_callbacks
         if preload:
             # Here, not in a first call: a call waits for the driver to hear that the actor is up
-            # (0-0.4 s of W's warm start on an H100, 2026-11-27; up to seconds on a loaded 2-core
-            # box), and vLLM's import is the generator's critical path.
+            # (up to seconds on a loaded host), and vLLM's import is the generator's critical path.
             self.preload(preload)
 
     def setup(self, engines: dict[str, tuple[str, EngineSpec]], dist: DistInfo) -> dict[str, Any]:

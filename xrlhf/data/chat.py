@@ -1,28 +1,14 @@
 """Chat templates as token ids: the prompt, the end-of-turn ids and each observation's ids.
 
-A multi-turn episode is kept **token in / token out** (``docs/design/episodes.md``): the
-model's sampled ids go into the trajectory as sampled, and what the env says between turns is
-appended as the ids the chat template renders for it. Nothing is decoded and re-encoded, so the
-tokens the policy is trained on are exactly the tokens it sampled.
-
-:class:`ChatFormat` derives those ids from the tokenizer's own chat template, the technique
-verl and slime use: render a fixed anchor conversation with and without the new message and
-keep what the message adds after the assistant's end-of-turn token. The trajectory then equals
-the template applied to the whole conversation, **where the template is prefix-stable**:
-rendering ``n + 1`` messages extends rendering ``n``. Some templates are not: Qwen3's drops the
-``<think>...</think>`` block of earlier assistant turns, others put a date or a message count in
-the system prompt. ChatFormat checks this once per tokenizer on a probe conversation; where it
-fails, ``prefix_stable`` is ``False``, ``stability_issue`` names the first message that renders
-differently, and a warning says so (``strict=True`` raises instead). xrlhf does not "fix" such a
-template: the trajectory keeps the tokens as sampled and the observations as rendered after
-them, which is what the model saw while sampling, and it is then no longer equal to the
-re-rendered conversation (``docs/chat.md``).
-
-An observation's content is text: a control token written inside it (``"</s>"`` in a tool's
-output) is encoded as ordinary characters, never as the control token, so an env cannot end a
-turn or inject a role by what it prints (transformers' ``sanitize_control_tokens``, where the
-installed version has it). Prompts and assistant contents are encoded as the template encodes
-them (an assistant's ``<think>`` stays the model's ``<think>`` token).
+A multi-turn episode is kept **token in / token out**: the model's sampled ids go into the
+trajectory as sampled, and what the env says between turns is appended as the ids the chat
+template renders for it, so the policy trains on exactly the tokens it sampled.
+:class:`ChatFormat` derives those ids from the tokenizer's own chat template (the suffix a fixed
+anchor conversation gains when the message is added). That equals re-rendering the whole
+conversation only where the template is prefix-stable; ChatFormat checks this once per tokenizer
+and warns where it is not (``prefix_stable``). An observation's text is encoded as characters,
+never as control tokens, so an env cannot end a turn by what it prints. Which templates are not
+prefix-stable, and what xrlhf does then: docs/chat.md.
 """
 
 from __future__ import annotations

@@ -1,39 +1,14 @@
 """Data-parallel dispatch: split any batch over ranks, gather the results, weight the metrics.
 
-Why a module: a handle with ``R`` ranks must accept a batch of any size ``N`` (an eval set of
-53 prompts, the rows online KTO keeps, a reward model's batch), and every rank must get the
-*same* number of rows, because some engines run collectives per micro-batch (DeepSpeed
-ZeRO-3's forward gathers parameters: a rank with one micro-batch fewer hangs its peers).
-Padding and unpadding belong here, once, not in each algorithm (STYLE principle 13). The
-module is Ray-free: the Ray handle (``coordinator/handle.py``) and the in-process handle
-(``algorithms/local.py``) both dispatch through ``plan``, so they split alike.
-
-How a batch is split (``split``): ``N`` rows into ``R`` consecutive parts of ``ceil(N / R)``
-or ``floor(N / R)`` rows (the first ``N mod R`` parts get one more, as ``numpy.array_split``);
-each short part is padded to ``ceil(N / R)`` with copies of its own first rows (of row 0 when
-it has none). When ``R`` divides ``N`` nothing is padded and the parts are exactly the old
-equal consecutive split. ``gather`` drops each part's padding and concatenates in rank order.
-
-Training (``split_train``): a padded copy must not count in the loss or the gradient. The loss
-contract (``engines.base.LossFn``) sums per-unit losses and divides by the global number of
-units, a unit being a response token (``response_mask`` ones) or a row:
-
-* token-unit losses (PPO's policy and value losses, SFT): padding rows get an all-zero
-  ``response_mask``. Every token-level term is masked, and the engine's unit count is the
-  mask's sum, so they add nothing to the loss, the denominator, the gradient or the engine's
-  token-weighted metrics. 2 ranks on 5 rows step exactly as 1 rank on 5 rows (tested).
-* sequence-unit losses (KTO, DPO, the reward model): an uneven split gives every part a
-  ``row_weight`` (0 for the copies); the engines count its sum as the rows, and a loss that
-  declares ``row_weighted`` (KTO) leaves the copies out, so online KTO trains on any number of
-  rows. DPO and the reward model read interleaved pairs, which a split by rows would cut:
-  ``split_train`` refuses an uneven split for them, and their configs check ``batch_size``
-  against the policy's ranks.
-
-Metrics (``gather_metrics``): each rank's ``train_step`` metrics are means over its units;
-the gather weights rank ``r`` by its real units ``u_r`` (tokens or rows of the part it was
-sent, padding excluded, computed here from the part: engines need not report it), so the
-result is the mean over the global mini-batch: ``sum_r u_r m_r / sum_r u_r``. Values that are
-the same on every rank (``grad_norm``, ``lr``) come back exactly as they are.
+Why: a handle must accept a batch of any size, yet every rank must get the same number of rows
+(ZeRO-3 runs collectives per micro-batch: a rank with one fewer hangs its peers). So short parts
+are padded with copies of real rows (``split``) and the copies dropped on the way back
+(``gather``); in a train step (``split_train``) the copies get a zero ``response_mask`` (token
+losses) or a zero ``row_weight`` (row-weighted losses), so they add nothing to the loss or the
+gradient, and an uneven split is refused for pairwise losses (DPO, the reward model).
+``gather_metrics`` weights each rank's means by its real units. Ray-free: the Ray handle and the
+in-process handle both dispatch through ``plan``. The rules in full: docs/architecture.md
+("Padding belongs to dispatch").
 """
 
 from __future__ import annotations

@@ -131,7 +131,7 @@ class Engine(ABC):
 
     @classmethod
     def preload(cls, options: BaseModel | dict[str, Any]) -> None:
-        """Import what building an engine with ``options`` will import (vLLM: ~10 s), so that a
+        """Import what building an engine with ``options`` will import (vLLM's takes seconds), so that a
         host may run it in a thread while other engines build. Default: nothing."""
 
     @classmethod

@@ -15,18 +15,13 @@ from the model's shape (activation bytes per token), with margins:
   ``I`` the MLP's width); with gradient checkpointing only each layer's input (``H``) is kept and
   one layer is recomputed at a time. The chunked logprob head costs one chunk's fp32 logits
   (three copies in its backward) whatever the tokens; the full head ``5 V`` fp32 values per token.
-  Measured (``benchmarks/memory_sweep.py``, W's 0.5B model, one H100, 2026-11-26): 1.54 MB per
-  token at budgets of 8k-29k tokens, constant (the formula: 1.48, 4% under). With compiled layers
-  (``compiled``: inductor fuses the norms and the MLP's activation and recomputes the cheap parts
-  in the backward) 1.11 MB per token at 8k-48k tokens, which ``6 H + 2 Hkv + 3 I`` gives (1.10);
-  an engine whose layers compile derives its budget with that figure (W on an H100: about 40k
-  tokens per micro-batch instead of 29k, 4 micro-batches instead of 5).
+  With compiled layers (``compiled``: inductor fuses the norms and the MLP's activation and
+  recomputes the cheap parts in the backward) ``6 H + 2 Hkv + 3 I``, which an engine whose layers
+  compile derives its budget with.
 * **infer** (no gradients): one layer's working set at a time, its MLP's at the peak: eager, the
   residual stream and the norm's output (``2 H``) beside the activation, the up projection and
   their product (``3 I``); compiled, ``3 H + 2 I`` (inductor writes the product over the
-  activation's buffer); at least the attention's ``4 H + 2 Hkv``. Measured (the reference's
-  forward in W's loop, one H100, 2026-11-26): 0.5B eager 17 H per token, compiled 12.5 H; 1.5B
-  (W2) compiled 14.5 H (the formulas with the logprob chunk: +7%, +12%, +4%). Capped at
+  activation's buffer); at least the attention's ``4 H + 2 Hkv``. Capped at
   ``INFER_CAP`` tokens: more tokens per forward save nothing that matters, and the cap bounds
   what engines inferring side by side on one GPU (the policy's old logprobs, the reference, a
   critic) take at once.
@@ -35,6 +30,7 @@ The planned share of the free memory is ``FRACTION`` times the engine's ``memory
 (``EngineSpec``: 1 unless the coordinator says that handles sharing the GPU train at the same
 time), and activations are counted ``OVERHEAD`` times (the allocator's rounding and
 fragmentation, a backward's transient gradients). A budget never goes below ``MIN_TOKENS``.
+The formulas against measured memory: docs/plan.md.
 """
 
 from __future__ import annotations
@@ -110,8 +106,8 @@ def logprob_chunk(vocab: int, device_type: str) -> int:
 
     On a GPU, the most tokens (a power of two in ``CHUNK_TOKENS``) whose fp32 logits fit
     ``CHUNK_LOGITS_BYTES``: each chunk is a GEMM, a log-softmax and their backward, and small
-    chunks leave the GPU waiting on their launches. W's vocabulary of 32,000 gives 8,192 tokens
-    (train phase 1.09 -> 0.96 s on one H100, 2026-11-27f), a vocabulary of 152k 1,024. Elsewhere
+    chunks leave the GPU waiting on their launches (docs/training.md): a vocabulary of 32,000
+    gives 8,192 tokens, one of 152k 1,024. Elsewhere
     1,024 tokens: a CPU gains nothing from larger ones, and its numbers stay as they were.
     """
     lo, hi = CHUNK_TOKENS

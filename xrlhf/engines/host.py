@@ -62,8 +62,8 @@ def profiled(what: str, fn: Callable[..., Any], *args: Any) -> Any:
 GC_LOG_ENV = "XRLHF_GC_LOG"
 """A folder: with it set, each worker appends every garbage collection of its process (epoch
 start and end, generation, objects collected) to ``<folder>/gc-<handle>-<rank>-<pid>.jsonl``:
-whether Python's collector is in a phase's seconds (``benchmarks.hostprobe`` lines them up with
-the steps' timelines)."""
+whether Python's collector is in a phase's seconds (the host probe of docs/design/probes.md
+lined them up with the steps' timelines)."""
 
 
 def log_gc(folder: str, name: str) -> None:
@@ -137,8 +137,7 @@ class EngineHost:
         seconds: dict[str, float] = {}
         if self._preloading is not None:
             # The build waits for preload's imports rather than importing the same package beside
-            # them from a second thread. On an H100 this did not speed the import (12.9 s in the
-            # generator's actor against 11.2-12.4 before, 4.7 s in a plain process), but the import
+            # them from a second thread. That did not speed the import (docs/benchmarks.md), but the import
             # then has one owner, and the time it reports is the import's alone.
             self._preloading.join()
         for role, (name, spec) in engines.items():
@@ -155,7 +154,7 @@ class EngineHost:
                 "done_at": time.time()}
 
     def preload(self, engines: dict[str, tuple[str, EngineSpec]]) -> None:
-        """Start importing what ``engines`` will need (``Engine.preload``: vLLM's ~10 s import) in a
+        """Start importing what ``engines`` will need (``Engine.preload``: vLLM's import, seconds long) in a
         thread, so that it overlaps whatever this worker waits for before ``setup`` builds them;
         a failure here is left for ``setup`` to report."""
         self._preload_at = time.time()

@@ -71,10 +71,8 @@ def estimate_train_gib(params: int, dtype_bytes: int, micro_batch: int, seq_len:
     ``micro_batch`` x ``seq_len`` micro-batch, per layer and token ~10 tensors of ``hidden`` and 4
     of the MLP's ``intermediate`` width (default 4 x hidden), in the weights' dtype; the logits
     and their fp32 temporaries (5 x vocab per token: logits, scaled, log-softmax, entropy,
-    gradient); all times 1.3 for the allocator's fragmentation and the CUDA context. Calibrated on
-    the issue-14 workload W (0.5b preset, bf16, micro-batch 32 x ~300 tokens, reference on the
-    same GPU): 32 GiB estimated, 33 GiB measured while training. An estimate: a plan near the
-    limit can still fail at run time.
+    gradient); all times 1.3 for the allocator's fragmentation and the CUDA context (its
+    calibration: docs/async.md). An estimate: a plan near the limit can still fail at run time.
     """
     intermediate = intermediate or 4 * hidden
     state = params * dtype_bytes * 4 + frozen_params * dtype_bytes

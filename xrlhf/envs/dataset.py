@@ -2,33 +2,13 @@
 a verifier.
 
 Why: RL with verifiable rewards mostly trains on someone's table of problems and answers (GSM8K,
-MATH, a company's own), not on a generator. These envs read such a table and score each
-completion with a verifier (:mod:`xrlhf.envs.verifiers`: ``exact``, ``numeric``, ``boxed``, or a
-user's ``package.module:function``), so a new dataset needs a file and a YAML section, no code.
-
-Sources: a ``.jsonl`` file (one JSON object per line), a ``.parquet`` file (read with pyarrow,
-else pandas) or a directory written by ``datasets``' ``save_to_disk`` (a ``Dataset``, or a
-``DatasetDict`` whose split ``split`` names). A row holds the prompt and the answer in the columns
-``prompt_column`` / ``answer_column``; extra columns are ignored. Every row is checked when the env
-first reads its data: a missing column, a prompt that is not a string, an empty answer, an answer
-the verifier cannot compare, a line that is not JSON: each is one line naming the file and the
-row (``path:LINE`` for JSONL, 1-based; ``path: row I`` for parquet and datasets, 0-based, as
-``ds[I]``), raised as a :class:`~xrlhf.utils.errors.UserError` (at most 10, then a count).
-
-The held-out split follows the ``qa`` env: ``eval_dataset`` (or ``eval_split``, another split of
-a datasets directory) if given, else the rows whose prompt hashes into ``eval_fraction``
-(:func:`xrlhf.data.datasets.held_out`: independent of the seed and the row order). Training rows
-whose prompt is also held out are left out of training (with a warning). The training stream
-visits the training rows in a fresh seeded order each epoch; prompt ``i`` is a function of
-``(seed, i)``.
-
-``dataset`` is a single-turn env: the prompt is the row's text as it is (no chat template, as
-``reasoning`` and ``qa``). ``dataset_chat`` is the same data as a one-turn episode: its prompts
-are chat messages (an optional ``system_prompt``, then the row's prompt as the user's message),
-rendered by the policy tokenizer's chat template as in every episode env (docs/chat.md).
-
-Warm-up targets (``sft_examples`` / ``sft_conversations``) are ``demonstration_column`` (a worked
-answer) when set, else the answer.
+MATH, a company's own), not on a generator. These envs read such a table (``.jsonl``,
+``.parquet`` or a ``save_to_disk`` directory) and score each completion with a verifier
+(:mod:`xrlhf.envs.verifiers`), so a new dataset needs a file and a YAML section, no code. Every
+row is checked when the env first reads its data, each fault one line naming the file and row.
+The held-out split follows the ``qa`` env (:func:`xrlhf.data.datasets.held_out`). ``dataset`` is
+single-turn (the prompt as it is); ``dataset_chat`` renders the same rows as a one-turn chat
+episode. Options, row numbering and errors: docs/algorithms.md ("The ``dataset`` environment").
 """
 
 from __future__ import annotations

@@ -165,11 +165,6 @@ def recipe(path: str) -> list[str]:
     return rest if kind == "arithmetic" else [*rest, *SHIPPED_TASKS]
 
 
-def shipped_command(path: str) -> str:
-    """The ``xrlhf make-dataset`` command line that builds the shipped dataset ``path``."""
-    return " ".join(["xrlhf make-dataset", SHIPPED[path][0], path, *recipe(path)])
-
-
 def add_prepare_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``xrlhf prepare-data``."""
     parser.add_argument("--root", default=".", help="the directory the configs run from (default: here)")

@@ -17,24 +17,9 @@ Two tokenizers are built with the ``tokenizers`` library:
 Both have the same special tokens: ``<pad>`` (id 0), ``<s>``, ``</s>``, ``<unk>``; neither adds
 any of them on its own, so the trainer decides where BOS and EOS go.
 
-Both also carry :data:`CHAT_TEMPLATE` (saved as ``chat_template.jinja``), so multi-turn envs
-(``Prompt.messages``, :mod:`xrlhf.data.chat`) run on the tiny models. It uses only characters
-the char tokenizer already has plus ``<s>`` / ``</s>``, so the vocabulary, every encoding and
-the weights are what they were without it. A system, user, assistant and tool message and the
-generation prompt render as (every line ends in a newline)::
-
-    <s>S: You are brief.
-    U: 2+3?
-    A:
-    <tool_call>calc: 2+3</tool_call></s>
-    T: 5
-    A:
-
-``</s>`` ends an assistant turn (the stop token), so the observation after a turn is
-``"\\nU: ...\\nA:\\n"``. The generation prompt is ``"A:\\n"`` rather than ``"A: "``: a byte-level
-BPE glues a space to the word after it (``" 5"`` is one token), so after ``"A: "`` the rendered
-conversation would tokenise a reply differently from the tokens sampled after the prompt; after
-a newline it does not (unless the reply itself starts with whitespace).
+Both also carry :data:`CHAT_TEMPLATE` (saved as ``chat_template.jinja``), so multi-turn envs run
+on the tiny models; it adds no character the char tokenizer lacks, so the vocabulary and weights
+are unchanged. How it renders, and why the generation prompt ends in a newline: docs/chat.md.
 
 The CLI subcommand ``xrlhf make-tiny-model DIR`` is :mod:`xrlhf.models.make`.
 """

@@ -36,7 +36,7 @@ from xrlhf.utils.memory import PHASES
 @dataclass(frozen=True)
 class Cluster:
     """The machine: ``gpus`` per node, ``nodes``, ``gpu_gib`` of memory per GPU (as torch
-    reports it: an H100 80GB has 79.2 GiB)."""
+    reports it: a card sold as 80 GB has 79.2 GiB, the default)."""
 
     gpus: int = 1
     nodes: int = 1
@@ -207,7 +207,7 @@ def _generator_phases(g: Group, h: Handle, cluster: Cluster, awake_always: bool)
     asleep = vllm_asleep(awake, level)
     # The sync wakes the weights, receives them, then wakes the KV cache once the trainer has
     # returned its cache (coordinator.weight_routes): by the phase's end the generator is awake
-    # (measured: W's device at the sync's end is its generate phase's, 40.3 against 40.3 GiB).
+    # (measured: the device at the sync's end holds what it held while generating).
     for phase, parts in (("generate", awake), ("sleep", asleep), ("infer", asleep), ("train", asleep),
                          ("sync", awake)):
         g.alloc[(phase, h.name)] = sum(parts.values())
@@ -237,8 +237,8 @@ def _used(budget: int, rows: int, inp: PlanInput, ranks: int, mini: bool = False
     """Tokens of the largest micro-batch. A rank's batch (or mini-batch, for training) is split
     into the fewest micro-batches within the budget and ``rows`` rows, balanced by tokens
     (``data.micro_batches.plan_micro_batches``): each holds about the total over their count, a
-    sequence more at most, never more than the budget (W on an H100: budget 32,768 -> 5 of up to
-    29,230 tokens; on an H200, 61,577 -> 3 of up to 48,535)."""
+    sequence more at most, never more than the budget (e.g. 145k tokens under a 61k budget make 3
+    micro-batches of up to 48.5k: docs/plan.md)."""
     w = inp.workload
     seqs = math.ceil((w.mini_batch if mini else w.sequences) / max(ranks, 1))
     total = seqs * w.seq_len

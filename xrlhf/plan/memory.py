@@ -37,23 +37,21 @@ DS_MAX_LIVE = 1_000_000_000
 """DeepSpeed's ``stage3_max_live_parameters`` default (elements)."""
 CUDA_CONTEXT = int(0.86 * GIB)
 """A process's CUDA context, the kernels it loaded and what its allocator holds beyond its
-allocations, measured: the distillation run of ``configs/gpu/distill_vllm.yaml`` (four GPU
-processes whose allocations are 0.36 GiB in all) holds 3.82 GiB of an H100 in every phase, 0.86
-GiB a process (2026-11-26c; 0.5 GiB, a bare context, was planned until 2026-11-26d)."""
+allocations, measured on the distillation run of ``configs/gpu/distill_vllm.yaml`` (docs/plan.md)."""
 CUBLAS_WORKSPACE = 64 * 2**20
 """torch's cuBLAS and cuBLASLt workspaces in a process that multiplied matrices on the GPU: 2 x
 32 MiB on Hopper (``CUBLAS_WORKSPACE_CONFIG``'s default there, ``:4096:8``). torch's caching
-allocator holds them, so they count in a handle's allocations: the distillation student's process
-(2.2 MB of weights, gradients and AdamW states) held 64.1 MiB between its steps (H100, 2026-11-26)."""
+allocator holds them, so they count in a handle's allocations (measured: docs/plan.md)."""
 VLLM_GRAPHS_FLOOR = int(0.09 * GIB)
-"""vLLM's CUDA graphs of a model with next to no activations: 0.09 GiB (the distillation student,
-2 layers of 64, up to 256 sequences; vLLM's log, one H100, 2026-11-26)."""
+"""vLLM's CUDA graphs of a model with next to no activations (the distillation student, 2 layers
+of 64, up to 256 sequences; from vLLM's log: docs/plan.md)."""
 VLLM_GRAPHS_W = int(0.20 * GIB)
-"""The same for W's 0.5B model (24 layers of 1,024, up to 512 sequences) with whole decode steps
-captured, xrlhf's default (``torch_compile: false``); with vLLM's torch.compile, which captures
-piecewise graphs too, 0.39 GiB (vLLM's logs, H100)."""
+"""The same for a 0.5B model (24 layers of 1,024, up to 512 sequences) with whole decode steps
+captured, xrlhf's default (``torch_compile: false``); vLLM's torch.compile, which captures
+piecewise graphs too, about doubles it (docs/plan.md)."""
 VLLM_BATCHED_TOKENS = 16384
-"""vLLM's default ``max_num_batched_tokens`` on an H100 or H200: its profile run's tokens."""
+"""vLLM's default ``max_num_batched_tokens`` for ``LLM`` on a large data-centre GPU (vLLM picks
+it by the device): its profile run's tokens."""
 
 
 @dataclass(frozen=True)
@@ -197,7 +195,7 @@ def vllm_parts(shape: ModelShape, g: Generator, gpu_bytes: int) -> dict[str, int
         kv = shape.kv_bytes_per_token(g.dtype_bytes) * g.batch_tokens
         return {"weights": weights, "kv cache": kv, "activations": g.max_num_seqs * shape.vocab * 4}
     # vLLM's own forward (fused QKV and gate-up projections), not ours: the working set it was
-    # checked with (W's and the distillation student's allocations within 7%)
+    # checked with (two models' allocations within 7%: docs/plan.md)
     per_token = (6 * shape.hidden + 2 * shape.kv_width + 4 * shape.intermediate) * g.dtype_bytes // g.tp
     act = g.batched_tokens * per_token + 2 * g.max_num_seqs * shape.vocab * 4
     graphs = vllm_graphs(shape, g)
@@ -211,7 +209,7 @@ def vllm_parts(shape: ModelShape, g: Generator, gpu_bytes: int) -> dict[str, int
 def vllm_graphs(shape: ModelShape, g: Generator) -> int:
     """vLLM's CUDA graphs (bytes): modelled from two measurements (``VLLM_GRAPHS_FLOOR``,
     ``VLLM_GRAPHS_W``) as a floor plus a part that grows with layers x hidden; twice that with
-    vLLM's torch.compile (W: 0.39 against 0.20 GiB); none with ``enforce_eager``."""
+    vLLM's torch.compile; none with ``enforce_eager``."""
     if g.enforce_eager:
         return 0
     scale = shape.layers * shape.hidden / (24 * 1024)

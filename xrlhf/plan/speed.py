@@ -1,27 +1,12 @@
 """A step's planned time, phase by phase: a roofline model small enough to state in a table.
 
 Why a model: the layouts that fit (``plan.search``) are ranked by how fast a step would run, and
-nothing can be timed before the run. Every constant is in ``GPU_KINDS`` or ``Speeds``, each with
-its source; ``xrlhf plan --speed NAME=VALUE`` replaces one. Checked against W and W2 on one H200
-(tests/plan/test_search.py; docs/plan.md):
-
-* generate: vLLM decodes each engine's share of the sequences (``dp`` engines) in waves of what
-  its KV cache holds; a decode step reads the weights (``/ tp``) and the KV cache of the
-  sequences in flight from HBM, or computes ``2 x params`` FLOPs a sequence, whichever is slower,
-  divided by ``tp_efficiency`` when ``tp > 1``; plus the host's work per sequence and step
-  (scheduler, inputs, outputs); plus the prompts' prefill;
-* infer: a forward of every frozen model (and the critic's values, the policy's old logprobs
-  when it needs them): ``2 x params x tokens`` FLOPs at ``mfu``, divided over the ranks;
-* train: ``6 x params x tokens`` FLOPs (8 with gradient checkpointing; a LoRA policy 4, 6) per
-  epoch at ``mfu``, over the ranks; ZeRO-3 over more than one rank at ``zero3_efficiency``;
-* sync: the weight sync's transport (``plan.sync``);
-* the step: the sum of the phases, except a split layout one step off, whose generators work
-  while the trainers do: ``max(generate, infer + train) + sync``. A co-located one step off
-  shares each GPU between both, and is planned as the sum (W on one H200: 4.42 s one step off
-  against 4.07 synchronous; on an H100 3.83 against 4.17).
-
-Every sequence is taken at its full length (a prompt plus ``max_new_tokens``): the random
-models of W stop at their limit.
+nothing can be timed before the run. Each phase (generate, infer, train, sync) is a bound by HBM
+bandwidth, FLOPs at an efficiency, or the host's work per sequence; the step is their sum, except
+a split layout one step off: ``max(generate, infer + train) + sync``. Every sequence is taken at
+its full length. Every constant is in ``GPU_KINDS`` or ``Speeds``; ``xrlhf plan --speed
+NAME=VALUE`` replaces one. The formulas, the constants' sources and the checks against measured
+runs (tests/plan/test_search.py): docs/plan.md ("Planned step time").
 """
 
 from __future__ import annotations
@@ -59,14 +44,11 @@ class Speeds:
 
     Attributes:
         hbm_tb_s, tflops: one GPU's HBM bandwidth and dense bf16 peak (``GPU_KINDS``).
-        mfu: the share of ``tflops`` a train step and a forward reach. Fitted: W and W2 on one
-            H200 (compiled layers) reach 0.59 and 0.66 in training, 0.54 and 0.63 in the
-            reference's forward; 0.5 leaves room for eager layers and larger models.
-        decode_mfu: the same for a decode step's matrix products (assumed: W's and W2's decode
-            steps are bound by the host and HBM, so no run measured it).
-        host_us_per_seq: vLLM's host work per sequence and decode step, in µs (measured:
-            docs/design/generation-speed.md, ~20 µs; W's and W2's generate phases on one H200
-            fit 16 and 23 µs).
+        mfu: the share of ``tflops`` a train step and a forward reach (fitted to measured runs,
+            rounded down for eager layers and larger models).
+        decode_mfu: the same for a decode step's matrix products (assumed: the measured decode
+            steps are bound by the host and HBM).
+        host_us_per_seq: vLLM's host work per sequence and decode step, in µs (measured).
         tp_efficiency: a decode step's speed-up over ``tp`` GPUs is ``tp x`` this (assumed: the
             all-reduces of each layer; no tensor-parallel run measured yet).
         zero3_efficiency: a ZeRO-3 train step's speed against one whose weights are whole on
@@ -84,8 +66,8 @@ class Speeds:
 
 
 def gpu_kind(gpu_gib: float, name: str | None = None) -> GPUKind:
-    """The GPU kind called ``name``, or the one whose memory is nearest ``gpu_gib`` (80 GB: an
-    H100; an A100 of 80 GB has the same memory: ``--gpu-kind a100``)."""
+    """The GPU kind called ``name``, or the one whose memory is nearest ``gpu_gib`` (``h100`` or
+    ``h200``; an 80 GB ``a100`` has the same memory as ``h100``: ``--gpu-kind a100``)."""
     if name is not None:
         if name not in GPU_KINDS:
             raise UserError(f"--gpu-kind {name}: unknown; valid: {', '.join(GPU_KINDS)}")

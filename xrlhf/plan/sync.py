@@ -4,11 +4,11 @@ A sync sends the policy's weights in the generators' dtype (a merged LoRA policy
 the LoRA adapter (``lora.sync: adapter``, fp32). Speeds are GiB/s of the whole transfer, each
 one measured here or nominal (``LINKS``; ``--link NAME=GIB_S`` replaces one):
 
-* ``cuda_ipc``: 5.3, measured: W's sync phase, 0.92 GiB in 0.18 s on an H100, verify on
-  (bucket by bucket from the policy's process into vLLM's, checksums read back);
-* ``cpu``: 4.2, measured: 0.98 GiB through pinned memory and ``/dev/shm`` (docs/vllm.md);
+* ``cuda_ipc``: 5.3, measured: a run's sync phase with verify on (bucket by bucket from the
+  policy's process into vLLM's, checksums read back; docs/vllm.md);
+* ``cpu``: 4.2, measured: through pinned memory and ``/dev/shm`` (docs/vllm.md);
 * ``disk``: 1.97, measured: safetensors files in TMPDIR (docs/vllm.md);
-* ``nvlink``: 300, nominal: an H100 node's NVLink for an NCCL broadcast inside a node;
+* ``nvlink``: 300, nominal: a node's NVLink (Hopper generation) for an NCCL broadcast inside a node;
 * ``ib``: 40, nominal: a 400 Gb/s InfiniBand port per GPU, NCCL between nodes (at ~85%).
 
 ``nccl`` broadcasts from the policy's rank 0 to every generator (a pipelined broadcast costs

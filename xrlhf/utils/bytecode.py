@@ -3,8 +3,8 @@
 Each Ray worker is a fresh Python process that imports torch and transformers (and vLLM in a
 generator). Where their ``__pycache__`` holds no valid ``.pyc`` and Python may not write one (a
 read-only image, ``PYTHONDONTWRITEBYTECODE=1``), every process compiles thousands of modules from
-source: on the GPU machine of 2026-11-27, cProfile of vLLM's import showed ~2,300 modules compiled,
-6.4-7.3 s of it, in every worker of every run. ``init_ray`` warns once with the fix.
+source, seconds of every worker's start in every run (docs/testing.md). ``init_ray`` warns once
+with the fix.
 """
 
 from __future__ import annotations

@@ -132,13 +132,10 @@ def compiled_chunk_columns() -> Callable[..., torch.Tensor]:
     Why: eager, a chunk is the head's GEMM then five passes over its ``[c, V]`` logits (the cast
     to fp32, ``log_softmax``, the gather; in the backward the gather's scatter, the softmax's
     gradient, the cast back), each a kernel that reads or writes the whole chunk. Inductor fuses
-    them into one reduction forward and one backward: on W (vocab 32k, 1,024-token chunks, one
-    H100) the train step went from 1.12-1.13 s to 1.09-1.10 s and the reference's forward from
-    0.36-0.40 s to 0.34 s. The head's identity, the temperature and the flags are guards of the
+    them into one reduction forward and one backward (the gain: docs/training.md). The head's identity, the temperature and the flags are guards of the
     compiled code (a new value compiles again); the chunk's length is dynamic from the start
     (``dynamic=True``, as the layers'): a micro-batch's last chunk is shorter, and with automatic
-    dynamic shapes each of the train and infer paths compiled twice (W's first step 7 s longer
-    than eager with a warm cache, 2026-11-26d)."""
+    dynamic shapes each of the train and infer paths compiled twice."""
     if not _COMPILED:
         _COMPILED.append(torch.compile(chunk_columns, dynamic=True))
     return _COMPILED[0]

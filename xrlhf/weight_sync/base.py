@@ -19,18 +19,11 @@ With ``verify`` on, the sender puts a checksum of every tensor (cast to the rece
 in the message and ``receive`` checks it where the tensor arrives (inside vLLM's worker for
 the vLLM engine), so a corrupted or mismatched sync stops the run with the tensor's name.
 
-Read-back (``LoadRecord``). A test or benchmark asks the generator afterwards which weights
-it holds. A loader may change a tensor's layout (vLLM transposes GPT-2's Conv1D weights,
-stacks q/k/v into one ``qkv_proj``, pads the vocabulary), so checksums of the generator's
-parameters cannot be compared with the trainer's tensors by name: that gave 96 false
-differences for GPT-2. Undoing each loader's conversions is model-specific; running every
-tensor through the loader again into a scratch model doubles the memory. So the receiver keeps,
-for a verified sync, the checksum of each tensor *as the loader was given it*, by HF name
-(exactly the trainer's layout: compared like with like), and the checksum of every parameter
-right after the sync (what the loader made, in its own layout). The read-back first checks
-the parameters still hold what the loader made (a sleep/wake that lost weights, a later
-partial load), then returns the given checksums. What it cannot see is a loader that makes
-the wrong thing of a correct tensor: the GPU tests catch that by generating with the weights.
+Read-back (``LoadRecord``): a test or benchmark asks the generator afterwards which weights it
+holds. A loader may change a tensor's layout (vLLM fuses q/k/v, transposes GPT-2's Conv1D), so
+the receiver keeps, for a verified sync, the checksum of each tensor *as the loader was given it*
+(the trainer's layout) and of every parameter right after the sync; the read-back checks the
+latter still hold, then returns the former. Why this design: docs/vllm.md ("Transports").
 
 Transports are plug-ins of the lazy ``TRANSPORTS`` registry: one module of this package per
 transport, imported when its name is asked for, so the GPU transports' imports cost nothing

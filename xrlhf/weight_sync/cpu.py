@@ -10,7 +10,7 @@ speed, one wait per bucket) and sends it as a numpy ``uint8`` array plus its lay
 stores a numpy array as one out-of-band buffer (written once, read without a copy) and plain
 pickle writes it as one ``bytes``. The receiver views its tensors in the buffer
 (``unflatten``); the loader's copy into the parameters is the only one left on that side.
-``benchmarks/weight_sync_cpu_bench.py`` measures the two paths on CPU.
+docs/design/probes.md has the two paths measured on CPU.
 
 A message's data is valid until the same bucket of the next sync is packed (the pinned
 buffers are reused): the coordinator's object store copies it before then. Into vLLM's engine

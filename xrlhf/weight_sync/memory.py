@@ -139,7 +139,7 @@ class HostBuffers:
         self.paths: list[str | None] = []
         # Memory page-locked with cudaHostRegister must be unregistered before it is unmapped:
         # CUDA keeps the registration, and a later mapping at the same address fails with
-        # "resource already mapped" (seen on an H200 when a transport was dropped). ``close``
+        # "resource already mapped" (seen on a GPU when a transport was dropped). ``close``
         # and ``_release`` unregister in order; the finalizer covers a HostBuffers that is just
         # dropped (it runs before the buffers it holds are freed).
         self.registered: dict[int, int] = {}

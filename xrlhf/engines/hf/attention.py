@@ -204,7 +204,7 @@ def no_mask(device: torch.device) -> torch.Tensor:
 
     Why: with no mask, transformers looks for sequence boundaries in ``position_ids``
     (masking_utils ``find_packed_sequence_indices``, an ``.all()`` on the device: one sync per
-    forward, so one per micro-batch, measured on an H100), then asks ``varlen_mask``, which returns
+    forward, so one per micro-batch), then asks ``varlen_mask``, which returns
     none anyway. A 4-D mask it takes as prepared and passes through untouched
     (``_preprocess_mask_arguments``)."""
     if device not in _NO_MASK:

@@ -1,7 +1,7 @@
 """``compile: true``: torch.compile each block of the model's layer stack (regional compilation).
 
-Why: a small model's train step on a GPU is bound by the host, not by the GPU (docs/training.md:
-W's packed micro-batch takes ~130 ms for ~70 ms of kernels), because every decoder layer's
+Why: a small model's train step on a GPU is bound by the host, not by the GPU (docs/training.md
+has the figures), because every decoder layer's
 forward and backward are dozens of small operations (norms, rotary embeddings, the MLP's
 activation, residual adds), each a Python call and a kernel launch. Inductor fuses them into a
 few kernels. Compiling the repeated block, not the whole model, is PyTorch's *regional

@@ -64,8 +64,8 @@ def load_hf_model(spec: EngineSpec, dtype: torch.dtype | None = None) -> torch.n
 def build_imports(spec: EngineSpec) -> None:
     """Import what building a Transformers engine of ``spec`` will (``Engine.fork_imports``):
     the auto classes, the model's own modeling module (its ``config.json`` names it), torch's
-    compiler front end where the layers compile, PEFT where adapters train; ~1.5 s of a trainer's
-    build on an H100 (2026-11-28)."""
+    compiler front end where the layers compile, PEFT where adapters train: a trainer's build then
+    skips their imports."""
     import json
     from pathlib import Path
 
@@ -139,7 +139,7 @@ class HFModelOptions(BaseModel):
         None, description="torch.compile each decoder layer (regional compilation, dynamic shapes): fuses the "
         "many small operations of a layer (norms, rotary, activations), which otherwise take half a small model's "
         "GPU time; the first train and infer call compile (once for all layers). Default: on for a GPU's "
-        "full-weight training and inference (W on one H200: train 1.58 -> 1.06 s), off on CPU, with "
+        "full-weight training and inference (the gain: docs/training.md), off on CPU, with "
         "gradient_checkpointing, LoRA (not measured on a GPU yet) and DeepSpeed")
 
     def chunk_tokens(self, device: str, vocab: int) -> int:

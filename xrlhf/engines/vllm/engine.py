@@ -1,44 +1,18 @@
 """vLLM backend of the generate engine (vLLM 0.33; 0.25 too), imported only when ``engine: vllm``.
 
-One ``vllm.LLM`` per engine, fed token ids (``skip_tokenizer_init``: the model's EOS is passed
-as a stop id) and asked for the logprob of each sampled token (``logprobs=0``) when the call
-wants them (``SamplingParams.logprobs``), unless ``logprobs_path: worker`` keeps them on the GPU
-in vLLM's worker and takes them once per call (``internals/vllm_record.py``; docs/design/generation-speed.md).
+One ``vllm.LLM`` per engine, fed token ids (the model's EOS passed as a stop id). Its parts, each
+described in docs/vllm.md:
 
-Logprobs. The contract of ``GenerateEngine`` is the logprob under softmax(logits / T) before
-top-p/top-k, the distribution the trainer recomputes. vLLM's default ``raw_logprobs`` are of
-the raw logits (T = 1) and cannot be rescaled afterwards, so the engine asks for
-``logprobs_mode="processed_logprobs"``: logits after temperature (and penalties, which xrlhf
-does not set), *and* after top-k/top-p masking (vllm/v1/worker/gpu/sample/sampler.py,
-``apply_sampling_params``). Consequences: with ``top_p: 1`` and ``top_k: 0`` (the RL default)
-they are exactly the contract, at any temperature; at temperature 0 (greedy) vLLM scales
-nothing, giving T = 1 logprobs as the HF engine does; with ``top_p < 1`` or ``top_k > 0`` they
-are of the renormalised nucleus (the true behaviour policy), higher than the trainer's by
-log(nucleus mass), which the mismatch metric shows and truncated IS corrects.
-
-Weights. Updates go through ``xrlhf.engines.vllm.extension.XrlhfWorkerExtension`` inside vLLM's
-worker, called with ``collective_rpc``: the transport's receive side runs there, so CUDA IPC
-handles are mapped, NCCL buffers received and checksums checked where the weights land.
-
-LoRA adapters. When the policy syncs its LoRA adapter as such (``policy.train.lora.sync:
-adapter``, the spec's ``adapter``), vLLM is started with ``enable_lora`` (one slot of the
-adapter's rank); the tensors arrive through the transport into the worker extension, which
-writes them as a PEFT adapter directory in /dev/shm and loads it with the worker's ``add_lora``
-(``load_inplace``: one adapter id, replaced by each sync); every request then carries its
-``LoRARequest``. A merged sync needs none of this: vLLM gets full weights. See docs/lora.md.
-
-Threads. A call with ``seeds`` (the asynchronous rollout's) goes through ``loop``'s
-request loop: one thread streams every concurrent keyed call through ``llm.llm_engine``, and a
-weight sync that arrives while they generate pauses vLLM with its requests kept, loads, and
-resumes (``pauses_mid_generation``; ``SamplingParams.on_update`` says what the running rows do).
-Exactly one thread touches ``self.llm`` at a time; an unkeyed call runs ``LLM.generate`` as
-before, once the loop is idle.
-
-Memory. With ``sleep_level`` 1 or 2 the engine is built with ``enable_sleep_mode`` and
-``sleep()`` frees its KV cache (level 1 also moves the weights to CPU, level 2 drops them).
-A sync while asleep wakes the weights, loads, and leaves the KV cache asleep until
-``end_sync``/``wake_up``, after the trainer has returned its cached memory (the order of
-verl and OpenRLHF). See docs/vllm.md.
+* logprobs: asked as ``processed_logprobs`` (after temperature and top-k/top-p), the contract of
+  ``GenerateEngine`` under the RL default ``top_p: 1, top_k: 0``; with ``logprobs_path: worker``
+  kept on the GPU in vLLM's worker and taken once per call (``internals/vllm_record.py``);
+* weights: received inside vLLM's worker (``extension.XrlhfWorkerExtension``, through
+  ``collective_rpc``), so IPC handles are mapped and checksums checked where the weights land;
+  a LoRA adapter synced as such is loaded with the worker's ``add_lora`` (docs/lora.md);
+* threads: keyed calls (``seeds``) go through ``loop``'s request loop, which a weight sync pauses
+  mid-generation; one thread touches ``self.llm`` at a time;
+* memory: with ``sleep_level`` 1 or 2, ``sleep()`` frees the KV cache (and the weights); a sync
+  while asleep wakes the weights only, and the KV cache wakes after the trainer returned its memory.
 """
 
 from __future__ import annotations
@@ -157,8 +131,8 @@ class VLLMGenerateEngine(GenerateEngine):
         self.sleep_level = self.options.sleep_level
         self.frees_memory_when_asleep = self.sleep_level > 0
         # vLLM collects the whole heap about twelve times while it starts (memory snapshots, its
-        # profile run, before graph capture, its own freeze at the end): 2.6 s of W's warm start on
-        # an H200 (cProfile, 2026-11-27), for a heap of torch's, transformers' and vLLM's modules.
+        # profile run, before graph capture, its own freeze at the end), each over a heap of torch's,
+        # transformers' and vLLM's modules (seconds of a warm start: docs/architecture.md).
         # Collected once and frozen first (what vLLM does once started, freeze_gc_heap), those
         # collections see only what the engine allocates; ``shutdown`` unfreezes, as vLLM's does.
         gc.collect()
@@ -207,8 +181,8 @@ class VLLMGenerateEngine(GenerateEngine):
         from vllm.sampling_params import RequestOutputKind
 
         # Per-step (DELTA) outputs only when weights may land mid-call: they tell which weights
-        # sampled each token, but cost host time on every step (on W: generation 1.4x slower than
-        # LLM.generate's final-only outputs, docs/benchmarks.md). Final-only rows see no update:
+        # sampled each token, but cost host time on every step (generation measured slower than with
+        # LLM.generate's final-only outputs: docs/vllm.md). Final-only rows see no update:
         # one that lands anyway restarts them ("abort"), so their stamps stay right.
         kind = RequestOutputKind.DELTA if params.in_flight else RequestOutputKind.FINAL_ONLY
         fields = dict(self._sampling_fields(params), output_kind=kind)

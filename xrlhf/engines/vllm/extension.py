@@ -50,8 +50,8 @@ LORA_NAME = "xrlhf-policy"
 
 class ShmPool:
     """Shared-memory files for ``to_payload``, one per buffer index, kept from one sync to the
-    next: writing into a fresh tmpfs file pays for allocating every page (about 1 GiB/s
-    measured here), rewriting the same file costs a plain memcpy. The files are
+    next: writing into a fresh tmpfs file pays for allocating every page (slow: docs/vllm.md),
+    rewriting the same file costs a plain memcpy. The files are
     ``weight_sync.SharedFiles`` (space reserved when made; deleted on close, at exit, or by the
     next pool if this process was killed)."""
 

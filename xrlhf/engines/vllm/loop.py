@@ -1,43 +1,19 @@
 """The vLLM engine's request loop: keyed ``generate`` calls from many threads, streamed through
 one thread, with weights that may land while they generate (partial rollout).
 
-Why a loop of our own. ``LLM.generate`` adds its requests and steps the engine until every
-request the engine knows has finished, so two calls from two threads would step (and sort) each
-other's requests, and ``SyncMPClient``, the client of vLLM's engine process, is not thread-safe.
-An asynchronous rollout calls ``generate`` from up to 8 threads while a ninth syncs weights. So
-a keyed call (``seeds`` given) queues its rows here and waits; one loop thread adds them with
-``llm.llm_engine.add_request``, calls ``step()`` and collects each step's outputs as deltas
-(``RequestOutputKind.DELTA``: only the tokens sampled since the last output, so the loop knows
-which weights sampled each token), and completes a call when its last row finishes.
+Why a loop of our own: ``LLM.generate`` steps the engine until every request it knows has
+finished, so two calls from two threads would step each other's requests, and vLLM's engine
+client is not thread-safe. A keyed call (``seeds`` given) queues its rows here; one loop thread
+adds them, calls ``step()``, collects each step's outputs as deltas (so it knows which weights
+sampled each token) and completes a call when its last row finishes.
 
-Who touches the ``LLM``: one thread at a time, the *owner*. The loop owns it while it has
-requests in vLLM and gives it up when they are done. Any other use (``LLM.generate`` for an
-unkeyed call, memory sleep and wake, the checksum read-back) waits in ``exclusive()`` until the
-loop is idle; while someone waits the loop admits no new calls, so the wait is one generation
-at most. A weight sync does not wait: ``begin_sync`` pauses the loop mid-generation.
-
-The pause protocol (the vLLM facts, with file:line in the 0.25.1 wheel, are in docs/vllm.md):
-
-1. The syncing thread's ``begin_sync`` asks the loop to pause.
-2. Between two ``step()`` calls the loop calls ``llm.sleep(level=0, mode="keep")``: the
-   scheduler stops with every request kept, KV cache included, and the call returns once the
-   pause took effect, by which time everything vLLM sampled before it waits in the client's
-   output queue. The loop collects those outputs (stamped with the old version), then parks
-   and hands the ``LLM`` to the syncing thread. This is no memory sleep: nothing is freed.
-3. The syncing thread loads the buckets (``collective_rpc``), sets the engine's version and
-   calls ``finish_sync``, which hands the ``LLM`` back.
-4. The loop applies each running call's ``on_update`` and resumes with
-   ``llm.wake_up(tags=["scheduling"])``: ``continue`` keeps the KV cache the old weights
-   computed; ``recompute`` calls ``reset_prefix_cache(reset_running_requests=True)``, which
-   moves every running request back to the waiting queue so that vLLM recomputes its prompt
-   and tokens so far with the new weights (this applies to every running request, whatever its
-   call asked for, so ``continue`` calls running beside a ``recompute`` call are recomputed
-   too); ``abort`` aborts the call's unfinished rows and resubmits them from their prompts
-   with the seed ``derive_seed(seed, attempt)``, so every token of a row has one version.
-
-Requests carry a cache salt that changes with every sync (``epoch``), so a request added after
-new weights never reuses prefix-cache blocks the old weights computed: a cache that running
-requests still hold cannot be reset (vLLM refuses while blocks are in use).
+One thread at a time owns the ``LLM``: the loop while it has requests in vLLM; any other use
+waits in ``exclusive()`` until the loop is idle. A weight sync does not wait: ``begin_sync``
+pauses the loop between two steps (``llm.sleep(level=0, mode="keep")``, nothing freed),
+``finish_sync`` hands the ``LLM`` back, and each running call's ``on_update`` (``continue``,
+``recompute``, ``abort``) decides what its rows do with the new weights. Requests carry a cache
+salt that changes with every sync, so no new request reuses blocks the old weights computed. The
+protocol step by step, with vLLM's file:line: docs/vllm.md ("Keyed generation").
 
 vLLM is imported inside the functions that need it: ``xrlhf.engines.vllm`` imports this module
 and must import without vLLM.

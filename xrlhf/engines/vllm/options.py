@@ -69,20 +69,17 @@ class VLLMOptions(GenerateOptions):
         "max_num_seqs or 512 (17 sizes at 512: at most 50% padding below 256, 25% above, where decoding large "
         "batches is bound by the host or by reading the weights, not by the rows); null: vLLM's own, 1, 2, 4, then "
         "every 8 to 256 and every 16 above (51 sizes at max_num_seqs 512); or a list (sizes given in "
-        "engine_options.compilation_config win). Each size costs ~25 ms of start-up (W on an H200: 2.0 s of "
-        "capture for 51 sizes, 1.0 s for 11)")
+        "engine_options.compilation_config win). Each size costs start-up (docs/vllm.md)")
     # -- start-up --------------------------------------------------------------------------------
     torch_compile: bool = Field(False, description="vLLM compiles the model with torch.compile (true: vLLM's "
                                 "default) or not (false, ours): the decode steps run as whole CUDA graphs either way "
                                 "(FULL_DECODE_ONLY without compilation), so decoding gains nothing from it, while it "
-                                "costs start-up (W on one H100: engine 9.4 -> 5.5 s warm, 13 s of compilation cold; "
-                                "generation 60.4k -> 63.0k tokens/s). Prefill-heavy batches (long prompts) run eager "
+                                "costs start-up (docs/vllm.md). Prefill-heavy batches (long prompts) run eager "
                                 "without it: try true there")
     multiprocessing: bool = Field(False, description="vLLM's engine core in a process of its own (true: vLLM's "
                                   "default) or in the generator's process (false, ours: no process to spawn and "
-                                  "import at start-up and no outputs sent between processes; W on one H200: ready "
-                                  "58 -> 31 s warm, generation 2.50 -> 2.05 s). The generator is an actor of its "
-                                  "own, so its host work shares no interpreter with a trainer either way")
+                                  "import at start-up and no outputs sent between processes; docs/vllm.md). The "
+                                  "generator is an actor of its own, so its host work shares no interpreter with a trainer either way")
     kv_cache_tokens: int | Literal["batch"] | None = Field(
         None, description="a KV cache of this many tokens ('batch': max_num_seqs x max_model_len), so vLLM skips "
         "measuring free GPU memory and the engine is built beside the other engines instead of last and alone; "
@@ -202,7 +199,7 @@ def rollout_capture_sizes(max_num_seqs: int | None, largest: int = 512) -> list[
 
     Why coarser than vLLM's: a rollout decodes hundreds of sequences at once, where a step is
     bound by the host or by reading the weights, so padding a batch to the next size costs little,
-    while every size costs ~25 ms of start-up (51 sizes: 2.0 s of W's warm start on an H200)."""
+    while every size costs start-up (docs/vllm.md, "Generation speed")."""
     top = min(max_num_seqs or largest, largest)
     sizes = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256] + list(range(320, largest + 1, 64))
     return [s for s in sizes if s < top] + [next(s for s in sizes if s >= top)]

@@ -1,13 +1,16 @@
-"""``HandleCalls``: every call a model handle makes on its ranks, each declared once with its dispatch.
+"""The seam between trainers and models, in one place: ``HandleCalls`` (one model over its
+ranks) and ``Handles`` (the models of a run).
 
 A handle is one model over ``world_size`` ranks, each rank an ``EngineHost``. What a call does
 on a rank is the host's method of the same name; how the call is spread over the ranks and how
 the results come back is its *dispatch* (``xrlhf.data.dispatch``: ``DP`` splits the first
 argument, ``ALL`` calls every rank, ...), declared here once with ``@call`` in the manner of
-verl's ``@register(dispatch_mode=...)``. Two classes run the declarations: the Ray
-``coordinator.ModelHandle`` (one actor per rank, futures, healing) and the in-process
-``algorithms.local.LocalHandle`` (tests, the warm-up); each implements only ``_dispatch``. No Ray
-here.
+verl's ``@register(dispatch_mode=...)``; ``wait=False`` returns a ``Pending``. Two sets of classes
+implement the seam and behave the same (tests/algorithms/test_handles_seam.py runs one table of
+calls on both): the Ray ``coordinator.ModelHandle`` and ``Coordinator`` (actors, futures,
+healing), and the in-process ``algorithms.local.LocalHandle`` and ``LocalHandles`` (tests, the
+warm-up). A handle implements ``_dispatch`` (and ``base_reference``); the run's models implement
+``sync_weights``, ``end_rollout`` and ``memory``. No Ray here.
 """
 
 from __future__ import annotations
@@ -15,10 +18,18 @@ from __future__ import annotations
 import functools
 import inspect
 from abc import ABC, abstractmethod
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from xrlhf.data.dispatch import ALL, DP, DP_TRAIN, EACH, ONE, RANK0
 from xrlhf.engines.training import merge_rank_states
+
+
+@runtime_checkable
+class Pending(Protocol):
+    """A call still running on a handle's ranks (``wait=False``)."""
+
+    def get(self, timeout: float | None = None) -> Any:
+        """Wait for every rank and gather their results as the blocking call would."""
 
 
 def call(mode: str, gather: Callable[[list[Any]], Any] | None = None, split_kwargs: tuple[str, ...] = (),
@@ -68,6 +79,11 @@ class HandleCalls(ABC):
     @abstractmethod
     def world_size(self) -> int:
         """The number of ranks."""
+
+    def base_reference(self) -> "HandleCalls":
+        """The reference as this handle's base: its ranks, ``infer`` with the LoRA adapters off,
+        no state of its own (``reference.from_policy_base``)."""
+        raise NotImplementedError(f"{type(self).__name__} has no base reference")
 
     @abstractmethod
     def _dispatch(self, mode: str, method: str, args: tuple, kwargs: dict, *, wait: bool,
@@ -189,3 +205,68 @@ class HandleCalls(ABC):
     @call(ALL)
     def pid(self):
         """Every rank's process id."""
+
+
+Handle = HandleCalls
+"""One model over ``world_size`` ranks (the name trainers use)."""
+
+ROLES = ("policy", "rollout", "critic", "reference", "reward", "teacher")
+"""The handles a run may have: ``rollout`` is the one that generates."""
+
+
+class Handles(ABC):
+    """The models of a run (``handles``: role -> handle, roles of ``ROLES``), and the moments the
+    trainer tells them about. A trainer reads ``handles.critic`` (``None`` when the run has none)
+    instead of probing with ``getattr``.
+
+    Attributes:
+        handles: the run's handles by role; the policy's base as the reference is not among them
+            (it has no workers or state of its own).
+        reference_from_policy: the reference is the policy with its LoRA adapters off.
+    """
+
+    handles: dict[str, HandleCalls]
+    reference_from_policy: bool = False
+
+    @property
+    def policy(self) -> HandleCalls:
+        """The trained model (a reward model being trained, too)."""
+        return self.handles["policy"]
+
+    @property
+    def generator(self) -> HandleCalls | None:
+        """The handle that samples, ``rollout`` (``None`` when nothing generates)."""
+        return self.handles.get("rollout")
+
+    @property
+    def critic(self) -> HandleCalls | None:
+        return self.handles.get("critic")
+
+    @property
+    def reference(self) -> HandleCalls | None:
+        """The reference's handle, or the policy's base when ``reference_from_policy``."""
+        if self.reference_from_policy and "policy" in self.handles:
+            return self.handles["policy"].base_reference()
+        return self.handles.get("reference")
+
+    @property
+    def reward(self) -> HandleCalls | None:
+        return self.handles.get("reward")
+
+    @property
+    def teacher(self) -> HandleCalls | None:
+        """The teacher of on-policy distillation, or ``None``."""
+        return self.handles.get("teacher")
+
+    @abstractmethod
+    def sync_weights(self, version: int | None = None) -> float:
+        """Push the policy's new weights to the generate engines; returns seconds taken.
+        ``version``: the policy version they are (stamped on the tokens sampled with them)."""
+
+    @abstractmethod
+    def end_rollout(self) -> None:
+        """Generation is over until the next ``sync_weights`` (co-located generators free memory)."""
+
+    @abstractmethod
+    def memory(self) -> dict[str, list[dict[str, float]]]:
+        """Every handle's ranks' ``memory_stats`` (peaks reset): ``{handle: [per rank]}``."""
