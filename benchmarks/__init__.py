@@ -1,1 +1,1 @@
-"""Benchmarks run on a GPU machine (not tests): see docs/benchmarks.md and gpu_session.sh."""
+"""Benchmarks run on a GPU machine (not tests): see docs/benchmarks.md and gpu.sh."""

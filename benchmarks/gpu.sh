@@ -21,8 +21,82 @@
 # The learning stages keep their warm-up and runs in runs/learning_gpu (ignored: it stays on a warm
 # machine between calls), so a later stage reuses the warm-up and `learn` called again adds the
 # seeds a cut call did not start (--reuse-runs).
+#
+# Other stages: generation, weight_sync (both: vLLM and the transports on W's model), startup (W's
+# start, cold then warm, interleaved), train (the train step's matrix), sweep (its peak by token
+# budget: the plan's activation model), ppo (PPO's step, co-located), and on two GPUs: deepspeed
+# (ZeRO-2/3/offload), heal (the generator killed and healed), tests2 (the two-GPU tests).
+cd "$(dirname "$0")/.."
 STAGE=gpu
-source benchmarks/gpu_lib.sh
+# The stack of ../shared/gpu/README.md in /root/site, offline.
+export PYTHONPATH=/root/site:$PWD PATH=/root/site/bin:$PATH VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
+       HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=disabled RAY_DEDUP_LOGS=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # KINDS.md: never multicast
+# The image's own packages (torch, transformers, ... in /opt/torch/.venv) have no usable bytecode
+# cache: every process compiled ~2,300 of their modules from source (cProfile of vLLM's import,
+# 2026-11-27: builtins.compile 6.4-7.3 s of it, in a plain process and in a Ray actor alike).
+# Bytecode goes to a tree of its own instead (stage_install fills it); a user's installed packages
+# have theirs, so a start-up measured without this measured this image, not xrlhf.
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX=/root/pycache
+OUT="${OUT:-$PWD/gpu-out}"
+mkdir -p "$OUT/$STAGE"
+# At most 8 files come back from the device tool: the stages write into a temporary $OUT, packed
+# into one archive in $FINAL at the end.
+FINAL=$OUT
+OUT=$(mktemp -d "/tmp/$STAGE-XXXX")
+T0=$(date +%s)
+log() { echo "[$(date +%H:%M:%S) +$(( $(date +%s) - T0 ))s] $*"; }
+
+run() {  # run NAME LIMIT CMD...: under timeout, logged to $OUT/NAME.log, the tail shown
+  local name=$1 limit=$2 t
+  shift 2
+  t=$(date +%s)
+  log "$name: $* (limit ${limit}s)"
+  PYTHONUNBUFFERED=1 timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  log "$name: exit $? after $(( $(date +%s) - t ))s"
+  grep -v "^\s*$" "$OUT/$name.log" | grep -E -v "it/s\]|Loading weights|^\s+warnings.warn" | tail -${TAIL:-12} | cut -c1-260
+}
+
+stage_install() {  # the stack alone (what needs no model)
+  if [ ! -d /root/site/vllm ]; then
+    log "installing the stack"
+    if [ "$(cd /root/wc && cat $(ls p* | sort -V) | head -c 6 | od -An -tx1 | tr -d ' ')" = "fd377a585a00" ]; then
+      # the stack installed here beforehand (benchmarks/stage_site.sh: `site/` as xz, ~2x smaller than its wheels)
+      (cd /root/wc && cat $(ls p* | sort -V) | python3 -c "import sys, tarfile; tarfile.open(fileobj=sys.stdin.buffer, \
+        mode='r|xz').extractall('/root', filter='fully_trusted')" && rm -f p* && \
+        grep -l '^#!.*python' /root/site/bin/* | xargs sed -i '1s|^#!.*python.*|#!/usr/bin/env python3|' && \
+        echo installed) 2>&1 | tail -2
+    else
+      (cd /root/wc && cat $(ls p* | sort -V) > s.tar && tar xf s.tar && rm -f s.tar p* && \
+        python3 -m pip install -q --no-index --no-deps --no-compile --target /root/site wheels/*.whl && echo installed) \
+        2>&1 | tail -2
+    fi
+    log "installed"
+  fi
+  if ls /root/wcn/p* >/dev/null 2>&1; then  # a second xz stream of site/ (torch's nvidia libraries), unpacked over it
+    (cd /root/wcn && cat $(ls p* | sort -V) | python3 -c "import sys, tarfile; tarfile.open(fileobj=sys.stdin.buffer, \
+      mode='r|xz').extractall('/root', filter='fully_trusted')" && rm -f p* && echo "libraries installed") 2>&1 | tail -2
+  fi
+  # Byte-compiled like any installed stack (pip --no-compile above), and the image's packages too
+  # (the top of this file says why): `import vllm` reads .pyc, not source, in every start-up measured after
+  # this. With the prefix set Python reads bytecode only there: the standard library goes there too.
+  if [ ! -f "$PYTHONPYCACHEPREFIX/.image" ]; then
+    local t=$(date +%s) image stdlib
+    image=$(python3 -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
+    stdlib=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['stdlib'])")
+    mkdir -p "$PYTHONPYCACHEPREFIX"
+    python3 -m compileall -q -j 0 "$image" "$stdlib" /root/site > /dev/null 2>&1
+    touch "$PYTHONPYCACHEPREFIX/.image"
+    log "byte-compiled the image's packages ($image), $stdlib and /root/site into $PYTHONPYCACHEPREFIX in $(( $(date +%s) - t ))s"
+  fi
+  nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader
+}
+
+pack() {  # the archive of everything under $OUT (weights left out), named after the stages run
+  tar czf "$FINAL/$STAGE-$(IFS=-; echo "$*")-$(date +%H%M%S).tgz" -C "$OUT" --exclude='*.safetensors' \
+    --exclude='*.pt' --exclude='*.bin' . && log "done"
+}
 
 stage_setup() {  # the stack (and the wheels carried in .whl: TRL for the stages beside it), W's model
   stage_install
@@ -106,7 +180,7 @@ W7_COLOCATED="layout=null|policy.resources.ranks=4|policy.resources.gpus_per_ran
 |policy.generate.tensor_parallel_size=1|policy.generate.sleep_level=2|rollout.max_staleness=0|reference.resources.ranks=4\
 |reference.resources.colocate_with=policy|policy.train.engine=deepspeed|policy.train.zero_stage=3"
 
-stage_w7() {  # xrlhf on W7 as planned (layout auto: split, one step off); ~5 minutes with its last checkpoint
+stage_w7() {  # xrlhf on W7 as planned (layout auto: split, one step off); ~4 minutes (checkpoints off)
   TAIL=12 run w7 590 python -m benchmarks.w_vs_trl --config configs/gpu/grpo_w7.yaml --model artifacts/model-7b \
     --preset 7b --trl-dtype none --steps 5 --variants "${W7_VARIANTS:-default=layout=auto}" --out "$OUT/w7"
   rm -rf /tmp/w_vs_trl-*
@@ -142,6 +216,56 @@ stage_trl_learn() {  # TRL 1.16 (.whl, installed by setup) from the warm-up, the
 stage_numerics() {  # the numerics guard: W's first 3 steps, sync and one step off, two runs each (~5 min)
   XRLHF_GPU_RUNS="$OUT/runs" TAIL=30 run numerics 585 python -m pytest -m gpu -q -rA -p no:cacheprovider \
     tests/gpu/test_numerics_guard.py
+}
+
+stage_generation() {  # vLLM against the Transformers engine (256 x 512 tokens), then vLLM's host overhead
+  TAIL=10 run generation 300 python -m benchmarks.generation --out "$OUT/generation"
+  TAIL=10 run vllm_overhead 280 python -m benchmarks.vllm_overhead --out "$OUT/generation"
+}
+
+stage_weight_sync() {  # each transport (cpu, cuda_ipc, nccl) against a device-to-device copy of the same weights
+  TAIL=14 run weight_sync 240 python -m benchmarks.weight_sync --out "$OUT/weight_sync"
+}
+
+stage_startup() {  # W's start: one cold run (fills the caches), then warm starts interleaved
+  mkdir -p "$OUT/startup"
+  TAIL=4 run startup_cold 200 python -m benchmarks.startup --steps 2 --last-steps 2 --timeout 150 --variants cold \
+    --work /tmp/xrlhf-startup --out "$OUT/startup/cold"
+  TAIL=10 run startup 380 python -m benchmarks.startup --steps 2 --last-steps 2 --timeout 120 \
+    --variants "${STARTUP_VARIANTS:-warm,warm-nofork,warm,warm-nofork}" --work /tmp/xrlhf-startup --out "$OUT/startup"
+  cp /tmp/xrlhf-startup/*.log "$OUT/startup/" 2>/dev/null
+}
+
+stage_train() {  # W's train step by precision and token budget, then the fastest compiled; kernel tables
+  TAIL=24 run train "${TRAIN_LIMIT:-480}" python -m benchmarks.train_efficiency --matrix --compile --profile \
+    --out "$OUT/train"
+}
+
+stage_sweep() {  # the train step's peak per token budget, eager and compiled (the plan's activation model)
+  TAIL=16 run sweep 300 python -m benchmarks.memory_sweep --out "$OUT/sweep"
+}
+
+stage_ppo() {  # PPO's step co-located on one GPU (configs/gpu/ppo_vllm_colocate.yaml): phases, memory
+  TAIL=12 run ppo 420 python benchmarks/ppo_step_bench.py --out "$OUT/ppo"
+}
+
+stage_deepspeed() {  # 2 GPUs: the 1.5b preset's train step under ZeRO-2, ZeRO-3, ZeRO-3 + offload
+  [ -f artifacts/model-1.5b/config.json ] || \
+    run model15 180 python -m xrlhf.cli make-tiny-model artifacts/model-1.5b --preset 1.5b --dtype bfloat16
+  TAIL=8 run deepspeed 530 python benchmarks/deepspeed_bench.py --model-dir artifacts/model-1.5b \
+    --out "$OUT/deepspeed/deepspeed.json"
+}
+
+stage_heal() {  # 2 GPUs: the split generator killed mid-step, twice, healed in place (~4 minutes)
+  TAIL=30 run heal "${HEAL_LIMIT:-300}" python -m benchmarks.healing --gpu --gpus 2 --timeout "${HEAL_TIMEOUT:-280}" \
+    --out "$OUT/heal" --work "$(mktemp -d /tmp/heal-XXXX)"
+}
+
+stage_tests2() {  # 2 GPUs: the split layout's PPO tests (NCCL, in-flight updates), LoRA on ZeRO-3, DeepSpeed's tests;
+  # each run's metrics in runs/ (the plan's check against measured memory, tests/plan/test_measured.py)
+  XRLHF_LORA_OUT="$OUT/lora_gpu2.json" XRLHF_GPU_RUNS="$OUT/runs" TAIL=20 run tests2 "${TESTS2_LIMIT:-590}" \
+    python -m pytest -m gpu -q -rA -p no:cacheprovider --durations=0 ${TESTS2_K:+-k "$TESTS2_K"} \
+    tests/gpu/test_ppo_vllm.py tests/gpu/test_lora_gpu.py tests/gpu/test_deepspeed_gpu.py
 }
 
 for s in "$@"; do

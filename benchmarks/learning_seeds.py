@@ -11,6 +11,12 @@ once with seed 0 into ``runs/rm`` (as docs/algorithms.md says to), so its seeds 
 and its RL only. ``make data`` first. Usage::
 
     python -m benchmarks.learning_seeds --seeds 0 1 2 --out benchmarks/results/learning_seeds.json
+
+The README's table (how much ``configs/quickstart.yaml`` learns, per seed, on this machine) is the
+same measurement of one config::
+
+    python -m benchmarks.learning_seeds --configs quickstart --seeds 0 1 2 3 4 --runs-dir runs \
+        --out benchmarks/results/quickstart_seeds.json
 """
 
 from __future__ import annotations
@@ -25,9 +31,24 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.quickstart_seeds import REPO, one_seed
+REPO = Path(__file__).resolve().parents[1]
 
 CONFIGS = ["dpo", "kto_offline", "kto_online", "rm", "qa_ppo", "grpo_lora", "grpo_async", "quickstart_deepspeed"]
+
+
+def one_seed(seed: int, runs_dir: Path, config: str, overrides: tuple[str, ...] = ()) -> dict:
+    """One run of ``config`` with ``seed`` (and ``overrides``, ``key=value`` as the CLI takes them)
+    into ``runs_dir/qs-SEED``: its greedy eval reward before and after the RL, and its times."""
+    out = runs_dir / f"qs-{seed}"
+    load0 = os.getloadavg()[0]
+    t0 = time.time()
+    cmd = [sys.executable, "-m", "xrlhf.cli", "run", config, "--output-dir", str(out), f"seed={seed}", *overrides]
+    subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    summary = json.loads((out / "summary.json").read_text())
+    initial, final = summary["eval_reward_initial"], summary["eval_reward_final"]
+    return {"seed": seed, "initial": initial, "final": final, "gain": final - initial,
+            "wall_s": summary["wall_seconds"], "process_s": time.time() - t0,
+            "load_start": load0, "load_end": os.getloadavg()[0]}
 
 
 def summary(rows: list[dict]) -> dict:
@@ -48,7 +69,7 @@ def main() -> None:
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="overrides for every run (retuning a config); the runs go to RUNS/<name>+<overrides>")
     args = ap.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], check=False, cwd=REPO, capture_output=True,
                             text=True).stdout.strip()
     data = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "commit": commit,
             "command": " ".join([Path(sys.executable).name, "-m", "benchmarks.learning_seeds", *sys.argv[1:]]),

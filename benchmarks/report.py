@@ -15,24 +15,29 @@ import os
 from pathlib import Path
 
 from benchmarks.common import ROOT
+from benchmarks.report_learning import (
+    _met,
+    async_grpo,
+    async_learning_cpu,
+    async_learning_gpu,
+    episodes_cpu,
+    episodes_gpu,
+    fmt,
+    healing,
+    learning_gpu,
+    learning_retune,
+    learning_seeds,
+)
 
 
 def load(path: Path) -> dict | list | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def fmt(x, digits: int = 3) -> str:
-    if x is None:
-        return "—"
-    if isinstance(x, float):
-        return f"{x:,.{digits}f}" if abs(x) < 1000 else f"{x:,.0f}"
-    return f"{x:,}" if isinstance(x, int) else str(x)
-
-
 def generation(r: dict | None) -> list[str]:
     out = ["## Generation throughput", ""]
     if r is None:
-        return out + ["Not run yet: `python -m benchmarks.generation_bench --out benchmarks/results`.", ""]
+        return out + ["Not run yet: `python -m benchmarks.generation --out benchmarks/results`.", ""]
     shape = r.get("model_shape") or {}
     hf_by = r.get("hf_tokens_per_s_by_micro_batch") or {}
     out += [f"GPU: **{r['gpu']}**. Model: {r['model_params']:,} parameters (locally built Llama, bf16"
@@ -117,7 +122,7 @@ def vllm_engines_w(r: dict | None) -> list[str]:
     out = ["### One vLLM engine or two on W's shape", "",
            f"GPU: **{r['gpu']}**, the 0.5B model, {r['prompts']} prompts x {r['new_tokens']} new tokens in all, W's "
            "vLLM options; two engines each in its own process with half the prompts, generating at the same time; "
-           "the median of the rounds (`bash benchmarks/gpu_i25.sh twogen`, " + r.get("date", "") + ").", "",
+           "the median of the rounds (`python -m benchmarks.vllm_overhead --engines-per-gpu 1 2 --rounds K`, " + r.get("date", "") + ").", "",
            "| engines | xrlhf engine (s) | its rounds (s) | no logprobs (s) | its rounds (s) |", "|---|---|---|---|---|"]
     for k in sorted(k for k in r if k.startswith("engines_per_gpu_")):
         e = r[k]
@@ -146,7 +151,7 @@ def vllm_runner(r: dict | None) -> list[str]:
 def weight_sync(r: dict | None) -> list[str]:
     out = ["## Weight sync", ""]
     if r is None:
-        return out + ["Not run yet: `python -m benchmarks.weight_sync_bench --out benchmarks/results`.", ""]
+        return out + ["Not run yet: `python -m benchmarks.weight_sync --out benchmarks/results`.", ""]
     s = r["seconds"]
     gib = r["bytes"] / 2**30
     verified = r.get("verified_seconds", {})
@@ -182,13 +187,14 @@ def weight_sync(r: dict | None) -> list[str]:
 def weight_sync_cpu(r: dict | None) -> list[str]:
     out = ["### Weight sync on CPU", ""]
     if r is None:
-        return out + ["Not run yet: `python benchmarks/weight_sync_cpu_bench.py --out benchmarks/results`.", ""]
+        return out + ["Not measured (a probe, since removed: docs/design/probes.md).", ""]
     gib = r["bytes"] / 2**30
     out += [f"The `cpu` transport's host-side path, no GPU: {gib:.2f} GiB in {r['tensors']} float32 tensors (the "
             f"shapes of a 0.5B model), buckets of {r['bucket_mb']} MB, median of {r['repeats']}, on "
             f"**{r.get('machine', 'a shared 2-core CPU box')}** ({r['threads']} torch threads; other jobs running, "
             "so figures vary by up to 3x between runs). Command: "
-            "`PYTHONPATH=. python benchmarks/weight_sync_cpu_bench.py --gib 1 --repeats 3`.", "",
+            "`PYTHONPATH=. python benchmarks/weight_sync_cpu_bench.py --gib 1 --repeats 3` (a probe, since removed: "
+            "docs/design/probes.md).", "",
             "| path | pack (s) | pickle / hand-off (s) | unpickle (s) | total (s) | GiB/s |", "|---|---|---|---|---|---|"]
     names = {"old_pickle": "old: per-tensor copies, a list of tensors, in-band pickle",
              "new_pickle": "new: one reused buffer per bucket (numpy), in-band pickle",
@@ -236,7 +242,7 @@ def deepspeed(r: dict | None) -> list[str]:
     out = ["## DeepSpeed train step: ZeRO-2, ZeRO-3, ZeRO-3 + offload", ""]
     cmd = "python benchmarks/deepspeed_bench.py --out benchmarks/results/deepspeed.json"
     if r is None:
-        return out + [f"Not run yet (two GPUs): `{cmd}` (or `bash benchmarks/gpu_session.sh ds-bench`); "
+        return out + [f"Not run yet (two GPUs): `{cmd}` (or `bash benchmarks/gpu.sh deepspeed`); "
                       "checked on CPU only with `--device cpu --preset tiny`.", ""]
     b = r["global_batch"]
     out += [f"GPU: **{r['device']}** × {r['gpus']}. Model: the `{r['preset']}` preset, {r['params']:,} parameters "
@@ -256,10 +262,9 @@ def deepspeed(r: dict | None) -> list[str]:
 def hang(r: dict | None) -> list[str]:
     out = ["## vLLM start-up with multiprocessing and CUDA graphs on", ""]
     if r is None:
-        return out + ["Not run yet: `python -m benchmarks.vllm_hang_probe --out OUT/hang` "
-                      "(copy its summary.json to benchmarks/results/hang_probe.json).", ""]
+        return out + ["Not measured (the probe's answer: docs/design/probes.md).", ""]
     out += [f"GPU: **{r['gpu']}**. Command: `{r.get('command', '')}`. Each probe: a fresh process group, "
-            "time-limited, stacks of every process dumped at the limit (SIGUSR2, benchmarks/gpu_site).", "",
+            "time-limited, stacks of every process dumped at the limit (SIGUSR2; the probe has left the tree: docs/design/probes.md).", "",
             "| probe | result | seconds | start-up s | what changed |", "|---|---|---|---|---|"]
     for name, p in r["results"].items():
         out.append(f"| {name} | {p['status']} | {fmt(p['seconds'], 0)} | {fmt(p.get('startup_s'), 0)} | {p['about']} |")
@@ -267,206 +272,6 @@ def hang(r: dict | None) -> list[str]:
     if r.get("XRLHF_VLLM"):
         out += [f"Setting used for the runs above: `XRLHF_VLLM='{json.dumps(r['XRLHF_VLLM'])}'`.", ""]
     return out
-
-
-def _target(t: dict | None) -> str:
-    if not t:
-        return "—"
-    return f"≤ {t['step_s']} s" + (f", busy ≥ {t['gpu_busy']:.0f}%" if "gpu_busy" in t else "")
-
-
-def _met(x) -> str:
-    return "—" if x is None else "yes" if x else "**no**"
-
-
-def async_grpo(entries: list | None, link) -> list[str]:
-    """``benchmarks/async_grpo.py``: workload W, synchronous against one-step-off, per layout."""
-    out = ["## Asynchronous GRPO (workload W)", ""]
-    cmd = "python -m benchmarks.async_grpo --out benchmarks/results"
-    if not entries:
-        return out + [f"Not run yet: `{cmd}` (one GPU: the co-located pair; two GPUs: the split pair too).", ""]
-    b = entries[0].get("baseline_h200") or {}
-    out += ["`configs/gpu/grpo_w.yaml`: the 0.5b preset, GRPO, 64 prompts × 8 samples, ≤ 256 new tokens at "
-            "temperature 1, one AdamW step over the 512 sequences (micro-batch 32), a reference with the k3 KL "
-            "(β 0.04) as a loss term, bf16, vLLM. Synchronous (staleness 0) against one-step-off "
-            "(`rollout.max_staleness: 1`: batch s+1 generates while step s trains), co-located on one GPU "
-            "(vLLM awake beside the trainer) and split (vLLM on a GPU of its own, NCCL). s/step: the median of "
-            "the steps after the warm-up steps; GPU busy: nvidia-smi's utilisation every 50 ms over those steps "
-            "(the mean of the GPUs used; per GPU below); peak: the device's used memory over all steps. "
-            f"Baseline of the issue (one H200, synchronous): {fmt(b.get('step_s'), 2)} s/step (generate "
-            f"{fmt(b.get('generate_s'), 2)}, infer {fmt(b.get('infer_s'), 2)}, train {fmt(b.get('train_s'), 2)}, sync "
-            f"{fmt(b.get('sync_s'), 2)}; GPU busy {fmt(b.get('gpu_busy'), 0)}%).", "",
-            "| GPU | layout | GPUs | staleness | s/step | sync s/step | speed-up | GPU busy (%) | peak (GiB) | target "
-            "| met |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for e in entries:
-        per = e.get("gpu_busy_per_gpu") or []
-        busy = fmt(e.get("gpu_busy"), 0) + (f" ({' / '.join(fmt(x, 0) for x in per)})" if len(per) > 1 else "")
-        out.append(f"| {e['gpu']} | {e['layout']} | {e['gpus']} | {e['staleness']} | "
-                   f"{fmt(e.get('step_s_median'), 2)} | "
-                   f"{fmt(e.get('sync_step_s_median'), 2)} | "
-                   f"{fmt(e.get('speedup'), 2) + '×' if e.get('speedup') else '—'} | {busy} | "
-                   f"{fmt(e.get('peak_gib'), 1)} | {_target(e.get('target'))} | {_met(e.get('met'))} |")
-    phases = ["generate", "reward", "infer", "train", "sync", "sleep", "wait_rollout", "wait_generation"]
-    out += ["", "Median seconds per phase (with staleness 1, generate and reward overlap the trainer's phases; "
-            "`wait_rollout`: the trainer waiting for its batch, `wait_generation`: the sync waiting for a "
-            "generation under way):", "",
-            "| layout | staleness | " + " | ".join(phases) + " | staleness seen (min / mean / max) |",
-            "|---|---|" + "---|" * (len(phases) + 1)]
-    for e in entries:
-        m, st = e.get("phases_median") or {}, e.get("staleness_observed")
-        seen = f"{fmt(st['min'], 0)} / {fmt(st['mean'], 2)} / {fmt(st['max'], 0)}" if st else "—"
-        out.append(f"| {e['layout']} | {e['staleness']} | " + " | ".join(fmt(m.get(p), 2) for p in phases)
-                   + f" | {seen} |")
-    errors = [e for e in entries if e.get("error")]
-    out += [""] + [f"* {e['variant']} on {e['gpu']} failed: `{e['error'].rstrip('.')}`." for e in errors]
-    out += [f"* {e['variant']} ({e['gpus']} × {e['gpu']}, {e.get('date', '')[:10]}): {e['note']}."
-            for e in entries if e.get("note")]
-    out += ["", "Commands: " + "; ".join(f"`{c}`" for c in dict.fromkeys(e.get("command", "") for e in entries))
-            + f" ({', '.join(sorted({e.get('date', '')[:10] for e in entries}))}).", ""]
-    pngs = [(e["layout"], e["staleness"], e["timeline_png"]) for e in entries if e.get("timeline_png")]
-    if pngs:
-        out += ["What ran when over the last steps of each run (trainer, generator and reward lanes):", ""]
-        out += [f"* {layout}, staleness {k}: [{png}]({link(png)})" for layout, k, png in pngs]
-        out += [""] + [f"![{layout}, staleness {k}]({link(png)})" for layout, k, png in pngs if k > 0] + [""]
-    return out
-
-
-def async_learning_cpu(r: dict | None) -> list[str]:
-    """``benchmarks/async_learning.py``: final eval reward, synchronous against one-step-off, on CPU."""
-    out = ["## Asynchronous RL: does it learn as well? (CPU)", ""]
-    if r is None:
-        return out + ["Not run yet: `python -m benchmarks.async_learning --out benchmarks/results`.", ""]
-    out += [f"Each config run synchronously and with `rollout.max_staleness=1` (and `algorithm.tis_cap=2.0` where "
-            f"the config sets no off-policy correction), per seed, on {r.get('machine', 'the CPU box')}; the "
-            f"greedy eval reward on the held-out prompts after the last step. Verdict: {r['criterion']}. Command: "
-            f"`{r.get('command', '')}` ({r.get('date', '')[:10]}).", "",
-            "| config | steps | seeds | sync: final eval (mean ± std) | async | async ≥ sync − std | "
-            "wall s (sync / async, mean) |", "|---|---|---|---|---|---|---|"]
-    for c in r["configs"]:
-        s, a = c["sync"], c["async"]
-        pm = lambda x: ("—" if x["final_mean"] is None  # noqa: E731
-                        else f"{fmt(x['final_mean'])} ± {fmt(x['final_std'])}")
-        out.append(f"| `{c['config']}` | {c['steps']} | {', '.join(map(str, s['seeds'] or a['seeds']))} | {pm(s)} | "
-                   f"{pm(a)} | {_met(c['async_ok'])} | {fmt(s['wall_s_mean'], 0)} / {fmt(a['wall_s_mean'], 0)} |")
-    failed = [x for x in r.get("runs", []) if x.get("error")]
-    out += [""] + [f"* {x['config']} {x['mode']} seed {x['seed']} failed: `{x['error'].rstrip('.')}`." for x in failed]
-    return out + ["", "Each run's eval curve against samples seen (step × prompts per step × samples per prompt) "
-                  "and its overrides are in `benchmarks/results/async_learning_cpu.json` (`runs[]`).", ""]
-
-
-def async_learning_gpu(r: dict | None, link) -> list[str]:
-    """``benchmarks/async_learning.py --gpu``: eval reward against the RL clock, sync against async."""
-    out = ["### The same on a GPU: reward against wall-clock", ""]
-    if r is None:
-        return out + ["Not run yet: `python -m benchmarks.async_learning --gpu --out benchmarks/results`.", ""]
-    w, runs = r.get("warmup") or {}, r.get("runs") or {}
-    out += [f"GPU: **{r.get('gpu')}**. GRPO on the reasoning env (add, compare, sort) with the 0.5b preset, from "
-            f"`{r['config']}` with the overrides in the JSON, seed {r.get('seed')}; one supervised warm-up "
-            f"({fmt(w.get('seconds'), 0)} s) shared by both runs. Clock: the sum of the RL steps' times (start-up "
-            f"excluded, evaluations included in both). Command: `{r.get('command', '')}` "
-            f"({r.get('date', '')[:10]}).", "",
-            "| run | eval before RL | eval after | RL seconds | mean staleness |", "|---|---|---|---|---|"]
-    for mode, x in runs.items():
-        out.append(f"| {mode} | {fmt(x.get('eval_initial'))} | {fmt(x.get('eval_final'))} | {fmt(x.get('rl_s'), 0)} | "
-                   f"{fmt(x.get('staleness_mean'), 2)} |")
-    out += ["", f"Async reaches sync's final eval reward ({fmt(r.get('sync_final'))}, reached by sync at "
-            f"{fmt(r.get('sync_time_s'), 0)} s) at {fmt(r.get('async_time_to_sync_final_s'), 0)} s: ratio "
-            f"**{fmt(r.get('ratio'), 2)}** (target ≤ {r.get('target_ratio')}; met: {_met(r.get('met'))}).", ""]
-    if r.get("png"):
-        out += [f"![reward against the RL clock]({link(r['png'])})", ""]
-    return out
-
-
-def episodes_cpu(r: dict | None) -> list[str]:
-    """``benchmarks/episodes_learning.py``: the episode envs' learning on CPU, tool against no tool."""
-    out = ["## Episodes: do the episode envs learn? (CPU)", ""]
-    if r is None:
-        return out + ["Not run yet: `python -m benchmarks.episodes_learning --out benchmarks/results`.", ""]
-    out += [f"On {r.get('machine', 'the CPU box')}, one run at a time, each config as shipped (warm-up and Ray "
-            f"start included in wall). Eval: greedy, on the env's held-out problems, after the warm-up (before RL) "
-            f"and after the last RL step. Command: `{r.get('command', '')}`."
-            + (f" Note: {r['note']}." if r.get("note") else ""), "",
-            "| run | config | seed | RL steps | eval before RL | eval after | tool calls / episode (eval, before → after) "
-            "| first-try accuracy (before → after) | wall s | RL s |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for x in r["runs"]:
-        ev = x.get("eval") or [{}]
-
-        def span(key: str) -> str:
-            a, b = ev[0].get(key), ev[-1].get(key)
-            return "—" if a is None else f"{fmt(a, 2)} → {fmt(b, 2)}"
-        out.append(f"| {x['run']} | `{x['config']}` | {x.get('seed', 0)} | {x['steps']} | {fmt(x['eval_initial'])} "
-                   f"| {fmt(x['eval_final'])} | {span('tool_calls_mean')} | {span('first_turn_correct_mean')} "
-                   f"| {fmt(x['wall_s'], 0)} | {fmt(x['rl_s'], 0)} |")
-    seeds = [f"* **{name}**, seeds {', '.join(map(str, m['seeds']))}: eval {fmt(m['before_mean'])} → "
-             f"**{fmt(m['after_mean'])} ± {fmt(m['after_std'])}** (after: {', '.join(fmt(v) for v in m['after'])}); "
-             f"gain {fmt(m['gain_mean'])} on average, {fmt(m['gain_min'])} at the least."
-             for name, m in (r.get("summary") or {}).items() if len(m["seeds"]) > 1]
-    out += [""] + seeds if seeds else []
-    return out + ["", "Per-step rows (train reward, tool calls, turns, truncation) and the eval curves are in "
-                  "`benchmarks/results/episodes_cpu.json`; docs/algorithms.md reads them.", ""]
-
-
-def learning_seeds(r: dict | None) -> list[str]:
-    """Issue 26: the CPU configs the docs state learning figures for, over seeds."""
-    if not r or not r.get("configs"):
-        return []
-    out = ["## The CPU configs over seeds (issue 26)", "",
-           f"`{r['command']}` at {r['commit']} ({r['cpus']} CPUs, from {r['started']}): `xrlhf run "
-           "configs/<name>.yaml seed=<s>`, one run at a time; the greedy eval after the warm-up and after the last "
-           "step (`rm`: held-out pairwise accuracy; `qa_ppo`: the reward model's score, its reward model trained "
-           "once with seed 0). docs/algorithms.md reads these.", "",
-           "| config | seeds | initial | final | gain (mean ± std) | gains by seed | wall s by seed |",
-           "|---|---|---|---|---|---|---|"]
-    for name, c in r["configs"].items():
-        runs = c["runs"]
-        out.append(f"| `{name}` | {', '.join(str(x['seed']) for x in runs)} | {c['initial_mean']:.3f} "
-                   f"| {c['final_mean']:.3f} ± {c['final_std']:.3f} | **{c['gain_mean']:+.3f} ± {c['gain_std']:.3f}** "
-                   f"| {' / '.join(format(x['gain'], '+.3f') for x in runs)} "
-                   f"| {' / '.join(format(x['wall_s'], '.0f') for x in runs)} |")
-    return out + [""]
-
-
-def learning_retune(r: dict | None) -> list[str]:
-    """Issue 26: settings tried over the same seeds for a config whose gain missed its target."""
-    if not r or not r.get("tried"):
-        return []
-    out = ["### Retuned over seeds", "", r["what"] + ".", "",
-           "| config | overrides | shipped | initial | final | gain (mean ± std) | gains by seed |", "|---|---|---|---|---|---|---|"]
-    for t in r["tried"]:
-        out.append(f"| `{t['config']}` | {' '.join(t['overrides']) or '(as it was)'} | {'yes' if t['shipped'] else ''} "
-                   f"| {t['initial_mean']:.3f} | {t['final_mean']:.3f} ± {t['final_std']:.3f} "
-                   f"| **{t['gain_mean']:+.3f} ± {t['gain_std']:.3f}** | {' / '.join(format(x['gain'], '+.3f') for x in t['runs'])} |")
-    return out + [""]
-
-
-def episodes_gpu(entries: list[dict]) -> list[str]:
-    """``benchmarks/episodes_gpu.py``: episodes through vLLM, sync against one-step-off."""
-    out = ["## Episodes through vLLM: the calculator env (workload W's engines)", ""]
-    if not entries:
-        return out + ["Not run yet: `python -m benchmarks.episodes_gpu --mode sync --out benchmarks/results`.", ""]
-    e0 = entries[0]
-    out += [f"GPU: **{e0['gpu']}**, co-located (`configs/gpu/grpo_w.yaml`'s engines: vLLM generates, HF trains), "
-            f"the {e0['model']}, env `{e0['env']}` (3-digit products, calculator tool, up to 3 turns), GRPO on "
-            f"{e0['episodes_per_step']} episodes per step; vLLM serves one request per episode turn, sent the moment "
-            f"its episode is ready (continuous batching across turns). The model is warmed up (supervised, 60 "
-            f"steps) so that it calls the tool; it is not trained to answer (reward 0), so these are throughput "
-            f"figures. Medians over the steps after the first.", "",
-            "| mode | s/step | generate s | episodes/s (generation) | episodes/s (step) | sampled tokens/s "
-            "| turns / episode | tool calls / episode | tool errors / episode | tokens / episode | truncated |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for e in entries:
-        mode = "sync" if e["mode"] == "sync" else "one-step-off (`max_staleness: 1`)"
-        out.append(f"| {mode} | {fmt(e['step_s_median'], 2)} | {fmt(e['generate_s_median'], 2)} "
-                   f"| {fmt(e['episodes_per_s_generation'], 0)} | {fmt(e['episodes_per_s_step'], 0)} "
-                   f"| {fmt(e['tokens_per_s'], 0)} | {fmt(e['turns_mean'], 2)} | {fmt(e['tool_calls_mean'], 2)} "
-                   f"| {fmt(e['tool_errors_mean'], 2)} | {fmt(e['tokens_mean'], 1)} | {fmt(e['truncated_frac'], 2)} |")
-    sync = next((e for e in entries if e["mode"] == "sync"), None)
-    asyn = next((e for e in entries if e["mode"] == "async"), None)
-    if sync and asyn and sync["step_s_median"] and asyn["step_s_median"]:
-        out += ["", f"One-step-off over sync: **{sync['step_s_median'] / asyn['step_s_median']:.2f}×** episodes per "
-                f"second of the whole step (back to back on the same machine)."]
-    return out + ["", "Commands: " + "; ".join(f"`{e['command']}` ({e['date'][:10]})" for e in entries) + ".", ""]
 
 
 def train_efficiency(r: dict | None, lora: dict | None) -> list[str]:
@@ -518,7 +323,7 @@ def w_vs_trl(entries: list | None, link) -> list[str]:
         return []
     out = ["## Workload W against TRL's GRPOTrainer (issue 25)", "",
            "`python -m benchmarks.w_vs_trl --trl-dtype <float32|bfloat16|none> --variants <...>` "
-           "(`bash benchmarks/gpu_i25.sh trl32|trl16|async`): TRL 1.16's GRPOTrainer on W (../shared/bench) and "
+           "(`bash benchmarks/gpu.sh w`): TRL 1.16's GRPOTrainer on W (../shared/bench) and "
            "xrlhf's `configs/gpu/grpo_w.yaml` in the same call, steps 3.. medians, 0.5b model, 512 x <= 256 "
            "tokens per step; W2: `configs/gpu/grpo_w2.yaml` (`--config`, `--trl-args`: the 1.5b preset, 256 x <= 480 "
            "tokens, TRL's micro-batch 16). `ratio` = xrlhf / TRL of that call. Phases are xrlhf's step medians (s); busy: "
@@ -534,44 +339,6 @@ def w_vs_trl(entries: list | None, link) -> list[str]:
                    f"| {fmt(e.get('ratio'))} | {fmt(ph.get('generate'))} | {fmt(ph.get('infer'))} | {fmt(ph.get('train'))} "
                    f"| {fmt(ph.get('sync'))} | {fmt(e.get('gpu_busy'))} | {fmt(e.get('peak_gib'))} |")
     return out + [""]
-
-
-def learning_gpu(r: dict | None, trl: dict | None, link) -> list[str]:
-    """Issue 51: ``configs/gpu/grpo_learn.yaml`` over seeds and variants, and its time to reward beside TRL."""
-    out = ["## GRPO that learns on one GPU, and its time to reward beside TRL (issue 51)", ""]
-    if r is None:
-        out += ["Not run yet: `python -m benchmarks.learning_gpu --out benchmarks/results` (`bash benchmarks/gpu.sh "
-                "learn`; the variants: `learn_async`).", ""]
-    else:
-        w = r.get("warmup") or {}
-        out += [f"`{r['config']}` on {r['gpu']}: the policy warmed up once ({w.get('steps')} steps of "
-                f"{w.get('batch_size')} demonstrations at lr {w.get('lr')}, {fmt(w.get('seconds'), 0)} s; eval "
-                f"before it {fmt(w.get('eval_before_warmup'))}), then GRPO from its weights per variant and seed. "
-                f"Greedy eval reward on the held-out problems; RL s: the sum of the steps' times (start-up "
-                f"excluded, evaluations included); met: the eval rose by at least {r['margin']}. "
-                f"`{r.get('command', '')}`.", "",
-                "| variant | seed | eval before RL | last eval | rise | met | RL s | s/step |",
-                "|---|---|---|---|---|---|---|---|"]
-        out += [f"| {x['variant']} | {x['seed']} | {fmt(x.get('eval_before_rl'))} | {fmt(x.get('eval_last'))} "
-                f"| {fmt(x.get('rise'))} | {_met(x.get('met'))} | {fmt(x.get('rl_s'), 1)} "
-                f"| {fmt(x['rl_s'] / x['steps'] if x.get('rl_s') else None, 2)} |" for x in r["runs"]]
-        notes = [f"* {x['variant']} seed {x['seed']} failed: `{x['error']}`." for x in r["runs"] if x.get("error")]
-        notes += [f"* not run (time): {', '.join(r['not_run'])}."] if r.get("not_run") else []
-        out += [""] + (notes + [""] if notes else [])
-        out += [f"![eval reward against the RL clock]({link(r['png'])})", ""] if r.get("png") else []
-    if trl is None:
-        return out + ["Beside TRL: not run yet: `python -m benchmarks.learning_gpu --trl --out benchmarks/results` "
-                      "(`bash benchmarks/gpu.sh trl_learn`).", ""]
-    t = trl["trl"]
-    out += [f"Beside TRL ({trl['gpu']}, seed {trl['seed']}, the same warmed model, data and verifier; TRL "
-            f"{(t.get('summary') or {}).get('trl', '?')}, exit {t['rc']}; xrlhf's run "
-            f"{'in the same call' if trl.get('xrlhf_same_call') else 'from an earlier call on this machine'}): TRL's "
-            f"last eval reward {fmt(trl.get('target'))} (from {fmt(trl.get('trl_first'))}), first reached at "
-            f"{fmt(trl.get('trl_s'), 1)} s of its training (evaluations left out); xrlhf reaches it at "
-            f"{fmt(trl.get('xrlhf_s'), 1)} s: ratio **{fmt(trl.get('ratio'))}** (target ≤ {trl['target_ratio']}: "
-            f"{_met(trl.get('met'))}{'; ' + trl['note'] if trl.get('note') else ''}). `{trl.get('command', '')}`.", "",
-            f"![xrlhf beside TRL]({link(trl['png'])})", ""]
-    return out
 
 
 def startup(r: dict | None) -> list[str]:
@@ -655,41 +422,36 @@ def logprob_head(r: dict | None) -> list[str]:
     return out + [""]
 
 
-def healing(r: dict | None) -> list[str]:
-    out = ["## Healing: time to recover per role", ""]
-    if r is None:
-        return out + ["Not run yet: `python -m benchmarks.healing --out benchmarks/results`.", ""]
-    out += [f"{r['hardware']}; `{r['command']}`. One PPO run of {r['steps']} steps (tiny model, split layout, "
-            f"2 policy ranks, a reward model, checkpoints every step) with a fault every 3 steps at a random point of "
-            f"the step; heartbeat timeout {r['heartbeat_timeout_s']:g} s. Final weights bit-identical to the "
-            f"uninterrupted run: **{'yes' if r['final_weights_identical'] else 'NO'}**. Wall time "
-            f"{r['wall_s_uninterrupted']:.0f} s uninterrupted, {r['wall_s_with_faults']:.0f} s with the faults.", "",
-            "`recover_s`: from the failure's detection to the run going on (a restart in place: new workers, "
-            "models loaded, weights re-synced; from a checkpoint: every worker and model again, Ray kept). "
-            "A frozen worker is detected `heartbeat_timeout_s` after its last answer.", "",
-            "| handle | rank | fault | healed | recover (s) | redone |", "|---|---|---|---|---|---|"]
-    for f in r["faults"]:
-        out.append(f"| {f['handle']} | {f['rank']} | {f['signal']} | {f['healed']} | {fmt(f['recover_s'], 1)} | "
-                   f"{f['redone']} |")
-    if r.get("gpu") is None:
-        return out + ["", "A vLLM generator's restart on a GPU has not been measured yet.", ""]
-    for key, where in (("gpu", "on a GPU"), ("gpu2", "on two GPUs")):
-        if (g := r.get(key)) is not None:
-            out += healing_gpu(g, where)
-    return out + [""]
+INDEX = """\
+This page is written by `python -m benchmarks.report` from the tables in benchmarks/results/ (one
+JSON per benchmark, the newest figures) and the session notes (benchmarks/results/notes.md). On a
+GPU machine every benchmark runs through one entry point, `bash benchmarks/gpu.sh setup STAGE ...`
+(the stack shipped first: docs/testing.md); each stage packs its logs and tables into one archive in
+`$OUT`, whose JSON is copied into benchmarks/results/ before this page is written again.
 
+| benchmark | what it measures | run it | table |
+|---|---|---|---|
+| `w_vs_trl.py` (TRL's side: `trl_grpo.py`) | workload W's step time, phases, GPU busy and peak, as shipped and by variant, against TRL's `GRPOTrainer` in the same call | `gpu.sh w` (`hooks`, `hooks_async`, `w2`, `w7trl w7`) | `w_vs_trl.json` |
+| `generation.py`, `vllm_overhead.py` | tokens/s of vLLM against the Transformers engine; where vLLM's time goes, engines per GPU | `gpu.sh generation` | `generation*.json`, `vllm_*.json` |
+| `weight_sync.py` | one weight sync per transport (cpu, cuda_ipc, nccl) against a device copy of the same weights | `gpu.sh weight_sync` | `weight_sync.json` (the cpu transport's host path: `weight_sync_cpu.json`) |
+| `startup.py` | W's handles ready, cold and warm, with the coordinator's timeline | `gpu.sh startup` | `startup.json` |
+| `learning_gpu.py` (TRL's side: `trl_learning.py`) | the GPU learning recipe over seeds and variants; its time to reward beside TRL | `gpu.sh learn` (`learn_async`, `trl_learn`) | `learning_gpu.json`, `learning_vs_trl.json` |
+| `learning_seeds.py` | every CPU config the docs give a learning figure for, over seeds (the README's quickstart table too) | CPU: `python -m benchmarks.learning_seeds` | `learning_seeds.json`, `quickstart_seeds.json` |
+| `async_grpo.py`, `async_learning.py` | one step off against synchronous: step time on W (GPU), and whether it learns as well (CPU; `--gpu`) | GPU: `python -m benchmarks.async_grpo`; CPU: `python -m benchmarks.async_learning` | `async_grpo.json`, `async_learning_cpu.json` |
+| `episodes_learning.py`, `episodes_gpu.py`, `distill_learning.py` | the episode envs' and the distillation recipe's learning (CPU), episodes through vLLM (GPU) | CPU: `python -m benchmarks.episodes_learning`, `... distill_learning`; GPU: `... episodes_gpu` | `episodes_*.json`, `distill_cpu*.json` |
+| `train_efficiency.py`, `memory_sweep.py` | the train step and logprob phase by precision and token budget; the train peak by budget (the plan's activation model) | `gpu.sh train`, `gpu.sh sweep` | `train_efficiency*.json`, `logprob_head_h100.json`; the sweep: `plan_measured.json` |
+| the plan against a run | the plan's memory against measured GPU runs within 10-15% | `pytest tests/plan/test_measured.py` (CPU) | `plan_measured.json` |
+| `ppo_step_bench.py`, `deepspeed_bench.py` | PPO's step co-located on one GPU; ZeRO-2/3/offload on two | `gpu.sh ppo`, `gpu.sh deepspeed` | `ppo_step.json`, `deepspeed.json` |
+| `healing.py` | time to recover per role and fault, final weights against an uninterrupted run | CPU: `python -m benchmarks.healing`; `gpu.sh heal` | `healing.json` |
 
-def healing_gpu(g: dict, where: str) -> list[str]:
-    """One GPU scenario of ``benchmarks.healing --gpu``: its sentence and its faults' table."""
-    date = f", {g['date']}" if g.get("date") else ""
-    out = ["", f"With vLLM {where} ({g['hardware']}{date}; `{g['command']}`): {g['scenario']}; heartbeat timeout "
-           f"{g['heartbeat_timeout_s']:g} s; run finished (exit {g['exit']}) in {g['wall_s_with_faults']:.0f} s with "
-           f"the faults. {g['note']}.", "",
-           "| handle | rank | fault | step | healed | recover (s) | redone |", "|---|---|---|---|---|---|---|"]
-    for f in g["faults"]:
-        out.append(f"| {f['handle']} | {f['rank']} | {f['signal']} | {f['step']} | {f['healed']} | "
-                   f"{fmt(f['recover_s'], 1)} | {f['redone']} |")
-    return out
+**Raw logs.** The per-call folders of the GPU sessions (`benchmarks/results/gpu_i12` ... `gpu_i29`:
+logs, metrics, kernel tables) and the sessions' own scripts (`gpu_session.sh`, `gpu_i16.sh`,
+`gpu_i17.sh`, `gpu_i25.sh`, `gpu_i25_gen.sh`, `gpu_i29.sh`) and probes have left the tree (issue 52):
+they are kept in an archive outside it, `benchmarks-results-raw.tar.gz` (the files of commit 77b7b1d).
+A folder such as `gpu_i25/2026-11-26c/`, a stage such as `gpu_i25.sh carvesweep` or a probe such as
+`hostprobe.py` in the notes and tables below names what that archive holds; the probes' answers are
+in docs/design/probes.md, and the figures the plan's tests need are in `plan_measured.json`.
+""".splitlines() + [""]
 
 
 def main() -> None:
@@ -699,14 +461,7 @@ def main() -> None:
     p.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
     args = p.parse_args()
     res = Path(args.results).resolve()
-    lines = ["# Benchmarks", "",
-             "Measured on the GPU machine by `benchmarks/gpu_session.sh` (stages `gen`, `overhead`, `bench`, "
-             "`layouts`, `recheck`, `diag`, `ds-bench`; the JSON is "
-             "in benchmarks/results/). This page is written by `python -m benchmarks.report`.", "",
-             "Reproduce: build the model "
-             "(`xrlhf make-tiny-model artifacts/model-0.5b --preset 0.5b --dtype bfloat16`), "
-             "then `bash benchmarks/gpu_session.sh bench` and `bash benchmarks/gpu_session.sh ppo` "
-             "(or the commands in each section).", ""]
+    lines = ["# Benchmarks", "", *INDEX]
     lines += generation(load(res / "generation.json"))
     lines += generation_gqa(load(res / "generation-0.5b-gqa.json"))
     lines += vllm_overhead(load(res / "vllm_overhead.json"))

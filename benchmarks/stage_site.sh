@@ -11,7 +11,7 @@
 #
 # Each part goes in one call of the device tool, carrying .gpu/x-K:
 #   mkdir -p /root/wc && mv .gpu/x-K/p /root/wc/pK
-# and gpu_lib.sh's stage_install sees the xz stream (by its magic bytes) and unpacks it to /root/site.
+# and gpu.sh's stage_install sees the xz stream (by its magic bytes) and unpacks it to /root/site.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 wheels=${GPU_WHEELS:-$HOME/.cache/gpu-wheels/selected/wheels}

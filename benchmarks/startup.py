@@ -101,7 +101,7 @@ before ``internals.ray.lean_head``); ``preload``: every Ray worker imports vLLM 
 ``noprestart``: Ray starts no idle workers when the driver connects (it starts one per CPU, 16 on
 the GPU machine, that import Ray beside the run's own workers; a run's workers are actors only).
 ``prev``: the previous build, a tree of its files named by ``PREV_TREE`` (the same call's baseline:
-``gpu_i25.sh``'s ``prevtree`` stage makes it from a commit).
+``git archive COMMIT | tar x -C .prev`` makes it, the commit in ``.prev/COMMIT``).
 (2026-11-27, eighth session, also ran ``warm-precall``: vLLM's import begun in the generator's
 first call, as before, not in its constructor: 19.7 and 19.7 s against 16.0 and 19.0 s; the
 switch left the code.)
@@ -161,7 +161,7 @@ def _rows(run_dir: Path) -> list[dict]:
 
 def cache_env(work: Path) -> dict[str, str]:
     """This process's environment with vLLM's, Inductor's and Triton's caches in ``work/caches``
-    (one set for every variant, and for ``benchmarks.startfloor``'s probes)."""
+    (one set for every variant)."""
     caches = work / "caches"
     return dict(os.environ, VLLM_CACHE_ROOT=str(caches / "vllm"), TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"),
                 TRITON_CACHE_DIR=str(caches / "triton"))
@@ -234,7 +234,7 @@ def engine_worker(args) -> None:
     out["total_s"] = round(time.perf_counter() - t0, 2)  # from this process's first line (Python and torch aside)
     Path(args.result).write_text(json.dumps(out))
     if args.generate:
-        from benchmarks.generation_bench import prompts_for, timed
+        from benchmarks.generation import prompts_for, timed
 
         prompts = prompts_for(model, args.generate, 8)
         for name, logprobs in (("generate_logprobs", True), ("generate_no_logprobs", False)):

@@ -1,6 +1,6 @@
 """Where vLLM's generation time goes on the 0.5B model, and what buys it back.
 
-One ``VLLMGenerateEngine`` (the settings of ``generation_bench.py``), then ``vllm.LLM.generate``
+One ``VLLMGenerateEngine`` (the settings of ``generation.py``), then ``vllm.LLM.generate``
 called directly with each way of asking for the sampled tokens' logprobs (none, vLLM's default
 ``list[dict[int, Logprob]]``, ``flat_logprobs``), with the Python garbage collector of the calling
 process frozen or not, and at 64/128/256 prompts (time per decoding step against the batch: a
@@ -12,8 +12,7 @@ median kept; ``--engines-per-gpu 1 2`` puts one engine's baseline in the same ca
     python -m benchmarks.vllm_overhead --out benchmarks/results --engines-per-gpu 2
 
 writes ``vllm_overhead.json``. ``--engine-options`` (JSON, ``VLLMOptions`` fields) sets the engines
-of ``--engines-per-gpu`` (benchmarks/gpu_i25_gen.sh gives W's, so they find the compile cache
-its other stages filled).
+of ``--engines-per-gpu`` (W's, so that they find the compile cache that a run of W filled).
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from benchmarks.common import MODEL_05B, ensure_model, gpu_name, model_params, write_json
-from benchmarks.generation_bench import prompts_for, raw_vllm, timed, vllm_engine
+from benchmarks.generation import prompts_for, raw_vllm, timed, vllm_engine
 
 
 def raw(llm, prompts: list[list[int]], new_tokens: int, logprobs: int | None, flat: bool = False) -> dict:

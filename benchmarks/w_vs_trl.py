@@ -123,7 +123,8 @@ def run_xrlhf(name: str, overrides: list[str], model: str, args: argparse.Namesp
     all_overrides = [f"policy.model={model}", f"trainer.steps={args.steps}", "trainer.eval_every=0",
                      f"trainer.eval_size={args.eval_size}", "trainer.save_final=false",
                      "algorithm.name=benchmarks.async_grpo:BusyGRPO", "algorithm.advantage_estimator=grpo",
-                     "policy.weight_sync.verify=false", *overrides]
+                     "policy.weight_sync.verify=false", "checkpoint.every=0", "checkpoint.every_minutes=0",
+                     *overrides]  # checkpoints off: W's last one is ~6 GB, W7's ~100 GB, and none is timed
     with environ(env):
         return _run_xrlhf(name, overrides, env, model, args, machine, all_overrides)
 
@@ -161,8 +162,7 @@ def _run_xrlhf(name: str, overrides: list[str], env: dict[str, str], model: str,
             shutil.copy(run_dir / f, keep / f)
     if (run_dir / "plots").is_dir():
         shutil.copytree(run_dir / "plots", keep / "plots", dirs_exist_ok=True)
-    # W's last checkpoint is ~6 GB: four variants filled the device machine's 64 GB disk (2026-11-27)
-    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # a stopped run's: a 7B model's is ~100 GB
     s = ag.summarize(rows, args.timed_from, len(used))
     log = (run_dir / "train.log").read_text() if (run_dir / "train.log").is_file() else ""
     ready = [ln for ln in log.splitlines() if "Ray handles ready in" in ln]

@@ -3,7 +3,7 @@
 No GPU here: NVIDIA's control binary is stood in for by a script on PATH that records how it was
 called, so what is checked is what xrlhf asks of it (``-d`` with a pipe and a log directory of the
 run's own, ``quit`` at the end, the local Ray's workers seeing the pipe directory). What MPS does
-on a GPU is measured by ``benchmarks/gpu_i25.sh mps`` (docs/async.md)."""
+on a GPU is measured by ``benchmarks/gpu.sh hooks_async`` (docs/async.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The vLLM engine's speed and start-up options on CPU: what reaches ``vllm.LLM`` and its
 environment, the KV cache size from ``kv_cache_tokens``, whether the engine starts alone, and the
-early import (``preload``). What they do to speed is measured on a GPU (benchmarks/gpu_i25_gen.sh)."""
+early import (``preload``). What they do to speed is measured on a GPU (``benchmarks/gpu.sh generation``)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 optimizer + parameter offload, and PPO with vLLM in both layouts (``configs/gpu/ppo_deepspeed_*.yaml``).
 
 Run on a machine with two GPUs: ``pytest -m gpu tests/gpu/test_deepspeed_gpu.py``
-(or ``bash benchmarks/gpu_session.sh ds-tests``).
+(or ``bash benchmarks/gpu.sh tests2``).
 """
 
 import json
