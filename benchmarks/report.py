@@ -447,9 +447,10 @@ GPU machine every benchmark runs through one entry point, `bash benchmarks/gpu.s
 **Raw logs.** The per-call folders of the GPU sessions (`benchmarks/results/gpu_i12` ... `gpu_i29`:
 logs, metrics, kernel tables) and the sessions' own scripts (`gpu_session.sh`, `gpu_i16.sh`,
 `gpu_i17.sh`, `gpu_i25.sh`, `gpu_i25_gen.sh`, `gpu_i29.sh`) and probes have left the tree (issue 52):
-they are kept in an archive outside it, `benchmarks-results-raw.tar.gz` (the files of commit 77b7b1d).
+they stay in the history: `git show 77b7b1d:benchmarks/results/gpu_i25/...` or
+`git archive 77b7b1d benchmarks/results | tar -x` brings them back.
 A folder such as `gpu_i25/2026-11-26c/`, a stage such as `gpu_i25.sh carvesweep` or a probe such as
-`hostprobe.py` in the notes and tables below names what that archive holds; the probes' answers are
+`hostprobe.py` in the notes and tables below names what that commit holds; the probes' answers are
 in docs/design/probes.md, and the figures the plan's tests need are in `plan_measured.json`.
 """.splitlines() + [""]
 
