@@ -4,7 +4,11 @@
 #   make test-quick   the suite without the tests marked slow (end-to-end runs, Ray start-ups, compiles)
 #                     and the GPU tests: the inner loop
 #   make test-all     the whole suite, the tests marked long included (learning claims, the healing
-#                     scenario: ~10 minutes more): what CI runs (.ci/run); make test-long runs those alone
+#                     scenario, one chaos kill per config: ~25 minutes more): what CI runs (.ci/run); make
+#                     test-long runs those alone
+#   make chaos        kill (SIGKILL) the quickstart, one-step-off GRPO with dynamic sampling and the tool episode
+#                     run at five moments each, resume each, compare with the uninterrupted runs (~1 h on 2 cores;
+#                     benchmarks/chaos.py): benchmarks/results/chaos.md is the table of docs/healing.md
 #   make data         build the tiny model and the datasets the offline configs read (dpo, kto_offline, rm, qa_ppo),
 #                     and the 4M-parameter char model configs/tool_calc.yaml trains
 PYTHON ?= python3
@@ -16,7 +20,7 @@ EXTRAS ?= test
 MODEL ?= artifacts/tiny-char
 SMALL ?= artifacts/small-char
 
-.PHONY: install quickstart test test-quick test-long test-all data clean
+.PHONY: install quickstart test test-quick test-long test-all chaos data clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +53,9 @@ test-long: install
 
 test-all: install
 	$(BIN)/python -m pytest -q --durations=40
+
+chaos: install $(MODEL)/config.json
+	$(BIN)/python -m benchmarks.chaos --model $(MODEL) --out benchmarks/results
 
 test-quick: install
 	$(BIN)/python -m pytest -q -m "not slow and not gpu" --durations=10

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from xrlhf.checkpoint import (MANIFEST, checkpoint_problem, list_checkpoints, resume_checkpoint,
-                              save_checkpoint)
+from xrlhf.checkpoint import (MANIFEST, WARMUP, any_checkpoint, checkpoint_problem, checkpoint_step, list_checkpoints,
+                              remove_checkpoints, resume_checkpoint, save_checkpoint)
 
 
 class Handle:
@@ -27,8 +27,8 @@ class Handle:
         return {"seed": self.value}
 
 
-def save(out, step, keep=3):
-    return save_checkpoint(out, step, {"trainer": {"step": step}}, {"policy": Handle(step)}, keep)
+def save(out, step, keep=3, prefix="step-"):
+    return save_checkpoint(out, step, {"trainer": {"step": step}}, {"policy": Handle(step)}, keep, prefix=prefix)
 
 
 def test_manifest_lists_every_file_with_size_and_sha256(tmp_path):
@@ -76,3 +76,20 @@ def test_retention_keeps_the_newest_complete_ones(tmp_path):
     (tmp_path / "checkpoints" / "step-00000009").mkdir()  # half-written: not complete, never counted
     save(tmp_path, 5, keep=1)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step-00000005"]
+
+
+def test_warmup_checkpoints_are_their_own_kind(tmp_path):
+    """``warmup-*`` beside ``step-*``: listed, kept, set aside when torn and removed apart; a run's
+    newest checkpoint is an RL one once there is one."""
+    for step in (10, 20, 30):
+        save(tmp_path, step, keep=2, prefix=WARMUP)
+    warm = list_checkpoints(tmp_path, WARMUP)
+    assert [p.name for p in warm] == ["warmup-00000020", "warmup-00000030"] and list_checkpoints(tmp_path) == []
+    assert [checkpoint_step(p) for p in warm] == [20, 30] and any_checkpoint(tmp_path) == warm[-1]
+    (warm[-1] / "rng.pt").write_bytes(b"x")
+    assert resume_checkpoint(tmp_path) is None and resume_checkpoint(tmp_path, WARMUP) == warm[0]
+    assert (tmp_path / "checkpoints" / "torn-warmup-00000030").is_dir()
+    rl = save(tmp_path, 1)
+    assert any_checkpoint(tmp_path) == rl
+    remove_checkpoints(tmp_path, WARMUP)
+    assert list_checkpoints(tmp_path, WARMUP) == [] and list_checkpoints(tmp_path) == [rl]

@@ -224,6 +224,17 @@ def test_a_run_with_checkpoints_is_continued_by_resume_only(base_config, tmp_pat
     assert check_output_dir(out, cfg, resume=True) == RESUME
 
 
+def test_a_run_stopped_in_its_warmup_after_a_checkpoint_is_continued_by_resume_only(base_config, tmp_path):
+    cfg = validate_dict(base_config)
+    out = started(tmp_path / "r", base_config)
+    warm = out / "checkpoints" / "warmup-00000020"
+    warm.mkdir(parents=True)
+    (warm / "manifest.json").write_text(json.dumps({"step": 20, "files": {}}))
+    with pytest.raises(UserError, match=r"already holds a run; choose another directory, or add --resume"):
+        check_output_dir(out, cfg, resume=False)
+    assert check_output_dir(out, cfg, resume=True) == RESUME
+
+
 def test_a_finished_run_is_extended_with_more_steps(base_config, tmp_path):
     out = started(tmp_path / "r", base_config, checkpoints=(1, 2), finished=True)  # trainer.steps: 2
     cfg = validate_dict(base_config)

@@ -25,6 +25,10 @@ step's end ``checkpoint.every_minutes`` after the last one (10 by default, so th
 costs more than about that much; off where a config sets ``every`` alone); the last step and a
 signal always write one. A save reads the
 RNG states, never draws from them: where and how often a run saves does not change its numbers.
+
+The supervised warm-up before RL saves the same way, by the same schedule counted in warm-up
+steps, as ``checkpoints/warmup-00000050`` (its policy handle and the warm-up's own state:
+``algorithms.warmup``); the first RL checkpoint supersedes them and they are removed.
 """
 
 from __future__ import annotations
@@ -45,6 +49,9 @@ from xrlhf.utils.errors import UserError
 from xrlhf.utils.files import atomic_write, fsync_dir
 
 PREFIX = "step-"
+"""An RL checkpoint's directory name: ``step-00000010``."""
+WARMUP = "warmup-"
+"""A warm-up checkpoint's: ``warmup-00000050`` (after 50 warm-up steps)."""
 MANIFEST = "manifest.json"
 TORN = "torn-"
 
@@ -54,8 +61,8 @@ def checkpoint_dir(out: Path) -> Path:
 
 
 def checkpoint_step(path: Path) -> int:
-    """The RL step of the checkpoint directory ``path`` (``step-00000010``: 10)."""
-    return int(path.name[len(PREFIX):])
+    """The step of the checkpoint directory ``path`` (``step-00000010``, ``warmup-00000010``: 10)."""
+    return int(path.name.rsplit("-", 1)[1])
 
 
 class SaveSchedule:
@@ -66,27 +73,33 @@ class SaveSchedule:
     def __init__(self, every: int, every_minutes: float, clock: Callable[[], float] = time.monotonic):
         self.every, self.seconds, self.clock = every, every_minutes * 60, clock
         self.last = clock()
+        self.step: int | None = None
+        """The step last saved (or resumed from): saved already, not to be written again."""
 
     def due(self, step: int) -> bool:
         by_steps = bool(self.every) and step % self.every == 0
         return by_steps or (bool(self.seconds) and self.clock() - self.last >= self.seconds)
 
-    def saved(self) -> None:
-        """A checkpoint was written (by this schedule, the last step or a signal): time counts from now."""
+    def saved(self, step: int | None = None) -> None:
+        """A checkpoint (of ``step``) was written or resumed from (by this schedule, the last step or
+        a signal): time counts from now."""
         self.last = self.clock()
+        self.step = step if step is not None else self.step
 
 
-def save_checkpoint(out: Path, step: int, driver: dict[str, Any], handles: dict[str, Any], keep: int) -> Path:
+def save_checkpoint(out: Path, step: int, driver: dict[str, Any], handles: dict[str, Any], keep: int,
+                    prefix: str = PREFIX) -> Path:
     """Write the checkpoint of ``step`` atomically and keep the last ``keep``.
 
     Args:
         out: the run directory.
         driver: the trainer's and runner's own state.
         handles: name -> ``ModelHandle`` of every handle of the run.
+        prefix: :data:`PREFIX` (an RL step) or :data:`WARMUP` (a warm-up step).
     """
     root = checkpoint_dir(out)
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"{PREFIX}{step:08d}"
+    final = root / f"{prefix}{step:08d}"
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -106,10 +119,16 @@ def save_checkpoint(out: Path, step: int, driver: dict[str, Any], handles: dict[
         shutil.rmtree(final)
     os.replace(tmp, final)
     fsync_dir(root)
-    for old in list_checkpoints(out)[:-keep]:  # complete ones only: the new one is among them
+    for old in list_checkpoints(out, prefix)[:-keep]:  # complete ones only: the new one is among them
         shutil.rmtree(old, ignore_errors=True)
-    logger.info(f"checkpoint step {step} -> {final}")
+    logger.info(f"checkpoint {'warm-up ' if prefix == WARMUP else ''}step {step} -> {final}")
     return final
+
+
+def remove_checkpoints(out: Path, prefix: str) -> None:
+    """Remove the complete checkpoints of kind ``prefix`` (the warm-up's, once RL saved one)."""
+    for path in list_checkpoints(out, prefix):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _save(obj: Any, path: Path) -> None:
@@ -160,26 +179,33 @@ def checkpoint_problem(path: Path) -> str | None:
     return None
 
 
-def list_checkpoints(out: Path) -> list[Path]:
-    """Complete checkpoints of a run (a manifest was written), oldest first; temporary and torn
-    directories are ignored. Files are not re-read: :func:`resume_checkpoint` verifies them."""
+def list_checkpoints(out: Path, prefix: str = PREFIX) -> list[Path]:
+    """Complete checkpoints of a run (a manifest was written), oldest first: RL ones, or with
+    ``prefix`` :data:`WARMUP` the warm-up's; temporary and torn directories are ignored. Files
+    are not re-read: :func:`resume_checkpoint` verifies them."""
     root = checkpoint_dir(out)
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and _complete(p))
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(prefix) and _complete(p))
+
+
+def any_checkpoint(out: Path) -> Path | None:
+    """The newest complete checkpoint of a run, RL or warm-up (``None``: it saved nothing)."""
+    ckpts = list_checkpoints(out) or list_checkpoints(out, WARMUP)
+    return ckpts[-1] if ckpts else None
 
 
 def _complete(path: Path) -> bool:
     return (path / MANIFEST).is_file() or (path / "rng.pt").is_file()  # rng.pt alone: before manifests
 
 
-def resume_checkpoint(out: Path) -> Path | None:
-    """The newest checkpoint whose files match its manifest (``None``: none). A newer one that
-    does not is renamed ``torn-step-...`` (kept for a person to look at, never resumed from) with
-    a warning saying what is wrong and which checkpoint is used instead."""
-    ckpts = list_checkpoints(out)
+def resume_checkpoint(out: Path, prefix: str = PREFIX) -> Path | None:
+    """The newest checkpoint (of kind ``prefix``) whose files match its manifest (``None``:
+    none). A newer one that does not is renamed ``torn-step-...`` (kept for a person to look at,
+    never resumed from) with a warning saying what is wrong and which checkpoint is used instead."""
+    ckpts = list_checkpoints(out, prefix)
     root = checkpoint_dir(out)
-    torn = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX)
+    torn = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(prefix)
                   and not _complete(p)) if root.is_dir() else []
     for path in sorted([*ckpts, *torn], reverse=True):
         problem = checkpoint_problem(path)
@@ -194,8 +220,14 @@ def resume_checkpoint(out: Path) -> Path | None:
     return None
 
 
+def read_driver_state(path: Path) -> dict[str, Any]:
+    """The driver's state saved in checkpoint ``path``, this process's RNGs left as they are."""
+    return torch.load(path / "driver.pt", weights_only=False)
+
+
 def load_driver_state(path: Path) -> dict[str, Any]:
-    state = torch.load(path / "driver.pt", weights_only=False)
+    """The driver's state saved in checkpoint ``path``; this process's RNGs are set to its own."""
+    state = read_driver_state(path)
     random.setstate(state.pop("python_rng"))
     torch.set_rng_state(state.pop("torch_rng"))
     return state

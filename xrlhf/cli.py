@@ -16,6 +16,7 @@ from pathlib import Path
 from loguru import logger
 
 from xrlhf import internals
+from xrlhf.internals.process import quick_exit
 from xrlhf.utils.errors import NonFiniteError, UserError, WorkerDiedError
 from xrlhf.utils.warnings_once import one_line_warnings
 
@@ -63,6 +64,9 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``xrlhf`` command; ``argv``: its arguments (``None``: this process's command line, when a
+    run aborted by a second signal ends the process at once)."""
+    program = argv is None
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # per-worker "Loading weights" bars: noise
@@ -78,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if rest:
         args.overrides = list(args.overrides) + rest
+    args.program = program
     try:
         return _dispatch(args)
     except UserError as e:
@@ -88,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         logger.error(str(e))
         return 1
     except KeyboardInterrupt:
+        if program:
+            quick_exit(130)
         return 130
 
 
@@ -150,12 +157,14 @@ def _dispatch(args: argparse.Namespace) -> int:
             logger.warning(f"{e}; resume with: {resume_command(args.config, out, args.overrides)}")
         else:
             logger.warning(f"{e}; start it again (it starts over in the same directory) with: {again}")
+        if e.urgent and args.program:  # a second signal: no teardown of every module (a second of it)
+            quick_exit(e.code)
         return e.code
     except WorkerDiedError as e:
-        from xrlhf.checkpoint import list_checkpoints
+        from xrlhf.checkpoint import any_checkpoint
 
-        how = (f"continue from {list_checkpoints(Path(out))[-1].name} with: "
-               f"{resume_command(args.config, out, args.overrides)}" if list_checkpoints(Path(out))
+        ckpt = any_checkpoint(Path(out))
+        how = (f"continue from {ckpt.name} with: {resume_command(args.config, out, args.overrides)}" if ckpt
                else f"no checkpoint was written; start it again (it starts over in the same directory) with: {again}")
         n = cfg.fault_tolerance.max_restarts
         logger.error(f"{e}; {how}. " + (f"fault_tolerance.max_restarts: all {n} restarts were used" if n else

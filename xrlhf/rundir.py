@@ -10,9 +10,10 @@ Checked before Ray starts, each problem one line and exit status 2 (``UserError`
   over with nothing to clean up, which a pid file cannot do;
 * what the directory holds (:func:`check_output_dir`, under the lock): nothing (a new run); a run
   that saved nothing, killed in its start-up or before its first checkpoint (a plain run and
-  ``--resume`` both start it again there); a run with checkpoints (``--resume`` only, with the
-  same config, or with more ``trainer.steps`` where the LR schedule allows it); a finished run
-  (extended by ``--resume trainer.steps=N``, or the refusal names the new run from its ``final/``).
+  ``--resume`` both start it again there); a run with checkpoints, RL or warm-up ones
+  (``--resume`` only, with the same config, or with more ``trainer.steps`` where the LR schedule
+  allows it); a finished run (extended by ``--resume trainer.steps=N``, or the refusal names the
+  new run from its ``final/``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any
 import yaml
 from loguru import logger
 
-from xrlhf.checkpoint import checkpoint_step, list_checkpoints
+from xrlhf.checkpoint import any_checkpoint, checkpoint_step, list_checkpoints
 from xrlhf.config import XConfig
 from xrlhf.engines.training import schedule_uses_total
 from xrlhf.resolved import resolve_dict, resolved_config
@@ -219,7 +220,7 @@ def check_output_dir(out: Path, cfg: XConfig, resume: bool) -> str:
                             f"started yet needs no --resume)")
         return NEW
     finished, ckpts = (out / SUMMARY).is_file(), list_checkpoints(out)
-    if not ckpts and not finished:
+    if any_checkpoint(out) is None and not finished:
         logger.info(f"--resume: {out} has no checkpoint (the run stopped before its first one); starting it from "
                     f"scratch" if resume else f"{out} holds a run that saved nothing (it stopped before its first "
                     f"checkpoint); starting it again there")
@@ -230,6 +231,8 @@ def check_output_dir(out: Path, cfg: XConfig, resume: bool) -> str:
     more = {"trainer.steps": str(cfg.trainer.steps - steps_then)} if cfg.trainer.steps > steps_then else {}
     if finished and not ckpts:
         raise _new_run(out, cfg, f"--resume: {out} is a finished run with no checkpoint left to continue from", more)
+    if not ckpts:  # stopped in its warm-up (or the Ray start-up after it): continued from the warm-up's checkpoint
+        return EXTEND if more else RESUME
     last = checkpoint_step(ckpts[-1])
     if finished and last >= cfg.trainer.steps:
         why = f"--resume: {out} is a finished run ({cfg.trainer.steps} steps, summary.json); nothing to resume"

@@ -62,11 +62,17 @@ def test_a_synchronous_run_is_on_policy_at_every_step(tiny_model, env, rollout):
         assert "episode/turns_mean" in steps[0]
     if "refill" in rollout:
         assert all("sampling/generated_groups" in r for r in steps)
+    # what each step trained on (its row's ``prompts``): a group per prompt, no prompt twice
+    prompts = [r["prompts"] for r in steps]
+    assert [len(p) for p in prompts] == [4, 4, 4] and len({i for p in prompts for i in p}) == 12
+    if "refill" not in rollout:  # one round per batch: the next 4 prompts of the stream
+        assert prompts == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
 
 
 def test_one_step_off_lags_by_one_version_at_most(tiny_model):
     steps = run(tiny_model, REASONING, {"max_staleness": 1}, steps=4)
     assert [r["staleness/max"] for r in steps] == [0, 1, 1, 1]
+    assert [r["prompts"] for r in steps] == [list(range(4 * s, 4 * s + 4)) for s in range(4)]
     assert all(r["staleness/min"] >= 0 for r in steps)
 
 

@@ -10,6 +10,7 @@ import pytest
 from xrlhf.algorithms.rollout.producer import Producer as RolloutProducer
 from xrlhf.config.schema import RolloutConfig
 from xrlhf.utils import faults
+from xrlhf.utils.bounded import STOPPING, UserCodeAborted, call_bounded
 from xrlhf.utils.errors import WorkerDiedError
 from xrlhf.utils.seeds import derive_seed, sample_seed, seed_of, turn_seed
 
@@ -143,6 +144,58 @@ def test_state_dict_waits_for_the_queue_and_resumes_where_it_stopped():
         q.after_sync(s)
     q.stop()
     assert gen2.used == {5: 2, 6: 3}
+
+
+@pytest.fixture()
+def stopping():
+    """``STOPPING`` set (by the test) and cleared after it."""
+    yield STOPPING
+    STOPPING.clear()
+
+
+def test_a_stopping_run_keeps_the_queued_batches_and_gives_up_on_the_held_up_one(stopping):
+    """Two steps off, batch 3's episodes wait on a tool that never answers: once the run stops,
+    step 1's sync (which waits for batch 3) is given up, the checkpoint after step 1 keeps batch 2
+    (queued) and says batch 3 comes next from batch 2's data position, and a wait for batch 3
+    ends (``UserCodeAborted``), which is no failure for other threads (nothing through ``faults``)."""
+    stuck = threading.Event()
+
+    def collect(b, pos, on_generated):
+        if b == 3:  # an env's step calling a tool stuck in run(): bounded, with a time-out of 50 s
+            call_bounded(stuck.wait, 50, "env E: Episode.step")
+        on_generated()
+        return {"batch": b}, pos + 10
+
+    p = RolloutProducer(collect, RolloutConfig(max_staleness=2), last=6).start()
+    assert p.get(1)["batch"] == 1
+    stopping.set_after(0.3)
+    t0 = time.monotonic()
+    with pytest.raises(UserCodeAborted, match="rollout: waiting for the generation of batch 3"):
+        p.before_sync(1)
+    state = p.state_dict(1)  # would wait for batch 3
+    assert time.monotonic() - t0 < 5
+    assert sorted(state["queue"]) == [2] and state["next"] == 3 and state["data_pos"] == 20
+    assert p.get(2)["batch"] == 2  # queued: still handed over
+    with pytest.raises(UserCodeAborted, match="abandoned"):  # the episode's, or the wait's own
+        p.get(3)
+    faults.check()  # nothing reported: a handle's call under way is not broken off
+    p.stop(timeout=0.1)
+
+
+def test_a_stopping_run_gives_up_waiting_for_the_generation_before_a_sync(stopping):
+    """One step off, batch 2 never finishes (no user code: a long generate call): once the run
+    stops, ``before_sync(1)`` gives up instead of waiting for it."""
+    def collect(b, pos, on_generated):
+        if b == 2:
+            time.sleep(5)
+        return {"batch": b}, pos + 10
+
+    p = RolloutProducer(collect, RolloutConfig(max_staleness=1), last=3).start()
+    p.get(1)
+    stopping.set_after(0.2)
+    with pytest.raises(UserCodeAborted, match="rollout: waiting for the generation of batch 2"):
+        p.before_sync(1)
+    p.stop(timeout=0.1)
 
 
 def test_a_failing_collect_raises_in_the_trainer_and_through_faults():

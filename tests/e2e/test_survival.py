@@ -21,8 +21,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from xrlhf.checkpoint import checkpoint_problem, list_checkpoints, resume_checkpoint
-from xrlhf.rundir import AGAIN, RunLock, check_output_dir
+from xrlhf.checkpoint import WARMUP, checkpoint_problem, checkpoint_step, list_checkpoints, resume_checkpoint
+from xrlhf.rundir import RESUME, RunLock, check_output_dir
 from xrlhf.runner import run
 from xrlhf.validation import load_config, validate_dict
 from xrlhf.utils.errors import UserError
@@ -169,26 +169,30 @@ def test_signal_checkpoints_and_exits(survival_config, tmp_path, sig, code):
     check_output_dir(tmp_path / "run", load_config(argv[2], overrides), resume=True)
 
 
-def test_sigint_during_warmup_stops_there_saying_nothing_was_saved(survival_config, tmp_path):
+def test_sigint_during_warmup_saves_it_and_resume_is_offered(survival_config, tmp_path):
+    """The warm-up saves by ``checkpoint.every`` warm-up steps, and a signal saves the step it
+    ends (issue 49: a Ctrl-C once threw away 50 warm-up steps); the printed command resumes."""
     survival_config["warmup"] = {"steps": 100000, "batch_size": 16}
+    survival_config["checkpoint"] = {"every": 25, "keep": 2}
     proc = start(survival_config, tmp_path, tmp_path / "run")
-    lines = []
-    while not any("SFT steps" in x for x in lines):
-        lines.append(proc.stdout.readline())
-        assert lines[-1] or proc.poll() is None, "".join(lines)
+    while not list_checkpoints(tmp_path / "run", WARMUP):
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.05)
     t0 = time.time()
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
-    out = "".join(lines) + out
     assert proc.returncode == 130, out
     assert time.time() - t0 < 20  # not after the warm-up, the Ray start-up and a step
-    assert "SIGINT: finishing the current warm-up step, then stop (nothing to save" in out
-    assert (f"before the first RL step; nothing was saved; start it again (it starts over in the same directory) "
-            f"with: xrlhf run {tmp_path / 'cfg.yaml'} --output-dir {tmp_path / 'run'}\n") in out
-    assert "Ray" not in out and "--resume" not in out and "Traceback" not in out
-    # the directory it left is taken by the same command, and by --resume: neither sends to the other
+    assert "SIGINT: finishing the current warm-up step, then checkpoint and stop" in out
+    steps = [checkpoint_step(c) for c in list_checkpoints(tmp_path / "run", WARMUP)]
+    stopped = [x for x in out.splitlines() if "warm-up stopped at step " in x]
+    assert steps[-1] >= 25 and stopped and f"step {steps[-1]}/100000" in stopped[0]  # the step it ended, saved
+    assert f"resume with: xrlhf run {tmp_path / 'cfg.yaml'} --output-dir {tmp_path / 'run'} --resume\n" in out
+    assert "Ray" not in out and "Traceback" not in out
     cfg = load_config(tmp_path / "cfg.yaml")
-    assert [check_output_dir(tmp_path / "run", cfg, resume) for resume in (False, True)] == [AGAIN, AGAIN]
+    assert check_output_dir(tmp_path / "run", cfg, True) == RESUME
+    with pytest.raises(UserError, match="add --resume"):
+        check_output_dir(tmp_path / "run", cfg, False)
 
 
 def test_dead_worker_stops_the_run_naming_it(survival_config, tmp_path):

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from xrlhf.utils.bounded import UserCodeAborted, UserCodeTimeout, call_bounded, describe_running, running_calls
+from xrlhf.utils.bounded import (STOPPING, Cancel, UserCodeAborted, UserCodeTimeout, call_bounded, describe_running,
+                                 running_calls)
 
 
 @pytest.fixture
@@ -56,6 +57,36 @@ def test_cancel_stops_the_wait_at_once(gate):
     with pytest.raises(UserCodeAborted, match="tool t: abandoned"):
         call_bounded(gate.wait, None, "tool t", cancel=cancel)
     assert time.monotonic() - start < 5
+
+
+def test_a_cancel_set_for_later_is_set_from_then_on_and_the_sooner_time_wins():
+    c = Cancel()
+    assert not c.is_set()
+    c.set_after(0.2)
+    assert not c.is_set()
+    c.set_after(60)  # later: the sooner time stays
+    time.sleep(0.25)
+    assert c.is_set()
+    c.clear()
+    assert not c.is_set()
+    c.set()
+    assert c.is_set()
+
+
+def test_a_stopping_process_gives_up_on_every_bounded_call(gate):
+    """``STOPPING`` (a stop request's: a few seconds after a first Ctrl-C) ends the wait of a call
+    that has no cancel of its own, a tool's inside an env's step too."""
+    STOPPING.set_after(0.2)
+    try:
+        start = time.monotonic()
+        with pytest.raises(UserCodeAborted, match="tool t: abandoned"):
+            call_bounded(gate.wait, 50, "tool t")
+        assert time.monotonic() - start < 5
+        with pytest.raises(UserCodeAborted):  # set: the next call is given up at once
+            call_bounded(gate.wait, None, "tool u")
+    finally:
+        STOPPING.clear()
+    assert call_bounded(lambda: 1, 5, "after") == 1
 
 
 # The child takes Ctrl-C as a terminal gives it to Python: a suite started in the background by a

@@ -33,6 +33,7 @@ from xrlhf.data.batch import Batch
 from xrlhf.engines.base import Head
 from xrlhf.envs import Env, Prompt
 from xrlhf.envs.episode import is_episode_env
+from xrlhf.utils.bounded import STOPPING, UserCodeAborted
 from xrlhf.utils.errors import NonFiniteError
 from xrlhf.utils.flops import MatmulShape, StepThroughput
 from xrlhf.utils.memory import memory_metrics
@@ -138,8 +139,17 @@ class Trainer(ABC):
         """Run the steps from ``step_idx + 1``; returns eval rewards before and after.
 
         ``on_step_end(step)`` runs after each step (checkpoints, signals); when it returns
-        True the loop stops early and ``fit`` returns ``None``.
+        True the loop stops early and ``fit`` returns ``None``. So it does when a stopping run
+        (``utils.bounded.STOPPING``) gives up on a step whose rollout was held up (``step_idx``
+        is then the last step done), or on the evaluation before or after the steps.
         """
+        try:
+            return self._fit(on_step_end)
+        except UserCodeAborted as e:
+            logger.warning(f"{e}; the run stops after step {self.step_idx}")
+            return None
+
+    def _fit(self, on_step_end: Callable[[int], bool] | None) -> dict[str, Any] | None:
         t = self.cfg.trainer
         if self.initial_eval is None:
             logger.info("eval before RL on the held-out split ...")
@@ -153,7 +163,7 @@ class Trainer(ABC):
             self._memory = {}
             self.step_idx = step
             if self.evaluates_after(step):
-                metrics.update(self.evaluate())
+                metrics.update(self._step_evaluation(step))
             metrics["time/step_s"] = time.time() - t0
             metrics.update(self.throughput.metrics(metrics))
             self.log({"step": step, **metrics, "timeline": self.timeline.drain()})
@@ -167,6 +177,17 @@ class Trainer(ABC):
                     f"(before {initial['eval/reward_mean']:.3f})")
         return {"eval_reward_initial": initial["eval/reward_mean"], "eval_reward_final": final["eval/reward_mean"],
                 "eval_initial": initial, "eval_final": final, "steps": t.steps}
+
+    def _step_evaluation(self, step: int) -> dict[str, float]:
+        """The evaluation after step ``step``; none in a stopping run (the step's sync may have
+        been skipped), and none when the stop gives up on it (its user code was held up)."""
+        try:
+            if not STOPPING.is_set():
+                return self.evaluate()
+        except UserCodeAborted as e:
+            logger.warning(f"step {step}: {e}")
+        logger.warning(f"step {step}: no evaluation (the run is stopping)")
+        return {}
 
     def evaluates_after(self, step: int) -> bool:
         """Whether ``fit`` evaluates after step ``step`` (``trainer.eval_every``; the last step's
@@ -278,7 +299,7 @@ class RLTrainer(Trainer):
             self.mark_memory("train")
         self.publish(s, timings)
         self.step_idx = s  # (``fit`` says so too; a caller may also drive ``step`` itself)
-        metrics = {**rollout.metrics, **metrics, **timings}
+        metrics = {**rollout.metrics, **metrics, **timings, "prompts": rollout.prompt_indices()}
         if not finite:
             return self._bad_step(s, "rewards", metrics)
         if any(metrics.get(k, 0) > 0 for k in ("policy/skipped", "critic/skipped")):
@@ -287,19 +308,25 @@ class RLTrainer(Trainer):
         return metrics
 
     def publish(self, s: int, timings: dict[str, float]) -> None:
-        """Version ``s`` to the generators, once the schedule allows (``Producer.before_sync``)."""
+        """Version ``s`` to the generators, once the schedule allows (``Producer.before_sync``);
+        not at all in a stopping run that gives up waiting (the checkpoint holds the weights, and
+        a resume syncs them)."""
         producer = self.producer
-        with self.timeline.span("trainer", "wait"):
-            timings["time/wait_generation_s"] = producer.before_sync(s)
+        try:
+            with self.timeline.span("trainer", "wait"):
+                timings["time/wait_generation_s"] = producer.before_sync(s)
+        except UserCodeAborted as e:
+            logger.warning(f"step {s}: {e}; version {s} not synced to the generators (the run is stopping)")
+            return
         with self.timeline.span("trainer", "sync"):
             timings["time/sync_s"] = self.handles.sync_weights(s)
         self.mark_memory("sync")
         producer.after_sync(s, hold=self.evaluates_after(s))  # the evaluation uses the generator next
 
-    def evaluate(self) -> dict[str, float]:
+    def _step_evaluation(self, step: int) -> dict[str, float]:
         try:
-            return super().evaluate()
-        finally:
+            return super()._step_evaluation(step)
+        finally:  # the generator was held awake for it (``publish``), evaluated or not
             if self.producer is not None:
                 self.producer.release()
 
@@ -323,8 +350,8 @@ class RLTrainer(Trainer):
         try:
             return super().fit(on_step_end)
         finally:
-            if self.producer is not None:
-                self.producer.stop()
+            if self.producer is not None:  # a stopping run does not wait for a generate call under way
+                self.producer.stop(timeout=0.5 if STOPPING.is_set() else 5.0)
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()

@@ -29,14 +29,21 @@ from xrlhf.coordinator.weight_routes import WeightRoutes
 from xrlhf.coordinator.worker import EngineWorker
 from xrlhf.engines.base import DistInfo, EngineSpec, engine_class
 from xrlhf.engines.handles import Handles
+from xrlhf.internals.process import Watchdog
 from xrlhf.internals.ray import init_options, lean_head
 from xrlhf.utils import bytecode
 from xrlhf.utils.errors import WorkerDiedError
 from xrlhf.utils.faults import Healing
 
 
+WATCHDOG = Watchdog()
+"""A local Ray's watchdog (``internals/watchdog.py``): when this process dies, however it dies,
+the processes started since Ray's start die within about a second and a half."""
+
+
 def init_ray(options: RayConfig, mps: bool = False, preload: dict[str, list] | None = None) -> bool:
-    """Start a local Ray, or join ``ray.address``; workers see the driver's import path. ``mps``:
+    """Start a local Ray, or join ``ray.address``; workers see the driver's import path. A local
+    Ray's processes die with this one, however it dies (``WATCHDOG``). ``mps``:
     a local Ray's processes become the clients of an MPS daemon started here (``coordinator.mps``;
     ``shutdown_ray`` quits it). ``preload``: the handles' ``forkserver.fork_plan``; where engines
     import long (vLLM), a local Ray's fork server imports what every handle needs while Ray starts
@@ -68,6 +75,7 @@ def init_ray(options: RayConfig, mps: bool = False, preload: dict[str, list] | N
     with environ(env):
         if preload and _forks(options) and not SERVER.running and not SERVER.failed():
             SERVER.start(preload)  # before Ray (its imports overlap Ray's start), in Ray's workers' environment
+        WATCHDOG.start()  # before Ray: it notes the processes started after it
         # Ray starts its workers at nice 15, below everything else on the machine. Ours are the
         # run: beside any other busy process they starved (docs/testing.md).
         with lean_head():
@@ -87,10 +95,11 @@ def _forks(options: RayConfig) -> bool:
 
 
 def shutdown_ray() -> None:
-    """Stop Ray, then the MPS daemon started with it (if any)."""
+    """Stop Ray, then the MPS daemon, the fork server and the watchdog started with it (if any)."""
     ray.shutdown()
     DAEMON.stop()
     SERVER.stop()
+    WATCHDOG.stop()
 
 
 WORKER_POINTS = ("born_s", "module_s", "imported_s", "init_s", "called_s")
@@ -390,13 +399,15 @@ class Coordinator(Handles):
     def get(self, name: str) -> ModelHandle | None:
         return self.handles.get(name)
 
-    def shutdown(self) -> None:
-        """Kill the workers, free their placement groups, stop Ray if this run started it."""
+    def shutdown(self, wait_s: float = 10.0) -> None:
+        """Kill the workers, free their placement groups, stop Ray if this run started it; each
+        worker first frees what it holds, waited for ``wait_s`` seconds at most (a run aborted by
+        a second signal waits 1)."""
         from ray.util.placement_group import remove_placement_group
 
         closing = [w.shutdown.remote() for h in self.handles.values() for w in h.workers]
         try:  # engines and transports free what outlives a killed process (shared memory, vLLM)
-            ray.wait(closing, num_returns=len(closing), timeout=10)
+            ray.wait(closing, num_returns=len(closing), timeout=wait_s)
         except Exception:  # noqa: BLE001 - best effort on the way out: dead workers are killed below
             pass
         for h in self.handles.values():

@@ -172,7 +172,8 @@ def one_line(text: str, limit: int = 300) -> str:
 
 def call_tool(tool: Tool, arguments: str | dict[str, Any]) -> ToolResult:
     """Run ``tool`` on ``arguments`` within its ``timeout_s``; never raises (but
-    ``KeyboardInterrupt`` passes) and never waits past the timeout.
+    ``KeyboardInterrupt`` passes, and ``UserCodeAborted`` once the run is stopping:
+    ``utils.bounded.STOPPING``) and never waits past the timeout.
 
     A tool that does not enforce its timeout itself (``Tool.enforces_timeout``) runs in a
     watchdog thread (``utils.bounded.call_bounded``): past ``timeout_s`` the call is abandoned and

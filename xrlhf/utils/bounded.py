@@ -5,8 +5,9 @@ own and waits for it at most ``timeout_s``: past that the caller gets :class:`Us
 and goes on, and the call is abandoned (it may still be running; being a daemon thread it never
 keeps the interpreter from exiting). A thread pool cannot do this: ``ThreadPoolExecutor``
 threads are joined at exit, so one stuck call hangs Ctrl-C and the interpreter's shutdown
-(issue 26). The wait also ends at once when ``cancel`` is set (Ctrl-C: stop waiting for user
-code), with :class:`UserCodeAborted`.
+(issue 26). The wait also ends at once when ``cancel`` is set, or when the process's own
+:data:`STOPPING` is (a stop request: ``runner.StopRequest`` sets it a few seconds after a first
+Ctrl-C, at once after a second), with :class:`UserCodeAborted`.
 
 :func:`running_calls` lists the bounded calls under way and for how long, abandoned ones
 included: what a stall message names as the culprit.
@@ -23,7 +24,35 @@ from typing import Callable, TypeVar
 T = TypeVar("T")
 
 POLL_S = 0.05
-"""How often a wait looks at ``cancel``."""
+"""How often a wait looks at ``cancel`` and :data:`STOPPING`."""
+
+
+class Cancel:
+    """When waits give up: at once (:meth:`set`), from a moment on (:meth:`set_after`), or not
+    (:meth:`clear`); read by :meth:`is_set`, like a ``threading.Event`` (either may be
+    :func:`call_bounded`'s ``cancel``)."""
+
+    def __init__(self):
+        self._at: float | None = None  # time.monotonic() from which it is set
+
+    def set(self) -> None:
+        self.set_after(0.0)
+
+    def set_after(self, seconds: float) -> None:
+        """Set ``seconds`` from now (or earlier, if it was set to come sooner)."""
+        at = time.monotonic() + seconds
+        self._at = at if self._at is None else min(self._at, at)
+
+    def clear(self) -> None:
+        self._at = None
+
+    def is_set(self) -> bool:
+        return self._at is not None and time.monotonic() >= self._at
+
+
+STOPPING = Cancel()
+"""Set while the run stops (``runner.StopRequest``): every bounded call, and the rollout's
+waits for a batch (``rollout.producer``), give up and raise :class:`UserCodeAborted`."""
 
 
 class UserCodeTimeout(Exception):
@@ -40,7 +69,8 @@ class UserCodeTimeout(Exception):
 
 
 class UserCodeAborted(Exception):
-    """The wait for a bounded call was cancelled (``cancel`` set); the call was abandoned."""
+    """The wait for a bounded call (or for the rollout) was cancelled (``cancel`` or
+    :data:`STOPPING` set); what it waited for was abandoned."""
 
     def __init__(self, what: str):
         self.what = what
@@ -85,7 +115,7 @@ def describe_running(min_seconds: float = 0.0, limit: int = 3, waited: bool = Fa
 
 
 def call_bounded(fn: Callable[[], T], timeout_s: float | None, what: str,
-                 cancel: threading.Event | None = None) -> T:
+                 cancel: threading.Event | Cancel | None = None) -> T:
     """``fn()``, or :class:`UserCodeTimeout` once it has run ``timeout_s`` seconds.
 
     ``fn`` runs in a new daemon thread; its result is returned and its exception (any
@@ -97,11 +127,12 @@ def call_bounded(fn: Callable[[], T], timeout_s: float | None, what: str,
         fn: the call, without arguments (wrap it in a lambda).
         timeout_s: the limit in seconds; ``None``: no limit (still abortable by ``cancel``).
         what: the call named for messages: the component and the input (env, tool, prompt).
-        cancel: when set, stop waiting at once and raise :class:`UserCodeAborted`.
+        cancel: when set, stop waiting at once and raise :class:`UserCodeAborted` (so does
+            :data:`STOPPING`).
 
     Raises:
         UserCodeTimeout: ``fn`` did not return within ``timeout_s``.
-        UserCodeAborted: ``cancel`` was set first.
+        UserCodeAborted: ``cancel`` or :data:`STOPPING` was set first.
     """
     done = threading.Event()
     box: dict[str, object] = {}
@@ -127,11 +158,10 @@ def call_bounded(fn: Callable[[], T], timeout_s: float | None, what: str,
         if left is not None and left <= 0 and not done.is_set():
             call.abandoned = True
             raise UserCodeTimeout(what, timeout_s)
-        if cancel is not None:  # poll it; otherwise sleep until the end or the deadline
-            left = POLL_S if left is None else min(left, POLL_S)
-        if done.wait(left if left is None or left > 0 else 0):
+        left = POLL_S if left is None else min(left, POLL_S)  # poll the cancels
+        if done.wait(max(left, 0)):
             break
-        if cancel is not None and cancel.is_set():
+        if STOPPING.is_set() or (cancel is not None and cancel.is_set()):
             call.abandoned = True
             raise UserCodeAborted(what)
     if "error" in box:

@@ -15,6 +15,8 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
+from loguru import logger
+
 
 class Timeline:
     """Spans recorded by any thread; ``drain()`` hands them over once."""
@@ -26,6 +28,9 @@ class Timeline:
 
     @contextmanager
     def span(self, lane: str, name: str) -> Iterator[None]:
+        """A span around the ``with`` block; its start is a DEBUG line of ``train.log`` (``trainer:
+        update begins``), which tells a person (or ``benchmarks/chaos.py``) what a run is doing now."""
+        logger.debug(f"{lane}: {name} begins")
         t0 = time.time()
         try:
             yield

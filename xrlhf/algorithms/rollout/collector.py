@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Callable, Protocol
 
 import torch
+from loguru import logger
 
 from xrlhf.algorithms.rollout.refill import Refill
 from xrlhf.algorithms.rollout.types import Group, Rollout, Tally
@@ -47,9 +48,11 @@ class Collector:
         tally = Tally()
         generated, attempt = 0, 0
         while (m := self.refill.next_round(len(kept), generated)) > 0:
+            logger.debug(f"rollout: batch {b} round {attempt}: generating prompts {pos}..{pos + m - 1}")
             for g in self.sampler.groups(self.env.train_prompts(pos, m), b, attempt, tally):
                 (kept if self.refill.accepts(g) else dropped).append(g)
             pos, generated, attempt = pos + m, generated + m, attempt + 1
+        logger.debug(f"rollout: batch {b} generated ({generated} prompts, {len(kept)} groups kept)")
         on_generated()
         groups, refill_metrics = self.refill.complete(kept, dropped, generated)
         rollout = self.assemble(groups, tally, generated)

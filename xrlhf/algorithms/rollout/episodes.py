@@ -20,8 +20,10 @@ which is what a CPU batch needs. Either way turn ``t`` of sample ``i`` is drawn 
 Env steps run in a thread pool (a tool may take seconds), each bounded by the env's
 ``step_timeout_s`` (``xrlhf.utils.bounded``: a stuck step is abandoned and its episode ends
 truncated, counted as ``step_timeouts``); an env that raises stops the run with the episode named
-(a tool's own errors and time-outs are observations: ``xrlhf.tools.call_tool``). Ctrl-C stops
-waiting for user code at once.
+(a tool's own errors and time-outs are observations: ``xrlhf.tools.call_tool``). A stopping run
+(``utils.bounded.STOPPING``: a few seconds after a first Ctrl-C, at once after a second) stops
+waiting for user code: the episodes under way are abandoned and ``run`` raises
+``UserCodeAborted``, leaving the stuck calls to their daemon threads.
 """
 
 from __future__ import annotations
@@ -112,8 +114,6 @@ class EpisodeRunner:
         self.env, self.tok, self.generator = env, tokenizer, generator
         self.chat = ChatFormat(tokenizer)
         self.continuous, self.ranks, self.threads = continuous, ranks, threads
-        self.cancel = threading.Event()
-        """Set on Ctrl-C: waits for the env's code end at once (``utils.bounded``)."""
 
     def stop_params(self, params: SamplingParams) -> SamplingParams:
         """``params`` with the template's end-of-turn ids as stop tokens (a turn ends there)."""
@@ -123,59 +123,69 @@ class EpisodeRunner:
     def run(self, prompts: list[Prompt], seeds: list[int], params: SamplingParams) -> list[Trajectory]:
         """One episode per prompt (``seeds[i]``: sample ``i``'s seed) -> their trajectories.
 
-        The env's code runs bounded (``EpisodeOptions.step_timeout_s``); Ctrl-C stops waiting for
-        it at once and leaves the pool without joining threads that user code holds."""
+        The env's code runs bounded (``EpisodeOptions.step_timeout_s``); when one episode fails,
+        or the run stops, the others stop waiting for it at once and the pool is left without
+        joining threads that user code holds.
+
+        Raises:
+            UserCodeAborted: the run is stopping (``utils.bounded.STOPPING``).
+        """
         params = self.stop_params(params)
-        episodes = [self._start(p) for p in prompts]
+        abort = threading.Event()  # this call's: its pool's threads give up once one of them failed
+        episodes = [self._start(p, abort) for p in prompts]
         trajs = [Trajectory(encode_prompt(self.tok, p), counters=dict.fromkeys(self.env.counters, 0.0), prompt=p)
                  for p in prompts]
         pool = ThreadPoolExecutor(max_workers=len(prompts) if self.continuous else self.threads,
                                   thread_name_prefix="episode")
         try:
             if self.continuous:
-                futures = [pool.submit(self._run_one, i, e, t, seeds[i], params)
+                futures = [pool.submit(self._run_one, i, e, t, seeds[i], params, abort)
                            for i, (e, t) in enumerate(zip(episodes, trajs))]
                 for f in futures:
                     f.result()
             else:
-                self._run_waves(pool, episodes, trajs, seeds, params)
+                self._run_waves(pool, episodes, trajs, seeds, params, abort)
         except BaseException:
-            self.cancel.set()  # the pool's threads wait inside call_bounded: they return now
+            abort.set()  # the pool's threads wait inside call_bounded: they return now
             pool.shutdown(wait=False, cancel_futures=True)
             raise
         pool.shutdown(wait=True)
         return trajs
 
-    def _start(self, prompt: Prompt) -> Episode:
+    def _start(self, prompt: Prompt, abort: threading.Event) -> Episode:
         what = f"env {type(self.env).__name__}: start (prompt {prompt.text[:60]!r})"
         try:
-            return call_bounded(lambda: self.env.start(prompt), self.env.config.step_timeout_s, what, self.cancel)
+            return call_bounded(lambda: self.env.start(prompt), self.env.config.step_timeout_s, what, abort)
         except (UserCodeTimeout, UserCodeAborted):
             raise
         except Exception as e:  # noqa: BLE001 - an env's bug is the user's to fix: name it
             raise UserError(f"{what} raised {type(e).__name__}: {e}; fix the env") from e
 
-    def _run_one(self, i: int, episode: Episode, traj: Trajectory, seed: int, params: SamplingParams) -> None:
+    def _run_one(self, i: int, episode: Episode, traj: Trajectory, seed: int, params: SamplingParams,
+                 abort: threading.Event) -> None:
         limit = self.env.config.max_episode_tokens
         while not traj.done:
+            if abort.is_set():  # another episode failed: no more generation for this one
+                return
             p = dataclasses.replace(params, max_new_tokens=min(params.max_new_tokens, limit - len(traj.tokens)))
             out = self.generator.generate_on(i % self.ranks, [traj.context()], p, [turn_seed(seed, traj.turns)])
-            self.advance(episode, traj, _row(out, 0), params)
+            self.advance(episode, traj, _row(out, 0), params, abort)
 
     def _run_waves(self, pool: ThreadPoolExecutor, episodes: list[Episode], trajs: list[Trajectory],
-                   seeds: list[int], params: SamplingParams) -> None:
+                   seeds: list[int], params: SamplingParams, abort: threading.Event) -> None:
         while True:
             live = [i for i, t in enumerate(trajs) if not t.done]
             if not live:
                 return
             out = self.generator.generate([trajs[i].context() for i in live], params,
                                           [turn_seed(seeds[i], trajs[i].turns) for i in live])
-            list(pool.map(lambda k: self.advance(episodes[live[k]], trajs[live[k]], _row(out, k), params),
+            list(pool.map(lambda k: self.advance(episodes[live[k]], trajs[live[k]], _row(out, k), params, abort),
                           range(len(live))))
 
     def advance(self, episode: Episode, traj: Trajectory, turn: tuple[list[int], list[float], list[int]],
-                params: SamplingParams) -> None:
-        """Append one sampled turn to ``traj``, let the env answer, append its observation."""
+                params: SamplingParams, abort: threading.Event | None = None) -> None:
+        """Append one sampled turn to ``traj``, let the env answer, append its observation
+        (``abort``: set when the env's answer is no longer waited for)."""
         ids, lps, vers = turn
         room = self.env.config.max_episode_tokens - len(traj.tokens)
         ids, lps, vers = ids[:room], lps[:room], (vers or [0] * len(ids))[:room]
@@ -188,7 +198,7 @@ class EpisodeRunner:
             return self._truncate(episode, traj)
         text = clean_response(self.tok.decode(ids[:-1], skip_special_tokens=True))
         traj.actions.append(text)
-        answer = self._step(episode, traj, text)
+        answer = self._step(episode, traj, text, abort)
         if answer is None:  # the env did not answer in time: the episode ends here
             return self._abandon(traj)
         traj.turn_ends.append(len(traj.tokens) - 1)
@@ -207,12 +217,12 @@ class EpisodeRunner:
         traj.logprobs += [0.0] * len(obs)
         traj.versions += [0] * len(obs)
 
-    def _step(self, episode: Episode, traj: Trajectory, text: str) -> Turn | None:
+    def _step(self, episode: Episode, traj: Trajectory, text: str, abort: threading.Event | None) -> Turn | None:
         """The env's answer to a turn, bounded by ``step_timeout_s`` (``None``: it took longer)."""
         prompt = traj.prompt.text[:60] if traj.prompt is not None else ""
         what = f"env {type(self.env).__name__}: Episode.step (prompt {prompt!r}, turn {traj.turns})"
         try:
-            answer = call_bounded(lambda: episode.step(text), self.env.config.step_timeout_s, what, self.cancel)
+            answer = call_bounded(lambda: episode.step(text), self.env.config.step_timeout_s, what, abort)
         except UserCodeTimeout as e:
             logger.warning(f"{e}; the episode ends truncated (env.options.step_timeout_s)")
             return None

@@ -27,6 +27,12 @@ Exact resume (``fixed``): ``state_dict(step)`` waits until batches ``step + 1 ..
 queued and returns them with the producer's position; the batch under way then (version
 ``step``, the checkpointed weights) is regenerated on resume from its seeds.
 
+A stopping run (``utils.bounded.STOPPING``, set a few seconds after a Ctrl-C) waits no longer:
+``get`` and ``before_sync`` raise ``UserCodeAborted`` (the trainer abandons the step, or its
+sync), and ``state_dict`` keeps the batches queued by then; the rest are generated again on
+resume with the checkpoint's weights, a version newer than an uninterrupted run's (a resume
+that is not bit for bit, said in a warning).
+
 Faults: the thread's first exception is kept and raised in the trainer's thread by the next
 ``get`` / ``before_sync`` (and through ``utils.faults`` by a handle waiting on another model, so
 a dead generator stops a long train step within about a second); no finished batch for
@@ -43,7 +49,7 @@ from loguru import logger
 
 from xrlhf.config.schema import RolloutConfig
 from xrlhf.utils import faults
-from xrlhf.utils.bounded import describe_running
+from xrlhf.utils.bounded import STOPPING, UserCodeAborted, describe_running
 from xrlhf.utils.errors import UserError, WorkerDiedError
 
 Collect = Callable[[int, int, Callable[[], None]], tuple[Any, int]]
@@ -98,7 +104,8 @@ class Producer:
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop producing; a generate call under way finishes on its own (or dies with its workers)."""
+        """Stop producing; a generate call under way finishes on its own (or dies with its workers),
+        waited for ``timeout`` seconds at most (the thread is a daemon)."""
         with self._cv:
             self._stopped = True
             self._cv.notify_all()
@@ -131,7 +138,8 @@ class Producer:
             with self._cv:
                 self._error = e
                 self._cv.notify_all()
-            faults.report(self, e)
+            if not isinstance(e, UserCodeAborted):  # a stop is no failure: the trainer's calls finish
+                faults.report(self, e)
 
     def _may_start(self, b: int) -> bool:
         if self.o.freshness == "fixed":
@@ -209,20 +217,31 @@ class Producer:
     def state_dict(self, step: int) -> dict[str, Any]:
         """What resumes the producer after step ``step``: the queued batches ``step + 1 ..
         step + k`` (waited for) and the data position after them (``fixed`` freshness: the batch
-        under way is regenerated from its seeds on resume)."""
+        under way is regenerated from its seeds on resume). A stopping run keeps those queued
+        by then (module docstring)."""
         last = min(step + self.k, self.last)
         with self._cv:
-            self._wait(lambda: all(b in self._queue for b in range(step + 1, last + 1)), f"batch {last}")
+            try:
+                self._wait(lambda: all(b in self._queue for b in range(step + 1, last + 1)), f"batch {last}")
+            except UserCodeAborted:
+                last, wanted = queued_through(self._queue, step), min(step + self.k, self.last)
+                which = f"batch {wanted} was" if last + 1 == wanted else f"batches {last + 1}..{wanted} were"
+                logger.warning(f"rollout: {which} not finished when the run stopped; a resume generates "
+                               f"{'it' if last + 1 == wanted else 'them'} again with the weights of step {step} "
+                               f"(not bit for bit the uninterrupted run)")
             queue = {b: self._queue[b] for b in range(step + 1, last + 1)}
             return {"next": last + 1, "data_pos": self._pos_after[last], "queue": queue}
 
     def _wait(self, ready: Callable[[], bool], what: str) -> None:
-        """Wait (holding the condition) until ``ready()``; raise the producer's error, or
-        ``WorkerDiedError`` after ``stall_timeout_s`` without progress."""
+        """Wait (holding the condition) until ``ready()``; raise the producer's error,
+        ``UserCodeAborted`` once the run is stopping, or ``WorkerDiedError`` after
+        ``stall_timeout_s`` without progress."""
         since = time.monotonic()
         while not ready():
             if self._error is not None:
                 raise self._error
+            if STOPPING.is_set():
+                raise UserCodeAborted(f"rollout: waiting for {what}")
             if self._stopped:
                 raise RuntimeError(f"rollout producer stopped while waiting for {what}")
             stalled = time.monotonic() - max(self._progress, since)
@@ -233,4 +252,16 @@ class Producer:
                                     f"{culprit}")
                 raise WorkerDiedError(f"rollout: nothing generated for {stalled:.0f} s while waiting for {what} "
                                       f"(rollout.stall_timeout_s = {self.o.stall_timeout_s:g})")
-            self._cv.wait(timeout=min(1.0, self.o.stall_timeout_s))
+            self._cv.wait(timeout=min(POLL_S, self.o.stall_timeout_s))
+
+
+POLL_S = 0.1
+"""How often a wait looks at the clock (the stall timeout, a stopping run)."""
+
+
+def queued_through(queue: dict[int, Any], step: int) -> int:
+    """The last batch of the unbroken run ``step + 1, step + 2, ...`` in ``queue`` (``step``: none)."""
+    last = step
+    while last + 1 in queue:
+        last += 1
+    return last

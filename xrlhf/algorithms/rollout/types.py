@@ -32,6 +32,13 @@ class Rollout:
     responses: list[str]
     metrics: dict[str, float] = field(default_factory=dict)
 
+    def prompt_indices(self) -> list[int]:
+        """The index (``Prompt.index``, its position in the training stream) of each group's
+        prompt, in order: what the step trains on (``prompts`` in its metrics row, which a resumed
+        run's rows must match). Rows without a prompt (a distillation's offline rows) are not counted."""
+        ids = self.batch["group_ids"].tolist() if "group_ids" in self.batch else list(range(len(self.prompts)))
+        return [p.index for i, (p, g) in enumerate(zip(self.prompts, ids)) if i == 0 or g != ids[i - 1]]
+
 
 @dataclass
 class Group:
