@@ -41,13 +41,14 @@ def test_a_stuck_call_times_out_and_is_listed_until_it_ends(gate):
     with pytest.raises(UserCodeTimeout, match=r"env E: Episode.step \(prompt 'p'\): no answer after 0.3 s") as e:
         call_bounded(gate.wait, 0.3, "env E: Episode.step (prompt 'p')")
     assert e.value.timeout_s == 0.3 and 0.3 <= time.monotonic() - start < 5
-    (call,) = [c for c in running_calls() if c.what.startswith("env E")]
+    what = "env E: Episode.step (prompt 'p')"  # another test's abandoned call may still be listed
+    (call,) = [c for c in running_calls() if c.what == what]
     assert call.abandoned and "env E: Episode.step (prompt 'p') for 0 s (abandoned)" in describe_running(limit=100)
     gate.set()  # the abandoned call ends on its own; then it is no longer listed
     deadline = time.monotonic() + 10
-    while any(c.what.startswith("env E") for c in running_calls()) and time.monotonic() < deadline:
+    while any(c.what == what for c in running_calls()) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert not any(c.what.startswith("env E") for c in running_calls())
+    assert not any(c.what == what for c in running_calls())
 
 
 def test_cancel_stops_the_wait_at_once(gate):
