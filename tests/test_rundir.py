@@ -160,6 +160,7 @@ def test_checkpoints_by_steps_or_minutes_whichever_comes_first():
     off = SaveSchedule(every=0, every_minutes=0, clock=lambda: now[0])
     now[0] = 1e9
     assert not off.due(10)
+    assert saves.on and not off.on  # off: not even the last step is saved (a signal still is)
 
 
 def test_checkpoints_are_on_by_default_every_ten_minutes(base_config):

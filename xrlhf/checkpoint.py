@@ -76,6 +76,11 @@ class SaveSchedule:
         self.step: int | None = None
         """The step last saved (or resumed from): saved already, not to be written again."""
 
+    @property
+    def on(self) -> bool:
+        """Whether checkpoints are wanted at all (by steps or by time): with neither, only a stop saves."""
+        return bool(self.every or self.seconds)
+
     def due(self, step: int) -> bool:
         by_steps = bool(self.every) and step % self.every == 0
         return by_steps or (bool(self.seconds) and self.clock() - self.last >= self.seconds)

@@ -419,10 +419,12 @@ class RLSaves:
         self.schedule.saved(step)
 
     def on_step_end(self, step: int) -> bool:
-        """After step ``step``: save it when due (the last step and a stop always); True: stop.
-        A stop then gives up at once on what still runs (the next batch, a stuck tool)."""
-        if self.stop or step == self.cfg.trainer.steps or self.schedule.due(step):
-            self.checkpoint(step)  # the last step too: a run killed during the final eval resumes there
+        """After step ``step``: save it when due (a stop always; the last step unless checkpoints are
+        off: ``every`` and ``every_minutes`` both 0); True: stop. A stop then gives up at once on
+        what still runs (the next batch, a stuck tool)."""
+        last = step == self.cfg.trainer.steps and self.schedule.on  # a run killed in the final eval resumes there
+        if self.stop or last or self.schedule.due(step):
+            self.checkpoint(step)
         if self.stop:
             STOPPING.set()
         return bool(self.stop)

@@ -288,8 +288,9 @@ class WarmupConfig(Strict):
 
 class CheckpointConfig(Strict):
     """Periodic checkpoints for exact resume (``xrlhf run ... --resume``): every ``every`` steps or
-    ``every_minutes`` after the last one, whichever comes first, at a step's end; the last step and
-    a signal always write one."""
+    ``every_minutes`` after the last one, whichever comes first, at a step's end; the last step
+    writes one too, unless both are 0 (checkpoints off: a benchmark of a large model), and a signal
+    always does."""
 
     every: int = Field(0, ge=0, description="write a checkpoint every N RL steps (0: not by steps)")
     every_minutes: float = Field(10.0, ge=0, description="write a checkpoint at the first step's end N minutes "
