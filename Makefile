@@ -8,7 +8,7 @@
 #                     make test-long runs those alone
 #   make chaos        the tests marked chaos (one-step-off GRPO and the tool episode run killed and resumed), then
 #                     each of three configs killed (SIGKILL) at five moments and resumed, compared with its
-#                     uninterrupted run (~1 h on 2 cores; benchmarks/chaos.py): benchmarks/results/chaos.md
+#                     uninterrupted run (~30 minutes on 2 cores; benchmarks/chaos.py): benchmarks/results/chaos.md
 #   make data         build the tiny model and the datasets the offline configs read (dpo, kto_offline, rm, qa_ppo),
 #                     and the 4M-parameter char model configs/tool_calc.yaml trains
 PYTHON ?= python3

@@ -33,7 +33,7 @@ reference run (seeded by ``--seed``, the config and the moment, so a failure rer
 way); a kill that missed its moment (the run was quicker this time) is tried again, up to
 ``--tries`` times.
 
-    python -m benchmarks.chaos --out benchmarks/results       # 3 configs x 5 moments, ~1 h on 2 cores
+    python -m benchmarks.chaos --out benchmarks/results       # 3 configs x 5 moments, ~25 minutes on 2 cores
     python -m benchmarks.chaos --configs quickstart --moments update,rollout
 
 Writes ``chaos.json`` (every kill: where it landed, what it left, what the resume found) and

@@ -443,7 +443,7 @@ GPU machine every benchmark runs through one entry point, `bash benchmarks/gpu.s
 | the plan against a run | the plan's memory against measured GPU runs within 10-15% | `pytest tests/plan/test_measured.py` (CPU) | `plan_measured.json` |
 | `ppo_step_bench.py`, `deepspeed_bench.py` | PPO's step co-located on one GPU; ZeRO-2/3/offload on two | `gpu.sh ppo`, `gpu.sh deepspeed` | `ppo_step.json`, `deepspeed.json` |
 | `healing.py` | time to recover per role and fault, final weights against an uninterrupted run | CPU: `python -m benchmarks.healing`; `gpu.sh heal` | `healing.json` |
-| `chaos.py` | runs SIGKILLed at five moments and resumed: the kill landed, no process left, the uninterrupted run's weights, each prompt trained on as often | `make chaos` (CPU, ~1 h) | `chaos.json`, `chaos.md` |
+| `chaos.py` | runs SIGKILLed at five moments and resumed: the kill landed, no process left, the uninterrupted run's weights, each prompt trained on as often | `make chaos` (CPU, ~30 minutes) | `chaos.json`, `chaos.md` |
 
 **Raw logs.** The per-call folders of the GPU sessions (`benchmarks/results/gpu_i12` ... `gpu_i29`:
 logs, metrics, kernel tables) and the sessions' own scripts (`gpu_session.sh`, `gpu_i16.sh`,

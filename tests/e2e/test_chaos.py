@@ -14,7 +14,7 @@ from benchmarks.chaos import chaos
 
 
 # three runs of a minute or more each (reference, killed, resumed): the quickstart's is in make
-# test-all (CI); the two others, ~8 minutes each on 2 cores, in `pytest -m chaos` and `make chaos`
+# test-all (CI); the two others, 2.5-3 minutes each on 2 cores, in `pytest -m chaos` and `make chaos`
 @pytest.mark.timeout(1800)  # a kill that missed its moment is tried again: one more killed run and resume
 @pytest.mark.parametrize("config, moment", [
     pytest.param("quickstart", "update", marks=pytest.mark.long),
