@@ -13,13 +13,10 @@ import pytest
 from benchmarks.chaos import chaos
 
 
-# three runs of a minute or more each (reference, killed, resumed): the quickstart's is in make
-# test-all (CI); the two others, 2.5-3 minutes each on 2 cores, in `pytest -m chaos` and `make chaos`
+@pytest.mark.long  # three runs of a minute or more each (reference, killed, resumed): make test-all (CI) runs them
 @pytest.mark.timeout(1800)  # a kill that missed its moment is tried again: one more killed run and resume
-@pytest.mark.parametrize("config, moment", [
-    pytest.param("quickstart", "update", marks=pytest.mark.long),
-    pytest.param("grpo_async", "rollout", marks=pytest.mark.chaos),
-    pytest.param("tool_calc", "checkpoint", marks=pytest.mark.chaos)])
+@pytest.mark.parametrize("config, moment", [("quickstart", "update"), ("grpo_async", "rollout"),
+                                            ("tool_calc", "checkpoint")])
 def test_sigkill_then_resume_is_the_uninterrupted_run(config, moment, tiny_model, tmp_path):
     result = chaos(config, [moment], tmp_path, tiny_model, seed=0, tries=2)
     (kill,) = result["kills"]

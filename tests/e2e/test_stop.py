@@ -144,6 +144,7 @@ def test_a_second_ctrl_c_exits_within_two_seconds_keeping_a_checkpoint(stuck_con
     assert ckpt is not None and checkpoint_step(ckpt) == last and steps_done(out) == list(range(1, last + 1))
 
 
+@pytest.mark.long  # a kill scenario of a minute or more: make test-all (CI) runs it
 def test_a_run_killed_in_its_warmup_resumes_to_the_same_weights(base_config, tmp_path):
     """SIGKILL after a warm-up checkpoint, mid-warm-up; ``--resume`` continues the warm-up from it,
     then RL, and ends with the final weights of an uninterrupted run."""
@@ -174,6 +175,7 @@ def test_a_run_killed_in_its_warmup_resumes_to_the_same_weights(base_config, tmp
     assert warm == sorted(set(warm)) and warm[-1] == 120  # nothing logged twice
 
 
+@pytest.mark.long  # a kill scenario of a minute or more: make test-all (CI) runs it
 def test_a_killed_driver_leaves_no_process(base_config, tmp_path):
     """``kill -9`` of the driver alone (not its process group): every process it started ends
     within the watchdog's bound, Ray's DashboardAgent and RuntimeEnvAgent too (62 s without it)."""
