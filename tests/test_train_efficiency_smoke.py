@@ -11,6 +11,7 @@ import pytest
 from benchmarks import train_efficiency
 
 
+@pytest.mark.long
 @pytest.mark.slow  # every variant trained and compiled: about a minute
 def test_smoke_writes_both_paths(tmp_path):
     data = train_efficiency.main(["--smoke", "--compile", "--variants", "--out", str(tmp_path)])

@@ -29,6 +29,7 @@ def _run(tmp_path: Path, model: str, name: str, *flags: str) -> tuple[subprocess
     return done, hashlib.sha256(weights.read_bytes()).hexdigest() if weights.is_file() else ""
 
 
+@pytest.mark.long  # two runs of a minute or more (hooks on, hooks off): make test-all (CI) runs it
 def test_public_only_runs_end_to_end_and_ends_with_the_same_weights(tmp_path, tiny_model):
     public, public_weights = _run(tmp_path, tiny_model, "public", "--public-only")
     assert public.returncode == 0, public.stderr[-3000:]

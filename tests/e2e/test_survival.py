@@ -252,6 +252,7 @@ def test_a_live_run_refuses_a_second_writer(survival_config, tmp_path):
         pass
 
 
+@pytest.mark.long  # a run and its extension, over a minute: CI's make test-all runs it
 def test_a_finished_run_goes_on_to_more_steps(survival_config, tmp_path):
     """``--resume trainer.steps=3`` on a finished 2-step run (a constant LR: the schedule does not
     depend on the run's length) continues it from its last checkpoint and ends with the weights
