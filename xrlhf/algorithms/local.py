@@ -139,8 +139,12 @@ class LocalHandles(Handles):
         return time.time() - t0
 
     def memory(self) -> dict[str, list[dict[str, float]]]:
-        """Every handle's hosts' memory (one process: the same figures for each)."""
-        return {name: [host.memory_stats() for host in h.hosts] for name, h in self.handles.items()}
+        """Every handle's hosts' memory (one process: the same figures for each). Each handle is
+        asked once: a read resets the peaks, and the policy may be its own ``rollout``."""
+        read: dict[int, list[dict[str, float]]] = {}
+        for h in self.handles.values():
+            read.setdefault(id(h), [host.memory_stats() for host in h.hosts])
+        return {name: read[id(h)] for name, h in self.handles.items()}
 
     def end_rollout(self) -> None:
         """The policy's generate engines may free their memory until the next sync."""
