@@ -27,7 +27,6 @@ as ``dotted.yaml.path: message``:
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Any
 
@@ -263,8 +262,9 @@ def plan_errors(cfg: XConfig, gpu_gib: float | None = None) -> list[str]:
     return fit_errors(inp, Cluster(gpus_asked(inp), 1, gpu_gib))
 
 
-@functools.cache
 def _trainer_gib(cfg: XConfig) -> float | None:
+    """The policy's estimated training peak on its GPU (GiB), with what shares that GPU; ``None``
+    when the model cannot be read (``model_errors`` says why). Not cached: a config is not hashable."""
     from transformers import AutoConfig
 
     from xrlhf.engines.training import estimate_train_gib

@@ -38,3 +38,14 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def vowel_share(prompts: list[str], responses: list[str]) -> list[float]:
+    """A dense reward (``reward.function``) for a model that answers nothing yet: the share of
+    vowels among a response's letters. Random text earns a different score per sample, so a
+    GRPO group has non-zero advantages and a step has a gradient to compare."""
+    out = []
+    for r in responses:
+        letters = [c for c in r.lower() if c.isalpha()]
+        out.append(sum(c in "aeiou" for c in letters) / len(letters) if letters else 0.0)
+    return out

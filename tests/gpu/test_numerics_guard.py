@@ -26,11 +26,11 @@ and a whole response changes, so later steps are held loosely. The tolerances, a
 * step 1, the same mean reward within 0.01 (else the rollouts differ: vLLM not reproducible, and
   the step-1 bounds above would not be about numerics);
 * every step, ``policy/grad_norm`` within 50% and ``policy/kl_loss`` below 5e-3 in both: from step
-  2 the samples may part, and W's rewards are sparse (~0.1: a few groups carry the gradient), so
-  another sample moves the norm by tens of percent; a drift of numerics shows as a growing KL or a
-  gradient off by a factor;
+  2 the samples may part, and another sample moves the norm by tens of percent; a drift of
+  numerics shows as a growing KL or a gradient off by a factor;
 * a step-1 gradient at all (a mean |advantage| and a norm above 0 in the reference): a policy
-  that earns no reward anywhere gives zero gradients on both paths, and then nothing was compared.
+  that earns no reward anywhere gives zero gradients on both paths, and then nothing was compared
+  (W's own tasks on its random model: hence the dense reward of ``COMMON``).
 
 Each run's metrics and the comparison go to ``$XRLHF_GPU_RUNS/numerics/`` when that is set.
 Run: ``pytest -m gpu tests/gpu/test_numerics_guard.py`` (two runs per case, ~2.5 minutes each case).
@@ -52,7 +52,10 @@ pytestmark = pytest.mark.gpu
 pytest.importorskip("vllm")
 
 STEPS = 3
-COMMON = [f"trainer.steps={STEPS}", "trainer.eval_size=16", "policy.generate.seeded_sampling=true"]
+COMMON = [f"trainer.steps={STEPS}", "trainer.eval_size=16", "policy.generate.seeded_sampling=true",
+          "reward.source=function", "reward.function=tests.gpu.gpu_helpers:vowel_share"]
+"""W's randomly initialised model earns no reward on W's tasks (0 in every group: no gradient at
+all), so the guard scores with a dense reward of the text instead (``vowel_share``)."""
 CONSERVATIVE = ["policy.train.compile=false", "reference.infer.compile=false", "ray.mps=false",
                 "policy.train.mixed_precision=true"]
 ONE_STEP_OFF = ["rollout.max_staleness=1", "policy.generate.sleep_level=0"]

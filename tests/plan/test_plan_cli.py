@@ -62,3 +62,16 @@ def test_validate_refuses_a_gpu_config_whose_plan_does_not_fit(base_config, monk
     v.validate_dict(gpu)
     monkeypatch.setattr(machine, "gpu_total_gib", lambda: 0.01)
     v.validate_dict(base_config)  # on CPU: no GPU memory to check
+
+
+def test_validate_a_one_step_off_gpu_config(base_config, monkeypatch):
+    """One step off on a GPU the generator is told what the trainer's peak leaves it: the estimate
+    reads the config, which is not hashable (a cache keyed by it broke every such run)."""
+    import xrlhf.validation as v
+    from xrlhf.plan import machine
+
+    gpu = {**base_config, "policy": {**base_config["policy"], "resources": {"ranks": 1, "gpus_per_rank": 1}},
+           "rollout": {"max_staleness": 1}, "algorithm": {**base_config["algorithm"], "off_policy": {"correction": "tis"}}}
+    monkeypatch.setattr(machine, "gpu_total_gib", lambda: 141.0)
+    plan = v.rollout_plan(v.validate_dict({**gpu, "check_plan": False}), split=False)
+    assert plan.device_gib == 141.0 and plan.trainer_gib is not None and 0 < plan.trainer_gib < 141
