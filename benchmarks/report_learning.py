@@ -4,6 +4,11 @@ seeds) and healing, and the number formats every section shares; ``benchmarks.re
 from __future__ import annotations
 
 import json
+import re
+
+MERGED = {"async_learning": "async", "episodes_learning": "episodes", "distill_learning": "distill",
+          "learning_seeds": "seeds"}
+"""The CPU learning scripts that became the suites of ``benchmarks/learning_cpu.py`` (issue 52)."""
 
 
 def fmt(x, digits: int = 3) -> str:
@@ -12,6 +17,19 @@ def fmt(x, digits: int = 3) -> str:
     if isinstance(x, float):
         return f"{x:,.{digits}f}" if abs(x) < 1000 else f"{x:,.0f}"
     return f"{x:,}" if isinstance(x, int) else str(x)
+
+
+def current_command(text: str) -> str:
+    """``text`` with a command recorded before issue 52 in today's form: each script of ``MERGED``
+    is the same-named suite of ``benchmarks/learning_cpu.py``, with the same options and JSON."""
+    def today(m: re.Match) -> str:
+        python, how, suite = m.group(1) or "", m.group(2), MERGED[m.group(3)]
+        if python or how.startswith("-m"):
+            return f"{python}-m benchmarks.learning_cpu {suite}"
+        return f"benchmarks/learning_cpu.py {suite}"
+
+    names = "|".join(MERGED)
+    return re.sub(rf"(python3? )?(-m benchmarks\.|[\w./~-]*benchmarks/)({names})(?:\.py)?(?![\w.])", today, text)
 
 
 def _target(t: dict | None) -> str:
@@ -78,14 +96,14 @@ def async_grpo(entries: list | None, link) -> list[str]:
 
 
 def async_learning_cpu(r: dict | None) -> list[str]:
-    """``benchmarks/async_learning.py``: final eval reward, synchronous against one-step-off, on CPU."""
+    """``benchmarks/learning_cpu.py async``: final eval reward, synchronous against one-step-off, on CPU."""
     out = ["## Asynchronous RL: does it learn as well? (CPU)", ""]
     if r is None:
-        return out + ["Not run yet: `python -m benchmarks.async_learning --out benchmarks/results`.", ""]
+        return out + ["Not run yet: `python -m benchmarks.learning_cpu async --out benchmarks/results`.", ""]
     out += [f"Each config run synchronously and with `rollout.max_staleness=1` (and `algorithm.tis_cap=2.0` where "
             f"the config sets no off-policy correction), per seed, on {r.get('machine', 'the CPU box')}; the "
             f"greedy eval reward on the held-out prompts after the last step. Verdict: {r['criterion']}. Command: "
-            f"`{r.get('command', '')}` ({r.get('date', '')[:10]}).", "",
+            f"`{current_command(r.get('command', ''))}` ({r.get('date', '')[:10]}).", "",
             "| config | steps | seeds | sync: final eval (mean ± std) | async | async ≥ sync − std | "
             "wall s (sync / async, mean) |", "|---|---|---|---|---|---|---|"]
     for c in r["configs"]:
@@ -101,15 +119,15 @@ def async_learning_cpu(r: dict | None) -> list[str]:
 
 
 def async_learning_gpu(r: dict | None, link) -> list[str]:
-    """``benchmarks/async_learning.py --gpu``: eval reward against the RL clock, sync against async."""
+    """``benchmarks/learning_cpu.py async --gpu``: eval reward against the RL clock, sync against async."""
     out = ["### The same on a GPU: reward against wall-clock", ""]
     if r is None:
-        return out + ["Not run yet: `python -m benchmarks.async_learning --gpu --out benchmarks/results`.", ""]
+        return out + ["Not run yet: `python -m benchmarks.learning_cpu async --gpu --out benchmarks/results`.", ""]
     w, runs = r.get("warmup") or {}, r.get("runs") or {}
     out += [f"GPU: **{r.get('gpu')}**. GRPO on the reasoning env (add, compare, sort) with the 0.5b preset, from "
             f"`{r['config']}` with the overrides in the JSON, seed {r.get('seed')}; one supervised warm-up "
             f"({fmt(w.get('seconds'), 0)} s) shared by both runs. Clock: the sum of the RL steps' times (start-up "
-            f"excluded, evaluations included in both). Command: `{r.get('command', '')}` "
+            f"excluded, evaluations included in both). Command: `{current_command(r.get('command', ''))}` "
             f"({r.get('date', '')[:10]}).", "",
             "| run | eval before RL | eval after | RL seconds | mean staleness |", "|---|---|---|---|---|"]
     for mode, x in runs.items():
@@ -124,14 +142,14 @@ def async_learning_gpu(r: dict | None, link) -> list[str]:
 
 
 def episodes_cpu(r: dict | None) -> list[str]:
-    """``benchmarks/episodes_learning.py``: the episode envs' learning on CPU, tool against no tool."""
+    """``benchmarks/learning_cpu.py episodes``: the episode envs' learning on CPU, tool against no tool."""
     out = ["## Episodes: do the episode envs learn? (CPU)", ""]
     if r is None:
-        return out + ["Not run yet: `python -m benchmarks.episodes_learning --out benchmarks/results`.", ""]
+        return out + ["Not run yet: `python -m benchmarks.learning_cpu episodes --out benchmarks/results`.", ""]
     out += [f"On {r.get('machine', 'the CPU box')}, one run at a time, each config as shipped (warm-up and Ray "
             f"start included in wall). Eval: greedy, on the env's held-out problems, after the warm-up (before RL) "
-            f"and after the last RL step. Command: `{r.get('command', '')}`."
-            + (f" Note: {r['note']}." if r.get("note") else ""), "",
+            f"and after the last RL step. Command: `{current_command(r.get('command', ''))}`."
+            + (f" Note: {current_command(r['note'])}." if r.get("note") else ""), "",
             "| run | config | seed | RL steps | eval before RL | eval after | tool calls / episode (eval, before → after) "
             "| first-try accuracy (before → after) | wall s | RL s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for x in r["runs"]:
@@ -153,11 +171,11 @@ def episodes_cpu(r: dict | None) -> list[str]:
 
 
 def learning_seeds(r: dict | None) -> list[str]:
-    """Issue 26: the CPU configs the docs state learning figures for, over seeds."""
+    """``benchmarks/learning_cpu.py seeds`` (issue 26): the CPU configs the docs state learning figures for."""
     if not r or not r.get("configs"):
         return []
     out = ["## The CPU configs over seeds (issue 26)", "",
-           f"`{r['command']}` at {r['commit']} ({r['cpus']} CPUs, from {r['started']}): `xrlhf run "
+           f"`{current_command(r['command'])}` at {r['commit']} ({r['cpus']} CPUs, from {r['started']}): `xrlhf run "
            "configs/<name>.yaml seed=<s>`, one run at a time; the greedy eval after the warm-up and after the last "
            "step (`rm`: held-out pairwise accuracy; `qa_ppo`: the reward model's score, its reward model trained "
            "once with seed 0). docs/algorithms.md reads these.", "",
@@ -176,7 +194,7 @@ def learning_retune(r: dict | None) -> list[str]:
     """Issue 26: settings tried over the same seeds for a config whose gain missed its target."""
     if not r or not r.get("tried"):
         return []
-    out = ["### Retuned over seeds", "", r["what"] + ".", "",
+    out = ["### Retuned over seeds", "", current_command(r["what"]) + ".", "",
            "| config | overrides | shipped | initial | final | gain (mean ± std) | gains by seed |", "|---|---|---|---|---|---|---|"]
     for t in r["tried"]:
         out.append(f"| `{t['config']}` | {' '.join(t['overrides']) or '(as it was)'} | {'yes' if t['shipped'] else ''} "
@@ -235,6 +253,7 @@ def learning_gpu(r: dict | None, trl: dict | None, link) -> list[str]:
                 f"| {fmt(x['rl_s'] / x['steps'] if x.get('rl_s') else None, 2)} |" for x in r["runs"]]
         notes = [f"* {x['variant']} seed {x['seed']} failed: `{x['error']}`." for x in r["runs"] if x.get("error")]
         notes += [f"* not run (time): {', '.join(r['not_run'])}."] if r.get("not_run") else []
+        notes += [f"* {r['note']}"] if r.get("note") else []
         out += [""] + (notes + [""] if notes else [])
         out += [f"![eval reward against the RL clock]({link(r['png'])})", ""] if r.get("png") else []
     if trl is None:

@@ -40,7 +40,7 @@ def test_the_recipe_and_its_variants_validate(bpe_model, data, tmp_path):
                              "--out", str(tmp_path)])
     c = out["configs"]
     w = c["warmup"]
-    assert (w.seed, w.warmup.steps, w.warmup.batch_size, w.policy.generate.engine) == (0, 400, 64, "hf")
+    assert (w.seed, w.warmup.steps, w.warmup.batch_size, w.policy.generate.engine) == (0, 150, 64, "hf")
     s = c["sync"]
     assert s.warmup.steps == 0 and s.policy.generate.engine == "vllm" and s.rollout.max_staleness == 0
     t = s.trainer
