@@ -7,6 +7,7 @@
 #   bash benchmarks/gpu.sh setup versions tests      # install; what is installed; the GPU tests of vLLM and the hooks
 #   bash benchmarks/gpu.sh w                         # W as shipped and on public APIs only, beside TRL's default
 #   bash benchmarks/gpu.sh hooks                     # W with each hook of xrlhf.internals off, beside W as shipped
+#   bash benchmarks/gpu.sh hooks_cold                # W's first start on an empty vLLM cache, inspection in-process or not
 #   bash benchmarks/gpu.sh hooks_async               # W one step off as shipped, then with the MPS daemon off
 #   bash benchmarks/gpu.sh w2                        # the second workload beside TRL's default
 #   bash benchmarks/gpu.sh w7model w7trl             # 4 GPUs: W7's 7B model built here, TRL's ZeRO-3 recipe on it
@@ -139,13 +140,20 @@ stage_w() {  # W as shipped and with every hook off, beside TRL's default (6 ste
 
 stage_hooks() {  # W with each hook that acts on W switched off, between two runs as shipped (no TRL)
   local v="default"
-  for h in ${HOOKS:-process.fork_server ray.worker_niceness python.entry_points vllm.worker_logprobs \
-      vllm.inspect_in_process transformers.attn_implementation transformers.without_sklearn}; do
+  for h in ${HOOKS:-process.fork_server ray.worker_niceness vllm.worker_logprobs}; do
     v="$v;off-$h=env:XRLHF_HOOKS_OFF=$h"
   done
   TAIL=14 run hooks 590 python -m benchmarks.w_vs_trl --trl-dtype none --steps 4 --variants "$v;default" \
     --out "$OUT/hooks"
   rm -rf /tmp/w_vs_trl-*
+}
+
+stage_hooks_cold() {  # W's first start on vLLM's empty cache (modelinfos, compiled graphs), inspection in-process or not
+  local c=/tmp/vllm-cache-$$
+  TAIL=10 run hooks_cold 590 python -m benchmarks.w_vs_trl --trl-dtype none --steps 3 --variants \
+    "cold=env:VLLM_CACHE_ROOT=$c-a;cold-off-vllm.inspect_in_process=env:VLLM_CACHE_ROOT=$c-b|env:XRLHF_HOOKS_OFF=vllm.inspect_in_process" \
+    --out "$OUT/hooks_cold"
+  rm -rf /tmp/w_vs_trl-* "$c"-*
 }
 
 stage_hooks_async() {  # W one step off (where the MPS daemon acts), then with it off
@@ -214,7 +222,7 @@ stage_trl_learn() {  # TRL 1.16 (.whl, installed by setup) from the warm-up, the
 }
 
 stage_numerics() {  # the numerics guard: W's first 3 steps, sync and one step off, two runs each (~5 min)
-  XRLHF_GPU_RUNS="$OUT/runs" TAIL=30 run numerics 585 python -m pytest -m gpu -q -rA -p no:cacheprovider \
+  XRLHF_GPU_RUNS="$OUT/runs" TAIL=30 run numerics "${NUMERICS_LIMIT:-585}" python -m pytest -m gpu -q -rA -p no:cacheprovider \
     tests/gpu/test_numerics_guard.py
 }
 

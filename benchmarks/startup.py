@@ -26,8 +26,7 @@ Variants (``--variants``, in order; caches are directories of their own, so "col
   ``warm-profile``: each worker's engine builds and ``preload`` imports under cProfile, their
   tables in ``profile-<variant>/`` (``engines.host.PROFILE_ENV``); ``warm-fewgraphs``: vLLM
   captures 11 decode batch sizes as CUDA graphs instead of 51 (2.0 s of capture warm);
-  ``warm-keepsklearn``: transformers imports scikit-learn in the workers; ``warm-noprestart``:
-  Ray prestarts no idle workers (``ENV``).
+  ``warm-noprestart``: Ray prestarts no idle workers (``ENV``).
 
 A name starting with ``cold`` empties the caches first.
 
@@ -78,7 +77,7 @@ from xrlhf.engines.host import PROFILE_ENV
 CONFIG = "configs/gpu/grpo_w.yaml"
 VARIANTS = ("cold", "warm", "warm-compile", "cold-compile", "warm-nocompile", "cold-nocompile", "warm-multiprocess",
             "warm-eager", "warm-importtime", "warm-threads1", "warm-fullhead", "warm-preload", "warm-profile",
-            "warm-fewgraphs", "warm-keepsklearn", "warm-noprestart", "warm-nofork", "warm-prev")
+            "warm-fewgraphs", "warm-noprestart", "warm-nofork", "warm-prev")
 FLAGS = {"compile": ["policy.generate.torch_compile=true"], "nocompile": ["policy.generate.torch_compile=false"],
          "multiprocess": ["policy.generate.multiprocessing=true"],
          "eager": ["policy.train.compile=false", "reference.infer.compile=false"],
@@ -90,14 +89,12 @@ PREV_TREE = "XRLHF_PREV_TREE"
 """Where the ``prev`` variant's build is: a directory holding its ``xrlhf`` and ``configs``."""
 ENV = {"importtime": {"PYTHONPROFILEIMPORTTIME": "1", "RAY_DEDUP_LOGS": "0"}, "threads1": {"TORCHINDUCTOR_COMPILE_THREADS": "1"},
        "fullhead": {"XRLHF_HOOKS_OFF": "ray.lean_head"}, "preload": {"RAY_preload_python_modules": "vllm"},
-       "keepsklearn": {"XRLHF_HOOKS_OFF": "transformers.without_sklearn"},
        "noprestart": {"RAY_enable_worker_prestart": "0", "RAY_prestart_worker_first_driver": "0"}}
 """What a variant's words set in the run's environment (a local Ray's workers inherit it):
 ``importtime``: every process's imports, module by module, on its stderr (the run's log);
 ``fullhead``: Ray's whole head (the dashboard's API server and the autoscaler's monitor too, as
 before ``internals.ray.lean_head``); ``preload``: every Ray worker imports vLLM before it takes work
 (Ray's ``preload_python_modules``; the workers Ray prestarts when the driver connects begin then);
-``keepsklearn``: the workers' transformers imports scikit-learn as it would (``internals.transformers``);
 ``noprestart``: Ray starts no idle workers when the driver connects (it starts one per CPU, 16 on
 the GPU machine, that import Ray beside the run's own workers; a run's workers are actors only).
 ``prev``: the previous build, a tree of its files named by ``PREV_TREE`` (the same call's baseline:

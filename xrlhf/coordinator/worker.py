@@ -23,11 +23,8 @@ from typing import Any  # noqa: E402
 
 import ray  # noqa: E402
 
-from xrlhf.internals import imports  # noqa: E402
-
 from xrlhf.engines.base import DistInfo, EngineSpec  # noqa: E402
 from xrlhf.engines.host import EngineHost  # noqa: E402
-from xrlhf.internals.transformers import import_without_sklearn  # noqa: E402
 from xrlhf.utils.timeline import process_start  # noqa: E402
 from xrlhf.utils.warnings_once import one_line_warnings  # noqa: E402
 
@@ -53,11 +50,6 @@ class EngineWorker(EngineHost):
         # worker's process, never a driver that imports this module.
         gc.freeze()
         one_line_warnings()
-        # Before the first call's engine specs import transformers (internals): transformers < 5.24
-        # would import scikit-learn for nothing; vLLM's plugins read every distribution's entry
-        # points several times.
-        import_without_sklearn()
-        imports.cache_entry_points()
         super().__init__(handle, rank, threads)
         sys.unraisablehook = sigterm_again_outside_callbacks
         if preload:

@@ -35,7 +35,7 @@ HOOKS_OFF = "XRLHF_HOOKS_OFF"
 SWITCHES = (PUBLIC_ONLY, HOOKS_OFF)
 """The variables a run hands to its workers, so that every process agrees on the hooks."""
 
-MODULES = ("imports", "process", "ray", "torch", "transformers", "vllm", "vllm_record")
+MODULES = ("process", "ray", "torch", "vllm", "vllm_record")
 """The submodules that declare hooks (``all_hooks`` imports them)."""
 
 

@@ -32,10 +32,28 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.nn.functional as F
 
-from xrlhf.internals.transformers import attention_of, set_attention
-
 NAME = "xrlhf_varlen"
 """The name ``xrlhf_varlen`` is registered under in transformers' ``AttentionInterface``."""
+
+MARK = "xrlhf_attention"
+"""The attribute ``set_attention`` leaves on a model (a plain attribute: no weight, not saved)."""
+
+DEFAULT = "sdpa"
+"""The implementation transformers gives a model loaded without ``attn_implementation`` (xrlhf
+asks for none)."""
+
+
+def set_attention(module, name: str) -> None:
+    """``module.set_attn_implementation(name)`` (public), remembered for ``attention_of``."""
+    module.set_attn_implementation(name)
+    setattr(module, MARK, name)
+
+
+def attention_of(module) -> str:
+    """The attention implementation a transformers model runs: what ``set_attention`` set last,
+    else transformers' default. Transformers has no public getter (``config._attn_implementation``
+    is private); a hook that read it bought nothing measurable (docs/internals.md)."""
+    return getattr(module, MARK, DEFAULT)
 
 _FLASH_FAILED: list[str] = []
 """Why torch's varlen kernel failed in this process, if it did; then every call takes the SDPA path."""

@@ -23,12 +23,11 @@ from xrlhf.data.batch import Batch, response_width
 from xrlhf.engines import budget
 from xrlhf.engines.base import EngineSpec, ForwardOutput
 from xrlhf.engines.hf import attention
-from xrlhf.engines.hf.attention import unreported
+from xrlhf.engines.hf.attention import attention_of, unreported
 from xrlhf.engines.hf.compiling import compile_layers, use_cache_dir
 from xrlhf.engines.hf.packing import Packed, Padded, pack_rows, pad_rows
 from xrlhf.engines.hf.probe import choose_path, probe_chunked
 from xrlhf.internals.torch import import_compiler
-from xrlhf.internals.transformers import attention_of
 from xrlhf.utils.tensors import chunked_head_columns, head_columns
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -19,8 +19,7 @@ import torch
 
 from xrlhf.data.batch import Batch
 from xrlhf.engines.base import ForwardOutput
-from xrlhf.engines.hf.attention import NAME, install_varlen, unrecorded
-from xrlhf.internals.transformers import attention_of
+from xrlhf.engines.hf.attention import NAME, attention_of, install_varlen, unrecorded
 
 
 class Probed(Protocol):
