@@ -224,7 +224,7 @@ print("RESULT " + json.dumps(out), flush=True)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fork", [True, False], ids=["fork_server", "usual"])
+@pytest.mark.parametrize("fork", [True, pytest.param(False, marks=pytest.mark.long)], ids=["fork_server", "usual"])
 def test_a_local_ray_forks_the_preloading_handles_workers(tiny_model, tmp_path, fork):
     """A run's own Ray (a process of its own: pytest's may hold the session's Ray): the generator's
     worker is the fork server's child, built its engine there, and answers calls; the policy's
@@ -254,10 +254,11 @@ def test_a_local_ray_forks_the_preloading_handles_workers(tiny_model, tmp_path, 
 
 
 def test_the_cli_starts_a_server_from_the_raw_config_which_it_validates_itself(tiny_model, tmp_path):
-    """``start_early`` (``xrlhf run``'s first step) starts a server only for a config naming vLLM on
-    a local Ray; the server validates the config and preloads what its handles preload. Given the
-    start-order config (its generator preloads), the server imports it; given vLLM on this CPU
-    machine (not installed), the server reports its failure and ends, and a second one is not tried."""
+    """``start_early`` (``xrlhf run``'s first step) starts a server only for a config naming an engine
+    that preloads (its class says so, not its name) on a local Ray; the server validates the config
+    and preloads what its handles preload. Given the start-order config (its generator, a user's
+    class, preloads), the server imports it; given vLLM on this CPU machine (not installed), the
+    server reports its failure and ends, and a second one is not tried."""
     import yaml
 
     from xrlhf.coordinator.forkserver import NOTHING, SERVER, start_early
@@ -273,9 +274,9 @@ def test_the_cli_starts_a_server_from_the_raw_config_which_it_validates_itself(t
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump(data))
     try:
-        assert not start_early(str(config), [])  # no vLLM named: nothing started
+        assert not start_early(str(config), ["policy.generate.engine=hf"])  # nothing preloads: nothing started
         assert not start_early(str(config), ["policy.generate.engine=vllm", "ray.fork_server=false"])
-        SERVER.start(config=data)  # what start_early starts, with the preloading stand-in
+        assert start_early(str(config), [])  # the preloading stand-in, by import path
         wait_for(lambda: SERVER.status(), 180, "the server's imports")
         assert SERVER.status()["usable"] and SERVER.running
         assert (stamps / f"preload-{SERVER.proc.pid}").is_file()
@@ -290,3 +291,16 @@ def test_the_cli_starts_a_server_from_the_raw_config_which_it_validates_itself(t
         assert SERVER.status()["why"] == NOTHING and not SERVER.failed()
     finally:
         SERVER.stop()
+
+
+def test_the_early_start_asks_the_engine_classes_not_their_names():
+    """``start_early`` reads each section's engine with its role and asks the class whether it
+    preloads: vLLM's does, the Transformers engines do not, an unknown name starts nothing."""
+    from xrlhf.coordinator.forkserver import _engines, _preloads
+
+    data = {"policy": {"train": {"engine": "deepspeed"}, "generate": {"engine": "vllm"}},
+            "reference": {"infer": {"engine": "hf"}}, "env": {"options": {"engine": "not an engine section"}}}
+    assert list(_engines(data)) == [("train", "deepspeed"), ("generate", "vllm"), ("infer", "hf")]
+    assert _preloads("vllm", "generate") and not _preloads("hf", "generate")
+    assert _preloads(f"{MODULE}:AloneGenerator", "generate")
+    assert not _preloads("no-such-engine", "generate") and not _preloads("deepspeed", "train")

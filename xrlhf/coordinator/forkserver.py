@@ -76,12 +76,13 @@ def fork_plan(specs: list) -> dict[str, list[tuple[str, str, Any]]]:
 
 
 def start_early(config: str, overrides: list[str]) -> bool:
-    """``xrlhf run``'s first step: where the config names a vLLM engine for a local Ray, start the
-    fork server before this process imports and validates anything (the driver's own imports take
-    seconds before its Ray starts); the server validates the config itself and imports what its handles'
-    engines need (``fork_plan``). Anything unclear (a config that does not read) starts nothing: the
-    run says why, and ``coordinator.init_ray`` starts a server from the validated topology just
-    before Ray."""
+    """``xrlhf run``'s first step: where the config names an engine that preloads (``Engine.preload``:
+    vLLM's) for a local Ray, start the fork server before this process validates anything (the
+    driver's own imports take seconds before its Ray starts); the server validates the config itself
+    and imports what its handles' engines need (``fork_plan``). Anything unclear (a config that does
+    not read, an unknown engine) starts nothing: the run says why, and ``coordinator.init_ray``
+    starts a server from the validated topology just before Ray. Asking the engines' classes imports
+    torch here (their module's), which the validation right after needs anyway."""
     from xrlhf.config.loader import apply_overrides, read_yaml
 
     try:
@@ -91,7 +92,7 @@ def start_early(config: str, overrides: list[str]) -> bool:
     ray_cfg = data.get("ray") if isinstance(data.get("ray"), dict) else {}
     if ray_cfg.get("fork_server") is False or ray_cfg.get("address") or not fork_server_works():
         return False
-    if not any(engine == "vllm" for engine in _engines(data)):
+    if not any(_preloads(name, role) for role, name in _engines(data)):
         return False
     data.setdefault("name", Path(config).stem)
     with environ(base_worker_env()):
@@ -114,14 +115,25 @@ def environ(env: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def _engines(node: Any):
-    """Every ``engine`` value in a config dict, at any depth."""
+def _engines(node: Any, key: str | None = None) -> Iterator[tuple[str, str]]:
+    """``(role, engine)`` for every ``engine`` value in a config dict, at any depth, whose section
+    names its role (``policy.generate.engine``: ``generate``)."""
     if isinstance(node, dict):
         for k, v in node.items():
             if k == "engine" and isinstance(v, str):
-                yield v
+                if key in ("train", "infer", "generate"):
+                    yield key, v
             else:
-                yield from _engines(v)
+                yield from _engines(v, k)
+
+
+def _preloads(name: str, role: str) -> bool:
+    """Whether engine ``name`` of ``role`` preloads; ``False`` where the name is unknown (the
+    validation reports it)."""
+    try:
+        return preloads({role: (name, None)})
+    except Exception:  # noqa: BLE001 - an unknown engine or a class that fails to import
+        return False
 
 
 def fork_server_works() -> bool:
@@ -241,12 +253,7 @@ def _imports(path: Path) -> tuple[dict[str, list], list[str], str | None]:
     Returns the plan, the modules that tried to import Ray and why a fork would not do (``None``)."""
     import gc
 
-    from xrlhf.internals import imports
-    from xrlhf.internals.transformers import import_without_sklearn
-
     gc.freeze()  # as EngineWorker does: the collections of the imports below skip torch's heap
-    import_without_sklearn()
-    imports.cache_entry_points()
     # torch.cuda.is_available() by NVML, as vLLM's import sets it for itself: an import that asks
     # (torch's compiler's) does not initialise CUDA, which no fork could use then
     with _no_ray() as no_ray, environ({"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}):

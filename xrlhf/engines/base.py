@@ -17,7 +17,10 @@ attributes (``self.options.lr``), so a default lives in exactly one place.
 
 **The engine says what it can do** (class attributes and small methods, never name tests in
 the coordinator): ``starts_alone_with``, ``preload``, ``workers_per_engine``,
-``frees_memory_when_asleep``, ``placement_errors``, ``logprobs_are_free``, ``rng_state``.
+``frees_memory_when_asleep``, ``placement_errors``, ``logprobs_are_free``, ``rng_state``; and
+what ``xrlhf plan`` and ``xrlhf run``'s early fork server need (on ``Engine``, one place):
+``memory_model``, ``shard_stage``, ``sharding_options``, ``sleep_levels``, ``tensor_parallel``,
+``preload``. Nothing outside a backend tests its name (tests/test_backend_names.py).
 
 **The backend table is the registry.** One module or package per backend (``hf/``,
 ``deepspeed.py``, ``vllm/``) registers one class per role under ``"<backend>.<role>"``;
@@ -117,6 +120,26 @@ class Engine(ABC):
     its KV cache from the GPU memory it sees free while it starts). ``starts_alone_with`` says it
     for given options."""
 
+    # What the planner (xrlhf.plan) and the fork server ask of a backend instead of its name.
+    memory_model: ClassVar[str] = "replicated"
+    """How ``xrlhf plan`` counts its memory: train/infer ``replicated`` or ``zero`` (partitioned as
+    ``shard_stage`` says); generate ``batch`` (weights and a cache of the batch) or ``paged`` (a paged
+    KV cache sized by ``gpu_memory_utilization`` or ``kv_cache_tokens``, as vLLM's)."""
+    sleep_levels: ClassVar[tuple[int, ...]] = (0,)
+    """The ``sleep_level`` values a generate engine takes, deepest first; ``(0,)``: it never sleeps."""
+    tensor_parallel: ClassVar[bool] = False
+    """One generate engine may span ``tensor_parallel_size`` GPUs."""
+
+    @classmethod
+    def shard_stage(cls, options: BaseModel) -> int:
+        """How far ``options`` partition the engine over its handle's ranks, as a ZeRO stage (0: not)."""
+        return 0
+
+    @classmethod
+    def sharding_options(cls, stage: int, offload: bool = False) -> dict[str, Any] | None:
+        """Options partitioning it at ZeRO ``stage`` (``offload``: optimizer in CPU memory); None: cannot."""
+        return None
+
     def __init__(self, spec: EngineSpec):
         if not isinstance(spec.options, self.Options):  # a copy: one spec may serve engines of two roles
             given = spec.options.model_dump() if isinstance(spec.options, BaseModel) else spec.options
@@ -132,7 +155,8 @@ class Engine(ABC):
     @classmethod
     def preload(cls, options: BaseModel | dict[str, Any]) -> None:
         """Import what building an engine with ``options`` will import (vLLM's takes seconds), so that a
-        host may run it in a thread while other engines build. Default: nothing."""
+        host may run it in a thread while other engines build. Default: nothing. A class that overrides
+        it gets a fork server whose forks begin with it imported, started early by ``xrlhf run``."""
 
     @classmethod
     def fork_imports(cls, spec: "EngineSpec") -> None:
@@ -404,6 +428,7 @@ class GenerateEngine(Engine):
     """
 
     Options: ClassVar[type[BaseModel]] = GenerateOptions
+    memory_model: ClassVar[str] = "batch"
     model_in_process: bool = True
     frees_memory_when_asleep: bool = False
     pauses_mid_generation: ClassVar[bool] = False

@@ -354,6 +354,13 @@ def _cpu_adam_or_torch(config: dict[str, Any]) -> None:
 class _DSModel:
     """What the train and infer engines share: loading, initialising and the forward."""
 
+    memory_model = "zero"  # Engine.memory_model: ZeRO partitions by zero_stage
+
+    @classmethod
+    def shard_stage(cls, options: BaseModel) -> int:
+        """``zero_stage`` (``Engine.shard_stage``)."""
+        return options.zero_stage
+
     def _init_engine(self, spec: EngineSpec, role: str, **init_kwargs) -> None:
         import deepspeed
 
@@ -444,6 +451,11 @@ class DeepSpeedTrainEngine(LoraTraining, _DSModel, TrainEngine):
     Options = DeepSpeedTrainOptions
     requires = ("deepspeed",)
     pip_extra = "deepspeed"
+
+    @classmethod
+    def sharding_options(cls, stage: int, offload: bool = False) -> dict[str, Any] | None:
+        """ZeRO ``stage``; optimizer offload from stage 1."""
+        return {"zero_stage": stage, **({"offload_optimizer": True} if offload and stage else {})}
 
     def __init__(self, spec: EngineSpec):
         super().__init__(spec)
@@ -567,6 +579,11 @@ class DeepSpeedInferEngine(_DSModel, InferEngine):
     Options = DeepSpeedInferOptions
     requires = ("deepspeed",)
     pip_extra = "deepspeed"
+
+    @classmethod
+    def sharding_options(cls, stage: int, offload: bool = False) -> dict[str, Any] | None:
+        """ZeRO 0 or 3 (no optimizer to partition, nor to offload)."""
+        return {"zero_stage": stage} if stage in (0, 3) and not offload else None
 
     def __init__(self, spec: EngineSpec):
         super().__init__(spec)

@@ -12,6 +12,14 @@ import math
 from collections.abc import Iterator
 from dataclasses import replace
 
+from xrlhf.plan.backends import (
+    as_args,
+    paged,
+    shard_overrides,
+    sharding,
+    sleep_levels,
+    zero_stage,
+)
 from xrlhf.plan.inputs import Handle, PlanInput
 from xrlhf.plan.layouts import Cluster, Layout, LayoutPlan, plan_layout
 from xrlhf.plan.memory import Trainer
@@ -51,19 +59,17 @@ def candidate_fixes(inp: PlanInput) -> Iterator[tuple[str, PlanInput]]:
         yield ("policy.train.gradient_checkpointing=true",
                _each_trainer(inp, lambda x: replace(x, checkpointing=True)))
     r = inp.get("rollout")
-    if r.generator.engine == "vllm" and r.anchor == p.anchor and not inp.staleness and r.generator.sleep_level < 2:
-        yield "policy.generate.sleep_level=2", inp.with_handle(replace(r, generator=replace(r.generator, sleep_level=2)))
+    deepest = sleep_levels(r.generator.engine)[0]
+    if r.anchor == p.anchor and not inp.staleness and r.generator.sleep_level < deepest:
+        yield (f"policy.generate.sleep_level={deepest}",
+               inp.with_handle(replace(r, generator=replace(r.generator, sleep_level=deepest))))
     yield from lower_utilization(inp)
     if p.ranks > 1:
-        for stage in (1, 2, 3):
-            if t.engine != "deepspeed" or t.zero_stage < stage:
-                yield (f"policy.train.engine=deepspeed policy.train.zero_stage={stage}",
-                       _each_trainer(inp, lambda x, s=stage: _zero(x, s)))
-        yield ("policy.train.engine=deepspeed policy.train.zero_stage=3 policy.train.offload_optimizer=true",
-               _each_trainer(inp, lambda x: replace(_zero(x, 3), offload_optimizer=True)))
-    if ref is not None and ref.ranks > 1 and ref.frozen.zero_stage != 3:
-        yield ("reference.infer.engine=deepspeed reference.infer.zero_stage=3",
-               inp.with_handle(replace(ref, frozen=replace(ref.frozen, zero_stage=3))))
+        yield from _sharded(inp, t)
+    shard = shard_overrides("reference.infer", ref.frozen.engine, "infer", 3) if ref is not None else {}
+    if shard and ref.ranks > 1 and ref.frozen.zero_stage != 3:
+        yield as_args(shard), inp.with_handle(replace(ref, frozen=replace(ref.frozen, engine=shard[
+            "reference.infer.engine"], zero_stage=3)))
     if t.trainable is None:
         lora = replace(p, trainer=replace(t, trainable=lora_params(p)))
         no_ref = replace(inp.with_handle(lora), handles=tuple(h for h in inp.with_handle(lora).handles
@@ -77,7 +83,7 @@ def lower_utilization(inp: PlanInput, step: float = 0.05) -> Iterator[tuple[str,
     fewer sequences at once (generation in waves: slower, ``plan.speed``)."""
     r = inp.get("rollout")
     g = r.generator
-    if g.engine != "vllm" or g.kv_tokens is not None:
+    if not paged(g) or g.kv_tokens is not None:
         return
     n = math.ceil(round(g.gpu_memory_utilization / step, 6)) - 1
     for i in range(n, 0, -1):
@@ -86,9 +92,23 @@ def lower_utilization(inp: PlanInput, step: float = 0.05) -> Iterator[tuple[str,
                inp.with_handle(replace(r, generator=replace(g, gpu_memory_utilization=value))))
 
 
+def _sharded(inp: PlanInput, t: Trainer) -> Iterator[tuple[str, PlanInput]]:
+    """The trainers partitioned at ZeRO stages 1-3 beyond the policy's, then 3 with the optimizer
+    offloaded, by the backend that can (``plan.backends.sharding``)."""
+    for stage in (1, 2, 3):
+        shard = shard_overrides("policy.train", t.engine, "train", stage)
+        if shard and zero_stage(t) < stage:
+            yield as_args(shard), _each_trainer(inp, lambda x, s=stage: _zero(x, s))
+    shard = shard_overrides("policy.train", t.engine, "train", 3, offload=True)
+    if shard:
+        yield as_args(shard), _each_trainer(inp, lambda x: replace(_zero(x, 3), offload_optimizer=True))
+
+
 def _zero(t: Trainer, stage: int) -> Trainer:
+    """``t`` partitioned at ZeRO ``stage`` by the backend that can (mixed precision, as DeepSpeed's bf16)."""
     precision = "mixed" if t.precision != "fp32" else "fp32"
-    return replace(t, engine="deepspeed", zero_stage=stage, precision=precision)
+    found = sharding(t.engine, "train", stage)
+    return replace(t, engine=found[0] if found else t.engine, zero_stage=stage, precision=precision)
 
 
 def advise(inp: PlanInput, layout: Layout, cluster: Cluster) -> tuple[str, LayoutPlan] | None:

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from xrlhf.config.loader import format_errors
 from xrlhf.config.schema import XConfig
+from xrlhf.plan.backends import backend
 from xrlhf.plan.memory import VLLM_BATCHED_TOKENS, Generator, Trainer
 from xrlhf.plan.shapes import ModelShape, model_shape
 from xrlhf.utils.errors import UserError
@@ -26,6 +27,8 @@ class Frozen:
     """A frozen model's engine (reference, reward): its dtype, ZeRO-3 partitioning, token budget."""
 
     head: str = "causal_lm"
+    engine: str = "hf"
+    """The infer backend (a name or an import path), asked through ``plan.backends``."""
     dtype_bytes: int = 2
     zero_stage: int = 0
     ranks: int = 1
@@ -113,8 +116,8 @@ def _trainer(section, path: str, head: str, ranks: int, adapter_params: int | No
     precision = "fp32" if o.dtype == "float32" else ("bf16" if mixed is False else "mixed")
     budget = o.max_tokens_per_micro_batch
     infer = o.infer_max_tokens_per_micro_batch or budget
-    return Trainer(head=head, engine="deepspeed" if section.engine == "deepspeed" else "hf", precision=precision,
-                   trainable=adapter_params, zero_stage=getattr(o, "zero_stage", 0),
+    return Trainer(head=head, engine=section.engine, precision=precision,
+                   trainable=adapter_params, zero_stage=backend(section.engine, "train").shard_stage(o),
                    offload_optimizer=getattr(o, "offload_optimizer", False),
                    offload_params=getattr(o, "offload_params", False), ranks=ranks, tokens=budget,
                    infer_tokens=infer, checkpointing=o.gradient_checkpointing,
@@ -124,7 +127,8 @@ def _trainer(section, path: str, head: str, ranks: int, adapter_params: int | No
 
 def _frozen(section, path: str, head: str, ranks: int, shape: ModelShape) -> Frozen:
     o = _options(section, "infer", path)
-    return Frozen(head=head, dtype_bytes=4 if o.dtype == "float32" else 2, zero_stage=getattr(o, "zero_stage", 0),
+    return Frozen(head=head, engine=section.engine, dtype_bytes=4 if o.dtype == "float32" else 2,
+                  zero_stage=backend(section.engine, "infer").shard_stage(o),
                   ranks=ranks, tokens=o.max_tokens_per_micro_batch,
                   chunk=_chunk(o, head, shape), rows=o.micro_batch_size if o.max_tokens_per_micro_batch else 0,
                   compiled=bool(getattr(o, "compiles", lambda device: False)("cuda")))
@@ -135,13 +139,13 @@ def _generator(cfg: XConfig, shape: ModelShape, work: Workload, lora_bytes: int)
     o = _options(g, "generate", "policy.generate")
     dtype = 4 if o.dtype == "float32" else 2
     batch = work.sequences * work.seq_len
-    if g.engine != "vllm":
+    if backend(g.engine, "generate").memory_model != "paged":
         return Generator(engine=g.engine, dtype_bytes=dtype, max_num_seqs=work.sequences, sleep_level=0,
                          batch_tokens=batch)
     kv = o.kv_cache_tokens
     if kv == "batch":
         kv = o.max_num_seqs * o.max_model_len
-    return Generator(engine="vllm", dtype_bytes=dtype, tp=o.tensor_parallel_size,
+    return Generator(engine=g.engine, dtype_bytes=dtype, tp=o.tensor_parallel_size,
                      gpu_memory_utilization=o.gpu_memory_utilization, kv_tokens=kv, max_num_seqs=o.max_num_seqs or 256,
                      batched_tokens=o.max_num_batched_tokens or VLLM_BATCHED_TOKENS, enforce_eager=o.enforce_eager,
                      torch_compile=bool(o.torch_compile), sleep_level=o.sleep_level, batch_tokens=batch, lora_bytes=lora_bytes)

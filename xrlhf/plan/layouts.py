@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from xrlhf.plan.backends import paged, sleep_levels
 from xrlhf.plan.inputs import Handle, PlanInput
 from xrlhf.plan.memory import (
     CUBLAS_WORKSPACE,
@@ -147,8 +148,7 @@ def candidate_layouts(inp: PlanInput) -> list[Layout]:
     lag = max(1, inp.staleness)
     split_gpus = conf.generator_gpus or max(r.generator.tp, p.ranks * max(1, math.ceil(p.gpus)))
     out = [conf]
-    sleeps = (2, 1, 0) if r.generator.engine == "vllm" else (0,)
-    out += [Layout(False, s, 0) for s in sleeps]
+    out += [Layout(False, s, 0) for s in sleep_levels(r.generator.engine)]
     out += [Layout(False, 0, lag), Layout(True, conf.sleep_level, 0, split_gpus), Layout(True, conf.sleep_level, lag,
                                                                                         split_gpus)]
     seen, unique = set(), []
@@ -203,7 +203,7 @@ def _group(inp: PlanInput, layout: Layout, cluster: Cluster, anchor: str, member
 
 def _generator_phases(g: Group, h: Handle, cluster: Cluster, awake_always: bool) -> None:
     awake = vllm_parts(h.shape, h.generator, cluster.gpu_bytes)
-    level = 0 if awake_always or h.generator.engine != "vllm" else h.generator.sleep_level
+    level = 0 if awake_always or max(sleep_levels(h.generator.engine)) == 0 else h.generator.sleep_level
     asleep = vllm_asleep(awake, level)
     # The sync wakes the weights, receives them, then wakes the KV cache once the trainer has
     # returned its cache (coordinator.weight_routes): by the phase's end the generator is awake
@@ -307,7 +307,7 @@ def _check(plan: LayoutPlan, inp: PlanInput) -> None:
                                  f"{top / GIB:.1f} GiB")
         for n in g.handles:
             h = inp.get(n)
-            if h.generator is not None and h.generator.engine == "vllm":
+            if h.generator is not None and paged(h.generator):
                 _vllm_checks(plan, g, h)
 
 

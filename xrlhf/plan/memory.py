@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xrlhf.engines import budget
+from xrlhf.plan.backends import backend, paged
 from xrlhf.plan.shapes import ModelShape
 
 GIB = 2**30
@@ -59,7 +60,8 @@ class Trainer:
     """A trained handle's engine as the memory model sees it.
 
     Attributes:
-        engine: ``hf`` or ``deepspeed``.
+        engine: the train backend (a name or an import path); its class's ``memory_model`` says
+            which rows of the module's table count (``zero``: DeepSpeed's).
         precision: ``fp32``, ``bf16`` (pure) or ``mixed`` (bf16 weights, fp32 masters).
         trainable: trained parameters (``None``: all; a LoRA adapter's otherwise).
         ranks: data-parallel ranks (ZeRO divides by these).
@@ -107,7 +109,7 @@ def trainer_state(shape: ModelShape, t: Trainer, stepped: bool = True) -> dict[s
     w = compute_bytes(t)
     if lora:
         parts = {"weights": p * w, "adapters": 4 * n, "gradients": 4 * n, "optimizer": 8 * n}
-    elif t.engine == "deepspeed":
+    elif backend(t.engine, "train").memory_model == "zero":
         parts = _deepspeed(p, w, t)
     elif t.precision == "mixed":
         parts = {"weights": 2 * p, "masters": 4 * n, "gradients": 4 * n, "optimizer": 8 * n}
@@ -191,7 +193,7 @@ def vllm_parts(shape: ModelShape, g: Generator, gpu_bytes: int) -> dict[str, int
     block per sequence, as ``engines.vllm.options.kv_cache_bytes`` asks for) or what is left of
     ``gpu_memory_utilization x total`` (vLLM's own arithmetic)."""
     weights = shape.params * g.dtype_bytes // g.tp + g.lora_bytes
-    if g.engine != "vllm":  # the Transformers generator: weights and a cache of the batch
+    if not paged(g):  # the Transformers generator: weights and a cache of the batch
         kv = shape.kv_bytes_per_token(g.dtype_bytes) * g.batch_tokens
         return {"weights": weights, "kv cache": kv, "activations": g.max_num_seqs * shape.vocab * 4}
     # vLLM's own forward (fused QKV and gate-up projections), not ours: the working set it was

@@ -28,6 +28,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from xrlhf.plan.backends import backend, shard_overrides, yaml_value
 from xrlhf.plan.layouts import Cluster, LayoutPlan, configured_layout, plan_layout
 from xrlhf.plan.speed import Speeds, StepTime, kv_held_of, step_time
 from xrlhf.plan.sync import sync_rows
@@ -80,22 +81,18 @@ class Option:
 
     def args(self) -> list[str]:
         """The overrides as ``xrlhf run`` takes them."""
-        return [f"{k}={_yaml(v)}" for k, v in self.overrides.items()]
+        return [f"{k}={yaml_value(v)}" for k, v in self.overrides.items()]
 
     def trainer(self) -> str:
         """The policy's ranks and sharding, e.g. ``3 x ZeRO-3``."""
         t = self.plan.inp.get("policy").trainer if self.plan else None
         if t is None:
             return f"{self.placement.trainers}"
-        how = f"ZeRO-{t.zero_stage}" if t.engine == "deepspeed" else t.engine
+        how = f"ZeRO-{t.zero_stage}" if backend(t.engine, "train").memory_model == "zero" else t.engine
         ref = self.plan.inp.get("reference")
         if ref is not None and ref.frozen is not None and ref.frozen.zero_stage == 3:
             how += ", ref ZeRO-3"
         return f"{self.placement.trainers} x {how}"
-
-
-def _yaml(v: Any) -> str:
-    return "null" if v is None else ("true" if v is True else "false" if v is False else str(v))
 
 
 def written(data: dict, key: str) -> Any:
@@ -117,7 +114,7 @@ def conflicts(keep: dict, overrides: dict[str, Any]) -> list[str]:
     for k, v in overrides.items():
         w = written(keep, k)
         if w is not _MISSING and w != v and not (isinstance(w, dict) and v is not None):
-            out.append(f"{k} ({_yaml(w) if not isinstance(w, dict) else 'a section'} in the config)")
+            out.append(f"{k} ({yaml_value(w) if not isinstance(w, dict) else 'a section'} in the config)")
     return out
 
 
@@ -137,15 +134,17 @@ def placement_overrides(cfg, p: Placement, total_gpus: int) -> dict[str, Any]:
     from xrlhf.coordinator.spec import anchor_of
     from xrlhf.topology import placements as placed_of
 
-    vllm = cfg.policy.generate.engine == "vllm"
+    gen = backend(cfg.policy.generate.engine, "generate")
     o: dict[str, Any] = {"policy.resources.ranks": p.trainers, "policy.resources.gpus_per_rank": 1}
     if p.split:
         o.update({"policy.generate.resources.ranks": p.dp, "policy.generate.resources.gpus_per_rank": p.tp})
     else:
         o["policy.generate.resources"] = None
-    if vllm:  # asleep while training when synchronous and co-located: level 2, or 1 to keep the base for an adapter
+    if gen.tensor_parallel:
         o["policy.generate.tensor_parallel_size"] = p.tp
-        o["policy.generate.sleep_level"] = (1 if _adapter_sync(cfg) else 2) if not p.split and not p.staleness else 0
+    if max(gen.sleep_levels) > 0:  # asleep while training when synchronous and co-located: the deepest
+        asleep = 1 if _adapter_sync(cfg) else gen.sleep_levels[0]  # level, or 1 to keep the base for an adapter
+        o["policy.generate.sleep_level"] = asleep if not p.split and not p.staleness else 0
     o["rollout.max_staleness"] = p.staleness
     placed = placed_of(cfg)
     for h in ("critic", "reference", "reward", "teacher"):
@@ -174,12 +173,13 @@ def sharding_steps(cfg, p: Placement) -> list[dict[str, Any]]:
     if p.trainers < 2:
         return steps
     placed = placed_of(cfg)
-    zero = {"policy.train.engine": "deepspeed", "policy.train.zero_stage": 3}
-    if "critic" in placed and anchor_of("critic", placed) == "policy":
-        zero.update({"critic.train.engine": "deepspeed", "critic.train.zero_stage": 3})
-    steps.append(zero)
-    if "reference" in placed and anchor_of("reference", placed) == "policy":
-        steps.append({**zero, "reference.infer.engine": "deepspeed", "reference.infer.zero_stage": 3})
+    zero = shard_overrides("policy.train", cfg.policy.train.engine, "train", 3)
+    if zero and "critic" in placed and anchor_of("critic", placed) == "policy":
+        zero.update(shard_overrides("critic.train", cfg.critic.train.engine, "train", 3))
+    if zero:
+        steps.append(zero)
+    if zero and "reference" in placed and anchor_of("reference", placed) == "policy":
+        steps.append({**zero, **shard_overrides("reference.infer", cfg.reference.infer.engine, "infer", 3)})
     return steps
 
 
@@ -292,7 +292,8 @@ def search(data: dict, cluster: Cluster, speeds: Speeds, prompt_tokens: int = 64
         return []
     heads = model_shape(cfg.policy.model).heads
     options = []
-    for p in placements(pool, cluster.gpus, heads, cfg.rollout.max_staleness, cfg.policy.generate.engine == "vllm"):
+    tp_ok = backend(cfg.policy.generate.engine, "generate").tensor_parallel
+    for p in placements(pool, cluster.gpus, heads, cfg.rollout.max_staleness, tp_ok):
         tried = []
         for extra in sharding_steps(cfg, p):
             o = plan_option(data, cfg, p, extra, cluster, speeds, prompt_tokens)

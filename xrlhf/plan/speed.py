@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 
+from xrlhf.plan.backends import paged, zero_stage
 from xrlhf.plan.inputs import Handle, PlanInput
 from xrlhf.plan.memory import kv_tokens_held
 from xrlhf.utils.errors import UserError
@@ -143,7 +144,7 @@ def infer_seconds(inp: PlanInput, s: Speeds) -> float:
         if h.frozen is not None:
             out += _flops_seconds(2 * h.shape.head_params(h.frozen.head) * tokens, h.ranks, s, h.frozen.zero_stage == 3)
         elif h.trainer is not None and (h.name != "policy" or inp.workload.old_logprobs):
-            zero3 = h.trainer.engine == "deepspeed" and h.trainer.zero_stage == 3
+            zero3 = zero_stage(h.trainer) == 3
             out += _flops_seconds(2 * h.shape.head_params(h.trainer.head) * tokens, h.ranks, s, zero3)
     return out
 
@@ -155,7 +156,7 @@ def train_seconds(inp: PlanInput, s: Speeds) -> float:
     out = 0.0
     for h in inp.handles:
         if h.trainer is not None:
-            zero3 = h.trainer.engine == "deepspeed" and h.trainer.zero_stage == 3
+            zero3 = zero_stage(h.trainer) == 3
             out += _flops_seconds(_trained_flops_per_token(h) * tokens, h.ranks, s, zero3)
     return out
 
@@ -173,6 +174,6 @@ def step_time(inp: PlanInput, split: bool, kv_held: int, sync_s: float, s: Speed
 def kv_held_of(inp: PlanInput, parts: dict[str, int] | None) -> int:
     """Tokens one generator's KV cache holds, from its planned parts (0: not planned)."""
     r = inp.get("rollout")
-    if not parts or r.generator.engine != "vllm":
+    if not parts or not paged(r.generator):
         return 0
     return kv_tokens_held(r.shape, r.generator, parts)

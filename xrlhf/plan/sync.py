@@ -20,7 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from xrlhf.plan.backends import zero_stage
 from xrlhf.plan.inputs import PlanInput
+from xrlhf.weight_sync import choose_transport
 
 LINKS = {"cuda_ipc": 5.3, "cpu": 4.2, "disk": 1.97, "nvlink": 300.0, "ib": 40.0}
 MEASURED = {"cuda_ipc", "cpu", "disk"}
@@ -54,7 +56,7 @@ def sync_rows(inp: PlanInput, split: bool, gpus_per_node: int, links: dict[str, 
     speed = {**LINKS, **(links or {})}
     n = sync_bytes(inp)
     p, r = inp.get("policy"), inp.get("rollout")
-    chosen = inp.transport if inp.transport != "auto" else ("nccl" if split else "cuda_ipc")
+    chosen = choose_transport(inp.transport, colocated=not split, gpu=True)
     rows = []
     if split:
         policy_gpus = p.ranks * max(1, int(p.gpus))
@@ -62,7 +64,7 @@ def sync_rows(inp: PlanInput, split: bool, gpus_per_node: int, links: dict[str, 
         link = "nvlink" if policy_gpus + gen_gpus <= gpus_per_node else "ib"
         gather = 0.0
         t = p.trainer
-        if t is not None and t.engine == "deepspeed" and t.zero_stage == 3 and p.ranks > 1:
+        if t is not None and zero_stage(t) == 3 and p.ranks > 1:
             gather = n * (p.ranks - 1) / p.ranks / (speed[link] * 2**30)
         rows.append(SyncRow("nccl", n, gather + n / (speed[link] * 2**30), link, chosen == "nccl"))
     else:

@@ -44,6 +44,9 @@ class VLLMGenerateEngine(GenerateEngine):
     starts_alone = True  # vLLM sizes its KV cache from the GPU memory it sees free while it starts (by default)
     pauses_mid_generation = True  # keyed calls: the request loop pauses, loads, resumes
     batches_concurrent_calls = True  # keyed calls: one request loop serves them all
+    memory_model = "paged"  # Engine.memory_model: its KV cache is a share of the GPU or kv_cache_tokens
+    sleep_levels = (2, 1, 0)  # VLLMOptions.sleep_level: 2 drops the weights, 1 keeps them in CPU memory
+    tensor_parallel = True
 
     @classmethod
     def workers_per_engine(cls, options: BaseModel) -> int:
