@@ -19,6 +19,7 @@ from xrlhf.engines.hf import HFTrainEngine
 from xrlhf.envs import build_env
 from xrlhf.utils.errors import UserError
 from xrlhf.validation import algorithm_options, validate_dict
+from xrlhf.utils.run_hooks import RunHooks
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 
@@ -83,7 +84,7 @@ def test_algorithm_validates_its_options_and_updates(mypkg, tiny_model):
                             generate=build_engine("hf", EngineSpec(tiny_model), "generate"))
     env = build_env(cfg.env.name, cfg.env.options, cfg.seed)
     trainer = ALGORITHMS.get(cfg.algorithm.name)(cfg, algorithm_options(cfg), LocalHandles(policy), env,
-                                                 load_tokenizer(tiny_model), reward=_env_reward(env), log=lambda m: None)
+                                                 load_tokenizer(tiny_model), reward=_env_reward(env), hooks=RunHooks())
     metrics = trainer.step()
     assert "policy/loss" in metrics and metrics["reward/mean"] >= 0
 

@@ -38,6 +38,7 @@ from xrlhf.tracking import Tracker
 from xrlhf.utils.bounded import STOPPING, UserCodeAborted
 from xrlhf.utils.errors import UserError, WorkerDiedError
 from xrlhf.utils.files import atomic_write
+from xrlhf.utils.run_hooks import RunHooks
 from xrlhf.resolved import resolved_config
 from xrlhf.validation import algorithm_options
 
@@ -354,27 +355,29 @@ def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resu
     cache = None if os.environ.get("TORCHINDUCTOR_CACHE_DIR") else str(out / "cache")
     plan = topology(cfg, model_dir, trainer_cls.train_steps(cfg, options), policy_head=trainer_cls.policy_head,
                     generate=trainer_cls.uses_generation, concurrent_generate=episode_calls(cfg, env), cache_dir=cache)
-    coord = Coordinator(plan, healing=healing, keep_ray=True)
+    # the one interface through which the run's parts call back into this shell
+    hooks = RunHooks(log=tracker, transcripts=lambda step, trajs: write_transcripts(out, step, trajs, tokenizer),
+                     workers=lambda pids: write_pids(out, pids))
+    coord = Coordinator(plan, healing=healing, keep_ray=True, hooks=hooks)
     trainer = None
     try:
         stop.doing = "the Ray start-up, then stop" + (" (the warm-up is saved)" if cfg.warmup.steps else
                                                       " (nothing to save before the first RL step)")
         coord.start()
         _healed(healing)
-        coord.on_pids = lambda pids: write_pids(out, pids)
-        coord.on_pids(coord.pids)
+        hooks.workers(coord.pids)
         stop.install()
         _stop_before_rl(stop, out)
         stop.doing = "the current step, then checkpoint and exit"
-        trainer = trainer_cls(cfg, options, coord, env, tokenizer, build_reward(cfg, env, coord), tracker)
-        trainer.transcripts = lambda step, trajs: write_transcripts(out, step, trajs, tokenizer)
-        healing.step = lambda: trainer.step_idx + 1
+        trainer = trainer_cls(cfg, options, coord, env, tokenizer, build_reward(cfg, env, coord), hooks)
+        hooks.running_step = lambda: trainer.step_idx + 1
         if state is not None:
             restore_handles(ckpt, coord.handles)
             trainer.load_state_dict(state["trainer"])
             coord.sync_weights(trainer.step_idx)  # the generator holds the version of the checkpoint
         saves = RLSaves(cfg, out, coord, trainer, tracker, stop, {"model_dir": model_dir, "extra": extra}, t_start)
-        result = trainer.fit(saves.on_step_end)
+        hooks.step_end = saves.on_step_end
+        result = trainer.fit()
         if result is None:
             saves.checkpoint(trainer.step_idx)  # a step given up on: the last one done (unless saved)
             raise stop.interrupted(out)
@@ -392,7 +395,7 @@ def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resu
 
 class RLSaves:
     """The RL checkpoints of a run (``xrlhf.checkpoint``): what the driver saves beside every
-    handle's state, and when (:meth:`on_step_end`, ``Trainer.fit``'s hook).
+    handle's state, and when (:meth:`on_step_end`, the run's ``RunHooks.step_end``).
 
     Args:
         fixed: the driver's state that does not change (``model_dir``: the RL start model, ``extra``).

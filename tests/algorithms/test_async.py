@@ -16,6 +16,7 @@ from xrlhf.engines.hf import HFGenerateEngine, HFInferEngine, HFTrainEngine
 from xrlhf.envs import build_env
 from xrlhf.models.tiny import build_model
 from xrlhf.validation import algorithm_options, validate_dict
+from xrlhf.utils.run_hooks import RunHooks
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,7 @@ def make_trainer(model_dir, rollout: dict, algorithm: dict | None = None, traine
     env = build_env(cfg.env.name, cfg.env.options, cfg.seed)
     reward = reward or build_reward(cfg, env, handles)
     return ALGORITHMS.get(cfg.algorithm.name)(cfg, algorithm_options(cfg), handles, env, load_tokenizer(model_dir),
-                                              reward=reward, log=log or (lambda m: None))
+                                              reward=reward, hooks=RunHooks(log=log or (lambda m: None)))
 
 
 def test_latest_with_in_flight_updates_stamps_every_token(model_dir):

@@ -21,6 +21,7 @@ from xrlhf.envs import build_env
 from xrlhf.models.tiny import build_model
 from xrlhf.utils.errors import UserError
 from xrlhf.validation import algorithm_options, validate_dict
+from xrlhf.utils.run_hooks import RunHooks
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +56,7 @@ def make_trainer(models, algorithm: dict | None = None, extra: dict | None = Non
     cls = ALGORITHMS.get(cfg.algorithm.name)
     reward = build_reward(cfg, env, handles) if generate else None
     return cls(cfg, algorithm_options(cfg), handles, env, load_tokenizer(student), reward=reward,
-               log=log or (lambda m: None))
+               hooks=RunHooks(log=log or (lambda m: None)))
 
 
 def rollout(masks=None) -> Rollout:

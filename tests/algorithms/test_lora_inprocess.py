@@ -19,6 +19,7 @@ from xrlhf.engines.hf import HFGenerateEngine, HFInferEngine, HFTrainEngine  # n
 from xrlhf.envs import build_env  # noqa: E402
 from xrlhf.validation import algorithm_options, validate_dict  # noqa: E402
 from xrlhf.weight_sync import checksum, compare_checksums  # noqa: E402
+from xrlhf.utils.run_hooks import RunHooks
 
 
 def length_reward(prompts: list[str], responses: list[str]) -> list[float]:
@@ -42,7 +43,7 @@ def test_grpo_with_lora_uses_the_policys_base_as_reference(tiny_model):
     env = build_env(cfg.env.name, cfg.env.options, cfg.seed)
     tok = load_tokenizer(tiny_model)
     trainer = ALGORITHMS.get("grpo")(cfg, algorithm_options(cfg), handles, env, tok, build_reward(cfg, env, handles),
-                                     lambda m: None)
+                                     RunHooks())
     first = trainer.step()
     assert abs(first["kl/mean"]) < 1e-6  # policy == reference until the first update lands
     for _ in range(2):

@@ -18,6 +18,7 @@ from xrlhf.engines.base import EngineSpec
 from xrlhf.engines.hf import HFInferEngine, HFTrainEngine
 from xrlhf.envs import build_env
 from xrlhf.validation import algorithm_options, validate_dict
+from xrlhf.utils.run_hooks import RunHooks
 
 ROWS = 8
 
@@ -35,7 +36,7 @@ def make_trainer(model: str, algorithm: dict, skip: bool, monkeypatch):
                            reference=LocalHandle.of("reference", infer=HFInferEngine(EngineSpec(model, seed=0))))
     cls = ALGORITHMS.get(cfg.algorithm.name)
     trainer = cls(cfg, algorithm_options(cfg), handles, build_env("reasoning", {}, 0), load_tokenizer(model),
-                  reward=None, log=lambda m: None)
+                  reward=None, hooks=RunHooks())
     if not skip:
         monkeypatch.setattr(trainer, "reuses_train_forward", lambda batch: False)
     return trainer

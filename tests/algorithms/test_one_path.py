@@ -18,6 +18,7 @@ from xrlhf.engines.base import EngineSpec
 from xrlhf.engines.hf import HFGenerateEngine, HFTrainEngine
 from xrlhf.envs import build_env
 from xrlhf.validation import algorithm_options, validate_dict
+from xrlhf.utils.run_hooks import RunHooks
 
 
 def run(model_dir: str, env: dict, rollout: dict, steps: int = 3, eval_every: int = 0,
@@ -36,7 +37,7 @@ def run(model_dir: str, env: dict, rollout: dict, steps: int = 3, eval_every: in
     environment = build_env(cfg.env.name, cfg.env.options, cfg.seed)
     rows: list[dict] = []
     trainer = ALGORITHMS.get("grpo")(cfg, algorithm_options(cfg), handles, environment, load_tokenizer(model_dir),
-                                     reward=build_reward(cfg, environment, handles), log=rows.append)
+                                     reward=build_reward(cfg, environment, handles), hooks=RunHooks(log=rows.append))
     trainer.fit()
     assert gen.version == steps  # every step published its version, the synchronous loop too
     return [r for r in rows if "reward/mean" in r]

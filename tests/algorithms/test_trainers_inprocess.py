@@ -19,6 +19,7 @@ from xrlhf.engines.base import EngineSpec
 from xrlhf.engines.hf import HFInferEngine, HFTrainEngine
 from xrlhf.envs import build_env
 from xrlhf.models.tiny import build_model
+from xrlhf.utils.run_hooks import RunHooks
 
 
 def engine(handle):
@@ -50,7 +51,7 @@ def make_trainer(model_dir, algorithm: dict, extra: dict | None = None, head="ca
     handles = LocalHandles(LocalHandle.of("policy", train=HFTrainEngine(spec)), reference=reference)
     env = build_env(cfg.env.name, cfg.env.options, cfg.seed)
     cls = ALGORITHMS.get(cfg.algorithm.name)
-    return cls(cfg, options, handles, env, load_tokenizer(model_dir), reward=None, log=lambda m: None)
+    return cls(cfg, options, handles, env, load_tokenizer(model_dir), reward=None, hooks=RunHooks())
 
 
 def seq_logps(engine, batch):

@@ -20,6 +20,7 @@ from xrlhf.envs import build_env
 from xrlhf.weight_sync import WeightSyncError, compare_checksums
 
 from tests.conftest import policy_batch as batch
+from xrlhf.utils.run_hooks import RunHooks
 
 pytestmark = pytest.mark.usefixtures("ray_session")  # runs handles in this process
 
@@ -76,7 +77,7 @@ def test_ppo_runs_in_the_split_layout(split_run, tiny_model):
     rows = []
     cls = ALGORITHMS.get(cfg.algorithm.name)
     trainer = cls(cfg, algorithm_options(cfg), coord, env, load_tokenizer(tiny_model),
-                  build_reward(cfg, env, coord), rows.append)
+                  build_reward(cfg, env, coord), RunHooks(log=rows.append))
     coord.sync_weights()  # earlier tests trained the policy: start the run in sync
     trainer.fit()
     steps = [r for r in rows if "reward/mean" in r]

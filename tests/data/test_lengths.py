@@ -16,6 +16,7 @@ from xrlhf.envs import Prompt, build_env
 from xrlhf.models.tiny import build_model
 from xrlhf.utils.errors import UserError
 from xrlhf.validation import algorithm_options, validate_dict
+from xrlhf.utils.run_hooks import RunHooks
 
 
 @pytest.fixture(scope="module", params=["gpt2", "llama"])
@@ -57,7 +58,7 @@ def test_a_rollout_with_a_too_long_prompt_stops_with_one_line(short_model):
     policy = NoGenerate()
     handles = SimpleNamespace(policy=policy, generator=policy, critic=None, reference=None, reward=None)
     trainer = ALGORITHMS.get("grpo")(cfg, algorithm_options(cfg), handles, env,
-                                     load_tokenizer(path), reward=None, log=lambda m: None)
+                                     load_tokenizer(path), reward=None, hooks=RunHooks())
     with pytest.raises(UserError, match=r"the prompt 'sort 1 2 3 4 5 6 7 8 9 0 1 2:' \(30 tokens\) \+ max_new_tokens 8"):
         trainer.collector.sampler.groups([Prompt("2+2="), Prompt("sort 1 2 3 4 5 6 7 8 9 0 1 2:")], 1, 0, Tally())
 

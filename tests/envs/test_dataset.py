@@ -18,6 +18,7 @@ from xrlhf.envs import ENVS, build_env
 from xrlhf.envs.dataset import DatasetChatEnv, DatasetEnv, read_records
 from xrlhf.envs.word_problems import TEMPLATES, make_rows
 from xrlhf.utils.errors import UserError
+from xrlhf.utils.run_hooks import RunHooks
 
 ROWS = make_rows(200, seed=0)
 DEMO = {r["prompt"]: r["demonstration"] for r in ROWS}
@@ -322,7 +323,7 @@ def test_a_short_warmup_and_grpo_run_on_cpu(tiny_model, jsonl, tmp_path):
     train = HFTrainEngine(EngineSpec(model, options={"lr": 1e-3, "micro_batch_size": 8}, seed=0))
     handles = LocalHandles(LocalHandle.of("policy", train=train, generate=HFGenerateEngine(EngineSpec(model, seed=0))))
     trainer = ALGORITHMS.get("grpo")(cfg, algorithm_options(cfg), handles, env, tok, build_reward(cfg, env, handles),
-                                     lambda m: None)
+                                     RunHooks())
     for _ in range(2):
         metrics = trainer.step()
     assert 0.0 <= metrics["reward/mean"] <= 1.0 and 0.0 <= metrics["reward/accuracy"] <= 1.0

@@ -39,6 +39,7 @@ from xrlhf.utils.flops import MatmulShape, StepThroughput
 from xrlhf.utils.memory import memory_metrics
 from xrlhf.utils.registry import Registry
 from xrlhf.utils.timeline import Timeline
+from xrlhf.utils.run_hooks import RunHooks
 
 ALGORITHMS: Registry[type] = Registry("algorithm")
 
@@ -65,7 +66,8 @@ class Trainer(ABC):
         env: the environment.
         tokenizer: the policy's tokenizer.
         reward: ``(prompts, responses, batch) -> (scores [B], metrics)``.
-        log: called with each step's metrics dict.
+        hooks: what the steps tell the program around them (``RunHooks``: each metrics row,
+            the end of each step, transcripts of evaluated episodes).
     """
 
     Config: ClassVar[type[BaseModel]]
@@ -85,9 +87,9 @@ class Trainer(ABC):
 
     def __init__(self, cfg: XConfig, options: BaseModel, handles: Handles, env: Env, tokenizer,
                  reward: Callable[[list[Prompt], list[str], Batch], tuple[torch.Tensor, dict]],
-                 log: Callable[[dict[str, Any]], None]):
+                 hooks: RunHooks):
         self.cfg, self.options, self.handles, self.env, self.tok = cfg, options, handles, env, tokenizer
-        self.reward, self.log = reward, log
+        self.reward, self.hooks = reward, hooks
         self.policy = handles.policy
         self.gen_handle = handles.generator  # split layout: the 'rollout' handle
         self.critic = handles.critic
@@ -103,9 +105,6 @@ class Trainer(ABC):
         self._memory: dict[str, float] = {}
         self.throughput = StepThroughput(_matmul_shape(cfg.policy.model), getattr(cfg.algorithm, "ppo_epochs", 1))
         """Tokens per second per GPU and the train phase's MFU (GPU runs; the GPUs seen in ``memory_marks``)."""
-        self.transcripts: Callable[[int, list], None] | None = None
-        """Given the step and an evaluation's episodes, keeps a few as transcripts (the runner's
-        ``report.write_transcripts``); ``None``: none kept."""
         self.episodes = (episode_runner(cfg, env, tokenizer, self.gen_handle)
                          if is_episode_env(env) and self.gen_handle is not None else None)
         """Runs the samples of an episode env (``algorithms.rollout.episodes``); ``None`` for one-turn envs."""
@@ -135,27 +134,27 @@ class Trainer(ABC):
     def step(self) -> dict[str, float]:
         """One training step (one or more optimizer steps); returns its metrics."""
 
-    def fit(self, on_step_end: Callable[[int], bool] | None = None) -> dict[str, Any] | None:
+    def fit(self) -> dict[str, Any] | None:
         """Run the steps from ``step_idx + 1``; returns eval rewards before and after.
 
-        ``on_step_end(step)`` runs after each step (checkpoints, signals); when it returns
+        ``hooks.step_end(step)`` runs after each step (checkpoints, signals); when it returns
         True the loop stops early and ``fit`` returns ``None``. So it does when a stopping run
         (``utils.bounded.STOPPING``) gives up on a step whose rollout was held up (``step_idx``
         is then the last step done), or on the evaluation before or after the steps.
         """
         try:
-            return self._fit(on_step_end)
+            return self._fit()
         except UserCodeAborted as e:
             logger.warning(f"{e}; the run stops after step {self.step_idx}")
             return None
 
-    def _fit(self, on_step_end: Callable[[int], bool] | None) -> dict[str, Any] | None:
+    def _fit(self) -> dict[str, Any] | None:
         t = self.cfg.trainer
         if self.initial_eval is None:
             logger.info("eval before RL on the held-out split ...")
             self.initial_eval = self.evaluate()
             logger.info(f"eval before training: reward {self.initial_eval['eval/reward_mean']:.3f}")
-            self.log({"step": 0, **self.initial_eval})
+            self.hooks.log({"step": 0, **self.initial_eval})
         for step in range(self.step_idx + 1, t.steps + 1):
             t0 = time.time()
             metrics = self.step()
@@ -166,12 +165,12 @@ class Trainer(ABC):
                 metrics.update(self._step_evaluation(step))
             metrics["time/step_s"] = time.time() - t0
             metrics.update(self.throughput.metrics(metrics))
-            self.log({"step": step, **metrics, "timeline": self.timeline.drain()})
+            self.hooks.log({"step": step, **metrics, "timeline": self.timeline.drain()})
             logger.info(self.progress_line(step, metrics))
-            if on_step_end is not None and on_step_end(step):
+            if self.hooks.step_end(step):
                 return None
         final = self.evaluate()
-        self.log({"step": t.steps, **final})
+        self.hooks.log({"step": t.steps, **final})
         initial = self.initial_eval
         logger.info(f"eval after training: reward {final['eval/reward_mean']:.3f} "
                     f"(before {initial['eval/reward_mean']:.3f})")
@@ -214,7 +213,7 @@ class Trainer(ABC):
         t = self.cfg.trainer
         params = sampling_params(self.cfg, t.eval_temperature, logprobs=False)
         if self.episodes is not None:
-            step, keep = self.step_idx, self.transcripts
+            step, keep = self.step_idx, self.hooks.transcripts
             return evaluate_episodes(self.episodes, params, t.eval_size, self.cfg.seed,
                                      keep=None if keep is None else (lambda trajs: keep(step, trajs)))
         reward = self.reward if self.env.reward_source == "model" else None
@@ -346,9 +345,9 @@ class RLTrainer(Trainer):
         self.handles.end_rollout()
         return {**metrics, "time/sleep_s": time.time() - t0, **self.memory_marks("sleep")}
 
-    def fit(self, on_step_end: Callable[[int], bool] | None = None) -> dict[str, Any] | None:
+    def fit(self) -> dict[str, Any] | None:
         try:
-            return super().fit(on_step_end)
+            return super().fit()
         finally:
             if self.producer is not None:  # a stopping run does not wait for a generate call under way
                 self.producer.stop(timeout=0.5 if STOPPING.is_set() else 5.0)

@@ -101,8 +101,8 @@ class RewardModelTrainer(OfflineTrainer):
         return {"eval/reward_mean": acc, "eval/accuracy": acc, "eval/margin": float(diff.mean()),
                 "eval/chosen_score_mean": float(torch.cat(chosen).mean())}
 
-    def fit(self, on_step_end=None) -> dict[str, Any] | None:
-        result = super().fit(on_step_end)
+    def fit(self) -> dict[str, Any] | None:
+        result = super().fit()
         if result is None:  # stopped early (a signal): the runner checkpoints
             return None
         result["summary"] = {"eval_accuracy": result["eval_final"]["eval/accuracy"],

@@ -34,6 +34,7 @@ from xrlhf.internals.ray import init_options, lean_head
 from xrlhf.utils import bytecode
 from xrlhf.utils.errors import WorkerDiedError
 from xrlhf.utils.faults import Healing
+from xrlhf.utils.run_hooks import RunHooks
 
 
 WATCHDOG = Watchdog()
@@ -140,9 +141,12 @@ class Coordinator(Handles):
         healing: restarts left and made, shared with the runner's restarts from a checkpoint.
         keep_ray: ``shutdown`` leaves a Ray this coordinator started running (the runner stops
             it at the end: a restart from a checkpoint reuses it).
+        hooks: the run's (``RunHooks``): ``workers`` after a handle was restarted in place,
+            ``running_step`` for the healing record.
     """
 
-    def __init__(self, topology: Topology, healing: Healing | None = None, keep_ray: bool = False):
+    def __init__(self, topology: Topology, healing: Healing | None = None, keep_ray: bool = False,
+                 hooks: RunHooks | None = None):
         self.topology = topology
         self.specs = topology.handles
         self.healing = healing or Healing(topology.fault_tolerance.max_restarts)
@@ -153,8 +157,7 @@ class Coordinator(Handles):
         self.placement_groups: list = []
         self.pids: dict[str, list[int]] = {}
         """Each handle's worker process ids, in rank order (the runner writes them to workers.json)."""
-        self.on_pids: Any = None
-        """Called with ``pids`` after a handle was restarted in place (the runner rewrites workers.json)."""
+        self.hooks = hooks or RunHooks()
         self.version: int | None = None
         """The policy version the generators hold (the last ``sync_weights``'s)."""
         self.slots: dict[str, Slot] = {}
@@ -382,10 +385,10 @@ class Coordinator(Handles):
                 self.weight_sync.sync(self.version)
                 synced = f", weights of policy version {self.version or 0} re-synced" + \
                     (" (verified)" if self.weight_sync.plan.verify else "")
-            event = self.healing.record(error, "in place", time.time() - t0, "the interrupted call")
+            event = self.healing.record(error, "in place", time.time() - t0, "the interrupted call",
+                                        self.hooks.running_step())
             logger.warning(f"{name} restarted in {event['recover_s']:.1f} s{synced}; redoing the interrupted call")
-            if self.on_pids is not None:
-                self.on_pids(self.pids)
+            self.hooks.workers(self.pids)
             return True
 
     def memory(self) -> dict[str, list[dict[str, float]]]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 _lock = threading.Lock()
 _errors: dict[int, tuple[threading.Thread, BaseException]] = {}
@@ -48,20 +48,19 @@ class Healing:
 
     Args:
         max_restarts: ``fault_tolerance.max_restarts``.
-        step: returns the RL step under way (for the events; 0 before the first).
     """
 
     max_restarts: int
-    step: Callable[[], int] = lambda: 0
     events: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def left(self) -> int:
         return self.max_restarts - len(self.events)
 
-    def record(self, error: Any, how: str, seconds: float, redone: str, **extra: Any) -> dict[str, Any]:
-        """One restart: ``how`` it was healed, ``seconds`` it took, the work ``redone``."""
-        event = {"step": self.step(), "handle": error.handle, "rank": error.rank, "error": str(error), "how": how,
+    def record(self, error: Any, how: str, seconds: float, redone: str, step: int, **extra: Any) -> dict[str, Any]:
+        """One restart at RL step ``step`` (0 before the first): ``how`` it was healed, ``seconds``
+        it took, the work ``redone``."""
+        event = {"step": step, "handle": error.handle, "rank": error.rank, "error": str(error), "how": how,
                  "recover_s": round(seconds, 2), "redone": redone, **extra}
         self.events.append(event)
         return event
