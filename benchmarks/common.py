@@ -1,9 +1,11 @@
-"""Shared pieces of the benchmarks: the machine, the model, vLLM settings, JSON and tables."""
+"""Shared pieces of the benchmarks: the machine, the model, vLLM settings, JSON and tables, and one
+run of a config with the learning figures read off its metrics (the learning benchmarks, CPU and GPU)."""
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -22,6 +24,16 @@ def gpu_name() -> str:
         return "none"
     p = torch.cuda.get_device_properties(0)
     return f"{p.name} ({p.total_memory / 2**30:.1f} GiB) x{torch.cuda.device_count()}"
+
+
+def gpu_label() -> str:
+    """nvidia-smi's name and memory of the first GPU (``none`` without one); no CUDA context."""
+    try:
+        names = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=30, check=True).stdout.split("\n")[0]
+    except (OSError, subprocess.SubprocessError):
+        return "none"
+    return names.strip()
 
 
 def ensure_model(path: str | Path = MODEL_05B, preset: str = "0.5b", dtype: str = "bfloat16") -> str:
@@ -132,3 +144,67 @@ class DeviceMemorySampler:
 
     def close(self) -> None:
         self.proc.terminate()
+
+
+# -- one run of a config and its learning figures ------------------------------------------------
+def rl_clock(rows: list[dict[str, Any]]) -> dict[int, float]:
+    """Step -> the RL clock at its end: the sum of ``time/step_s`` up to it (0 before RL)."""
+    clock, t = {0: 0.0}, 0.0
+    for r in rows:
+        if r.get("step", 0) >= 1 and "time/step_s" in r:
+            t += r["time/step_s"]
+            clock[r["step"]] = round(t, 2)
+    return clock
+
+
+def curve(rows: list[dict[str, Any]], samples_per_step: int) -> list[dict[str, Any]]:
+    """The eval points of a run: step, samples seen, eval reward and the RL clock."""
+    clock = rl_clock(rows)
+    return [{"step": r["step"], "samples": r["step"] * samples_per_step, "eval_reward": r["eval/reward_mean"],
+             "rl_s": clock.get(r["step"], max(clock.values()))}
+            for r in rows if "eval/reward_mean" in r and "step" in r]
+
+
+def time_to_reach(points: list[dict[str, Any]], target: float) -> float | None:
+    """The RL clock of the first eval point at or above ``target`` (None if none is)."""
+    return next((p["rl_s"] for p in points if p["eval_reward"] >= target), None)
+
+
+def stats(xs: list[float]) -> tuple[float | None, float | None]:
+    """Mean and sample standard deviation (0 for one value)."""
+    if not xs:
+        return None, None
+    return round(statistics.mean(xs), 4), round(statistics.stdev(xs), 4) if len(xs) > 1 else 0.0
+
+
+def run_one(path: Path, overrides: list[str], run_dir: Path) -> dict[str, Any]:
+    """One run of ``path`` with ``overrides`` in ``run_dir``, in this process: its figures (eval
+    before and after, wall and RL seconds, the eval curve, the train reward; ``error`` if it failed)."""
+    from xrlhf.report import read_metrics
+    from xrlhf.runner import run
+    from xrlhf.validation import load_config
+
+    cfg = load_config(path, overrides)
+    per_step = cfg.trainer.prompts_per_step * cfg.trainer.samples_per_prompt
+    t0 = time.time()
+    error, summary = None, {}
+    try:
+        summary = run(cfg, run_dir)
+    except Exception as e:  # noqa: BLE001 - recorded, the next run still goes
+        error = f"{type(e).__name__}: {e}"
+        import traceback
+
+        traceback.print_exc()
+    rows = read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
+    steps = [r for r in rows if r.get("step", 0) >= 1 and "reward/mean" in r]
+    stale = [r["staleness/mean"] for r in steps if "staleness/mean" in r]
+    clock = rl_clock(rows)
+    return {"steps": cfg.trainer.steps, "samples_per_step": per_step, "overrides": overrides,
+            "eval_initial": summary.get("eval_reward_initial"), "eval_final": summary.get("eval_reward_final"),
+            "eval_before_warmup": summary.get("eval_reward_before_warmup"),
+            "wall_s": round(time.time() - t0, 1), "rl_s": round(sum(r["time/step_s"] for r in steps), 1),
+            "staleness_mean": round(statistics.mean(stale), 3) if stale else None,
+            "reward_train_last": steps[-1]["reward/mean"] if steps else None,
+            "curve": curve(rows, per_step),
+            "train_reward": [[r["step"], clock[r["step"]], r["reward/mean"]] for r in steps],
+            "run_dir": str(run_dir), "error": error}

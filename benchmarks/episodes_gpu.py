@@ -58,8 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs-dir", default="runs/episodes_gpu")
     args = p.parse_args(argv)
 
-    from benchmarks.async_learning import run_one
-    from benchmarks.common import ROOT, ensure_model, gpu_name, write_json
+    from benchmarks.common import ROOT, ensure_model, gpu_name, run_one, write_json
     from xrlhf.report import read_metrics
 
     model = ensure_model()

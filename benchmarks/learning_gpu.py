@@ -44,8 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.async_grpo import SPLIT
-from benchmarks.async_learning import gpu_label, run_one, time_to_reach
-from benchmarks.common import ROOT, write_json
+from benchmarks.common import ROOT, gpu_label, run_one, time_to_reach, write_json
 
 CONFIG = "configs/gpu/grpo_learn.yaml"
 DATA = "artifacts/data/arithmetic.jsonl"
@@ -204,7 +203,7 @@ def judge(run: dict[str, Any], margin: float) -> dict[str, Any]:
 
 
 def one_run(args: argparse.Namespace, runs_dir: Path, overrides: list[str], variant: str, seed: int) -> dict[str, Any]:
-    """One RL run in this process (``async_learning.run_one``): its curve and verdict; the run's
+    """One RL run in this process (``common.run_one``): its curve and verdict; the run's
     checkpoints deleted after (the last one of the 0.5b model is ~6 GB), its metrics, summary,
     config and log copied to ``<out>/runs/``."""
     run_dir = runs_dir / f"{variant}-s{seed}-{time.strftime('%H%M%S')}"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import async_grpo, async_learning, report
+from benchmarks import async_grpo, common, learning_cpu, report
 
 
 @pytest.fixture(scope="module")
@@ -92,15 +92,15 @@ def test_figures_of_a_run_and_the_merge(tmp_path):
 
 
 def test_learning_figures():
-    c = async_learning.curve(rows_of(1), samples_per_step=512)
+    c = common.curve(rows_of(1), samples_per_step=512)
     assert [(p["step"], p["samples"], p["rl_s"]) for p in c] == [(0, 0, 0.0), (5, 2560, 23.0)]
-    assert async_learning.time_to_reach(c, 0.3) == 23.0 and async_learning.time_to_reach(c, 0.9) is None
+    assert common.time_to_reach(c, 0.3) == 23.0 and common.time_to_reach(c, 0.9) is None
     runs = [{"config": "c", "steps": 2, "mode": m, "seed": s, "eval_final": f, "eval_initial": 0.0, "wall_s": 1.0,
              "error": None} for m, s, f in [("sync", 0, 0.5), ("sync", 1, 0.7), ("async", 0, 0.55), ("async", 1, 0.5)]]
-    (agg,) = async_learning.aggregate(runs)
+    (agg,) = learning_cpu.aggregate(runs)
     assert agg["sync"]["final_mean"] == 0.6 and agg["sync"]["final_std"] == pytest.approx(0.1414, abs=1e-4)
     assert agg["async_ok"] is True  # 0.525 >= 0.6 - 0.141
-    v = async_learning.gpu_verdict({"sync": {"error": None, "curve": [{"rl_s": 0, "eval_reward": 0.1},
+    v = learning_cpu.gpu_verdict({"sync": {"error": None, "curve": [{"rl_s": 0, "eval_reward": 0.1},
                                                                       {"rl_s": 100, "eval_reward": 0.6}]},
                                     "async": {"error": None, "curve": [{"rl_s": 0, "eval_reward": 0.1},
                                                                        {"rl_s": 50, "eval_reward": 0.6}]}})
@@ -108,22 +108,22 @@ def test_learning_figures():
 
 
 def test_learning_plot(tmp_path):
-    run = {"curve": async_learning.curve(rows_of(1), 512), "train_reward": [[1, 5.0, 0.2], [2, 9.0, 0.3]]}
-    png = async_learning.plot_gpu({"sync": run, "async": run}, tmp_path / "p.png")
+    run = {"curve": common.curve(rows_of(1), 512), "train_reward": [[1, 5.0, 0.2], [2, 9.0, 0.3]]}
+    png = learning_cpu.plot_gpu({"sync": run, "async": run}, tmp_path / "p.png")
     assert png.stat().st_size > 0
 
 
 def test_async_overrides_add_a_correction_only_where_none_is_set(tiny_model):
     root = Path(async_grpo.__file__).resolve().parents[1]
     base = [f"policy.model={tiny_model}"]
-    assert async_learning.async_overrides(root / "configs/grpo.yaml", base) == ["rollout.max_staleness=1",
-                                                                                 "algorithm.tis_cap=2.0"]
-    assert async_learning.async_overrides(root / "configs/grpo_async.yaml", base) == ["rollout.max_staleness=1"]
+    assert learning_cpu.async_overrides(root / "configs/grpo.yaml", base) == ["rollout.max_staleness=1",
+                                                                               "algorithm.tis_cap=2.0"]
+    assert learning_cpu.async_overrides(root / "configs/grpo_async.yaml", base) == ["rollout.max_staleness=1"]
 
 
 def test_learning_gpu_dry_run(small_model):
-    args = async_learning.parse_args(["--gpu", "--dry-run", "--model", small_model, "--steps", "3"])
-    out = async_learning.main(["--gpu", "--dry-run", "--model", small_model, "--steps", "3"])
+    args = learning_cpu.parse_args(["async", "--gpu", "--dry-run", "--model", small_model, "--steps", "3"])
+    out = learning_cpu.gpu_main(args)
     cfgs = out["configs"]
     assert cfgs["warmup"].warmup.steps == 150 and cfgs["warmup"].policy.generate.engine == "hf"
     assert cfgs["sync"].rollout.max_staleness == 0 and cfgs["async"].rollout.max_staleness == 1
