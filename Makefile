@@ -4,7 +4,8 @@
 #   make test-quick   the suite without the tests marked slow (end-to-end runs, Ray start-ups, compiles)
 #                     and the GPU tests: the inner loop
 #   make test-all     the whole suite, the tests marked long included (learning claims, the healing
-#                     scenario, each chaos config killed once and resumed: ~20 minutes more): what CI runs
+#                     scenario, each chaos config killed once and resumed, the end-to-end scenarios and
+#                     compiles of a minute or more beside a busy core: ~40 minutes more): what CI runs
 #                     (.ci/run); make test-long runs those alone
 #   make chaos        each of three configs killed (SIGKILL) at five moments and resumed, compared with its
 #                     uninterrupted run (~25 minutes on 2 cores; benchmarks/chaos.py): benchmarks/results/chaos.md

@@ -32,6 +32,7 @@ def test_smoke_writes_both_paths(tmp_path):
     assert compiled["budget"]["loss"] == compiled["budget"]["loss"]  # finite (each step trains: not comparable)
 
 
+@pytest.mark.long  # ~1 minute or more beside a busy core: make test-all (CI) runs it, make test stays under 30 minutes
 def test_smoke_matrix_has_every_variant(tmp_path):
     data = train_efficiency.main(["--smoke", "--matrix", "--compile", "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "train_efficiency_matrix.json").read_text())

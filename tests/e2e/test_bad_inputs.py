@@ -86,6 +86,7 @@ def test_unknown_reward_function_is_a_config_error(base_config):
         validate_dict(base_config)
 
 
+@pytest.mark.long  # ~1 minute or more beside a busy core: make test-all (CI) runs it, make test stays under 30 minutes
 @runs_handles
 def test_wandb_offline(base_config, tmp_path, monkeypatch):
     pytest.importorskip("wandb")

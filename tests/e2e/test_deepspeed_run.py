@@ -19,6 +19,7 @@ pytest.importorskip("ray")
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.long  # ~1 minute or more beside a busy core: make test-all (CI) runs it, make test stays under 30 minutes
 def test_ppo_with_deepspeed_zero3_on_two_ranks_split_layout(tmp_path):
     from xrlhf.models.tiny import build_model
 

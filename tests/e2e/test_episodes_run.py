@@ -55,6 +55,7 @@ def run_config(name: str, out: Path, model: str, overrides: list[str]) -> list[d
     return steps
 
 
+@pytest.mark.long  # ~1 minute or more beside a busy core: make test-all (CI) runs it, make test stays under 30 minutes
 def test_tool_calc_grpo_sync_and_one_step_off(model, ray_session, tmp_path):
     steps = run_config("tool_calc", tmp_path / "sync", model, [])
     assert all("episode/tool_calls_mean" in s and "episode/tool_errors_mean" in s for s in steps)
@@ -69,6 +70,7 @@ def test_guess_ppo_with_turn_rewards(model, ray_session, tmp_path):
     assert all("critic/loss" in s and "episode/invalid_guesses_mean" in s for s in steps)
 
 
+@pytest.mark.long  # ~1 minute or more beside a busy core: make test-all (CI) runs it, make test stays under 30 minutes
 def test_multiturn_qa_online_kto_and_reward_function(model, ray_session, tmp_path):
     steps = run_config("multiturn_qa", tmp_path / "kto", model, [ONE_RANK, "algorithm={name: kto_online, mini_batch_size: 16}"])
     assert all("kto/desirable_fraction" in s and "episode/first_turn_correct_mean" in s for s in steps)

@@ -77,6 +77,7 @@ def test_grpo_lora_learns_and_changes_only_the_adapters(tmp_path):
     assert abs(greedy_eval(str(tmp_path / "merged"), options, 128) - summary["eval_reward_final"]) < 0.02
 
 
+@pytest.mark.long  # ~1 minute or more beside a busy core: make test-all (CI) runs it, make test stays under 30 minutes
 def test_ppo_lora_on_deepspeed_zero3_two_ranks_split_layout(tmp_path):
     from xrlhf.models.tiny import build_model
 
