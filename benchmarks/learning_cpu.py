@@ -1,7 +1,7 @@
 """Does it learn on a CPU, over seeds, per algorithm and run shape? Four suites, one command each.
 
-Issue 52 merged four scripts into this one; each suite keeps its script's options, defaults and
-JSON in benchmarks/results/ (which docs/benchmarks.md and docs/algorithms.md read).
+Each suite writes its table as JSON in benchmarks/results/ (which docs/benchmarks.md and
+docs/algorithms.md read).
 
 ``async`` (issue 14): one-step-off asynchronous RL against the synchronous loop. Each config
 (``configs/grpo.yaml``, ``configs/quickstart.yaml``) and seed (0 1 2) is run twice, synchronously
