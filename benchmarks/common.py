@@ -147,6 +147,19 @@ class DeviceMemorySampler:
 
 
 # -- one run of a config and its learning figures ------------------------------------------------
+def save_figure(fig, ax, path: Path) -> Path:
+    """A curve plot's finish (grid, legend) written to ``path`` as PNG; the figure is closed."""
+    import matplotlib.pyplot as plt
+
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def rl_clock(rows: list[dict[str, Any]]) -> dict[int, float]:
     """Step -> the RL clock at its end: the sum of ``time/step_s`` up to it (0 before RL)."""
     clock, t = {0: 0.0}, 0.0

@@ -68,7 +68,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import MODEL_05B, ROOT, ensure_model, gpu_label, run_one, stats, time_to_reach, write_json
+from benchmarks.common import (MODEL_05B, ROOT, ensure_model, gpu_label, run_one, save_figure, stats, time_to_reach,
+                               write_json)
 
 DEFAULT_CONFIGS = ["configs/grpo.yaml", "configs/quickstart.yaml"]
 GPU_CONFIG = "configs/gpu/grpo_w.yaml"
@@ -320,13 +321,7 @@ def plot_gpu(runs: dict[str, dict[str, Any]], path: Path) -> Path:
             ax.plot(xs, ys, color=colors[mode], alpha=0.35, lw=0.8, label=f"{mode}: train reward (sampled)")
     ax.set(title="GRPO on the 0.5b preset: reward against the RL clock", xlabel="seconds of RL (start-up excluded)",
            ylabel="reward")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, ax, path)
 
 
 def gpu_main(args: argparse.Namespace) -> dict[str, Any]:

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.async_grpo import SPLIT
-from benchmarks.common import ROOT, gpu_label, run_one, time_to_reach, write_json
+from benchmarks.common import ROOT, gpu_label, run_one, save_figure, time_to_reach, write_json
 
 CONFIG = "configs/gpu/grpo_learn.yaml"
 DATA = "artifacts/data/arithmetic.jsonl"
@@ -348,13 +348,7 @@ def plot(curves: dict[str, list[dict[str, Any]]], path: Path, title: str, target
     if target is not None:
         ax.axhline(target, color="grey", ls="--", lw=0.8, label="TRL's last eval")
     ax.set(title=title, xlabel="seconds of RL (start-up excluded)", ylabel="greedy eval reward")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, ax, path)
 
 
 def write_learning(args: argparse.Namespace, out: Path, runs_dir: Path, warm: dict[str, Any],
