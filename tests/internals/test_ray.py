@@ -77,3 +77,56 @@ def test_without_the_niceness_hook_the_workers_run_lower():
     out = head("ray.worker_niceness")
     driver, worker = out["nice"]
     assert worker > driver  # Ray's own nice 15
+
+
+RETRY_SCRIPT = """
+import json, os
+from types import SimpleNamespace
+import psutil, ray
+from xrlhf.coordinator import coordinator
+from xrlhf.coordinator.coordinator import init_ray, shutdown_ray
+
+real_init, calls, gcs = ray.init, [], []
+WAIT = os.environ.get("RAY_gcs_server_port_wait_time_s", "180")
+
+
+def gcs_servers():
+    return {p.pid for p in psutil.Process().children(recursive=True) if "gcs_server" in " ".join(p.cmdline())}
+
+
+def first_start_fails(*args, **kwargs):
+    # the first head's GCS gets no time to publish its port: a real failed start, its GCS left running
+    calls.append(len(calls))
+    os.environ["RAY_gcs_server_port_wait_time_s"] = "0" if len(calls) == 1 else WAIT
+    try:
+        return real_init(*args, **kwargs)
+    finally:
+        gcs.append(sorted(gcs_servers()))
+
+
+coordinator.ray.init = first_start_fails
+init_ray(SimpleNamespace(address=None, num_cpus=1, num_gpus=None, log_to_driver=False, mps=False))
+
+
+@ray.remote
+def one():
+    return 1
+
+
+answer = ray.get(one.remote(), timeout=300)
+after = sorted(gcs_servers())
+shutdown_ray()
+print(json.dumps({"calls": len(calls), "answer": answer, "gcs": gcs, "after": after}))
+"""
+
+
+def test_a_head_that_fails_to_start_is_stopped_and_started_again():
+    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    proc = subprocess.run([sys.executable, "-c", RETRY_SCRIPT], capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["calls"] == 2 and out["answer"] == 1
+    failed = set(out["gcs"][0])  # the first head's GCS, alive when its start timed out
+    assert failed and not failed & set(out["after"])  # killed before the second start
+    assert len(out["after"]) == 1
+    assert "Ray's local head did not start" in proc.stderr and "starting it once more" in proc.stderr

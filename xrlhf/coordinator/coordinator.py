@@ -29,7 +29,7 @@ from xrlhf.coordinator.weight_routes import WeightRoutes
 from xrlhf.coordinator.worker import EngineWorker
 from xrlhf.engines.base import DistInfo, EngineSpec, engine_class
 from xrlhf.engines.handles import Handles
-from xrlhf.internals.process import Watchdog
+from xrlhf.internals.process import Watchdog, descendants_now, kill_started_since
 from xrlhf.internals.ray import init_options, lean_head
 from xrlhf.utils import bytecode
 from xrlhf.utils.errors import WorkerDiedError
@@ -80,9 +80,33 @@ def init_ray(options: RayConfig, mps: bool = False, preload: dict[str, list] | N
         # Ray starts its workers at nice 15, below everything else on the machine. Ours are the
         # run: beside any other busy process they starved (docs/testing.md).
         with lean_head():
-            ray.init(address="local", num_cpus=options.num_cpus or os.cpu_count(), num_gpus=options.num_gpus,
-                     include_dashboard=False, **init_options(), **kwargs)
+            _start_head(num_cpus=options.num_cpus or os.cpu_count(), num_gpus=options.num_gpus,
+                        include_dashboard=False, **init_options(), **kwargs)
     return True
+
+
+HEAD_ATTEMPTS = 2
+"""How many times a local Ray's head is started before its failure is the run's."""
+
+
+def _start_head(**init_kwargs: Any) -> None:
+    """``ray.init(address="local", **init_kwargs)``, once more where the head fails to start: on a
+    loaded 2-core box Ray's GCS server once died as it started (glibc: "malloc(): unaligned fastbin
+    chunk detected"; Ray 2.60) and ray.init timed out waiting for its port. What the failed start
+    left (a GCS still starting, a raylet) is killed before the next one."""
+    for attempt in range(1, HEAD_ATTEMPTS + 1):
+        before = descendants_now()
+        try:
+            ray.init(address="local", **init_kwargs)
+            return
+        except (RuntimeError, ConnectionError, TimeoutError, OSError) as exc:
+            if attempt == HEAD_ATTEMPTS:
+                raise
+            ray.shutdown()
+            left = kill_started_since(before)
+            first = (str(exc).strip().splitlines() or [""])[0]
+            logger.warning(f"Ray's local head did not start ({type(exc).__name__}: {first}); "
+                           f"stopped what it left ({left} process{'es' if left != 1 else ''}), starting it once more")
 
 
 def _worker_env() -> dict[str, str]:

@@ -106,6 +106,26 @@ class Watchdog:
         self.proc = None
 
 
+def descendants_now() -> dict[int, int]:
+    """This process's descendants: pid -> start time (``{}`` where there is no /proc to read)."""
+    if not os.path.isdir("/proc/self"):
+        return {}
+    from xrlhf.internals.watchdog import descendants, read_table
+
+    table = read_table()
+    return {pid: table[pid][1] for pid in descendants(table, {os.getpid()})}
+
+
+def kill_started_since(before: dict[int, int]) -> int:
+    """Kill (SIGTERM, SIGKILL a second later) this process's descendants that are not in
+    ``before`` (``descendants_now``'s), with their own; what a failed start left. Returns how many."""
+    from xrlhf.internals.watchdog import kill_all
+
+    new = {pid: start for pid, start in descendants_now().items() if before.get(pid) != start}
+    kill_all(new, os.getpid())
+    return len(new)
+
+
 class NoImport:
     """Within the block, ``import <name>`` (and its submodules) fails as if the package were absent,
     for ``importlib.import_module`` and ``find_spec`` too; records the modules that tried (to
