@@ -202,12 +202,12 @@ def test_a_critic_with_lora_trains_its_new_head_in_full(tiny_model, tok):
 def test_options_reject_unknown_keys_and_dropout_without_dropout():
     from pydantic import ValidationError
 
-    from xrlhf.engines.lora import LoraTrainOptions
+    from xrlhf.engines.hf.train import HFTrainOptions
 
     with pytest.raises(ValidationError, match="extra"):
-        LoraTrainOptions(lora={"rank": 4, "ranks": 8})
+        HFTrainOptions(lora={"rank": 4, "ranks": 8})
     with pytest.raises(ValidationError, match=r"train.lora.dropout: 0.1 needs train.dropout: true"):
-        LoraTrainOptions(lora={"dropout": 0.1})
+        HFTrainOptions(lora={"dropout": 0.1})
     with pytest.raises(ValidationError, match="name at least one linear layer"):
-        LoraTrainOptions(lora={"target_modules": []})
-    assert LoraTrainOptions(lora={}).lora.scaling == 2.0
+        HFTrainOptions(lora={"target_modules": []})
+    assert HFTrainOptions(lora={}).lora.scaling == 2.0

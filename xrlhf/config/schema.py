@@ -71,7 +71,7 @@ class Resources(Strict):
     colocate_with: str | None = Field(None, description="share the placement group of this handle (e.g. 'policy')")
 
 
-class Section(Strict):
+class Section(BaseModel):  # not Strict: a section keeps unknown keys for its engine's Options
     """Base of an engine section (``train`` / ``infer`` / ``generate``): the fields every backend
     of the role shares. Keys it does not know are kept for the chosen engine, whose own
     ``Options`` model (a subclass of the role's section) validates them, unknown keys rejected,

@@ -37,15 +37,15 @@ from typing import Any, Callable, Iterator, Literal, Mapping
 import torch
 import torch.distributed as dist
 from loguru import logger
-from pydantic import BaseModel, Field, ValidationInfo, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
 from xrlhf.config.schema import yaml_path
 from xrlhf.data.batch import Batch
-from xrlhf.engines.base import ENGINES, EngineSpec, ForwardOutput, InferEngine, TrainEngine
-from xrlhf.engines.hf.infer import HFInferOptions
-from xrlhf.engines.hf.model import HFModel
-from xrlhf.engines.hf.train import HFTrainOptions
-from xrlhf.engines.lora import LoraModel, LoraTraining, apply_lora
+from xrlhf.engines.base import ENGINES, EngineSpec, ForwardOutput, InferEngine, InferOptions, TrainEngine, TrainOptions
+from xrlhf.engines.hf.infer import TOPK_FIELD
+from xrlhf.engines.hf.model import HFModel, HFModelOptions
+from xrlhf.engines.hf.train import MIXED_PRECISION_FIELD, train_errors
+from xrlhf.engines.lora import LORA_FIELD, LoraModel, LoraOptions, LoraTraining, apply_lora
 from xrlhf.engines.model_files import save_with_tokenizer
 from xrlhf.engines.training import lr_lambda
 
@@ -83,14 +83,19 @@ def _without_conflicts(o: BaseModel, info: ValidationInfo | None, role: str) -> 
     return o
 
 
-class DeepSpeedTrainOptions(HFTrainOptions):
-    """``<handle>.train`` with ``engine: deepspeed``: the shared train fields plus these.
+class DeepSpeedTrainOptions(TrainOptions, HFModelOptions):
+    """``<handle>.train`` with ``engine: deepspeed``: the shared train fields, ``HFModelOptions``,
+    LoRA and mixed precision as for ``hf`` (``HFTrainOptions``), plus these.
 
     A free ``deepspeed:`` block is merged over the config xrlhf generates from the section's
     fields; merging never overrides a value silently: keys xrlhf owns (``OWNED``) are always
     errors, keys generated from a field (``DERIVED``) are errors when the values differ.
     """
 
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    lora: LoraOptions | None = LORA_FIELD
+    mixed_precision: bool | None = MIXED_PRECISION_FIELD
     zero_stage: Literal[0, 1, 2, 3] = Field(2, description="ZeRO stage")
     offload_optimizer: bool = Field(False, description="optimizer states in CPU memory (ZeRO 1-3)")
     offload_params: bool = Field(False, description="parameters in CPU memory (ZeRO 3)")
@@ -100,6 +105,8 @@ class DeepSpeedTrainOptions(HFTrainOptions):
 
     @model_validator(mode="after")
     def _conflicts(self, info: ValidationInfo):
+        if errors := train_errors(self, yaml_path(info, "train")):
+            raise ValueError("\n".join(errors))
         return _without_conflicts(self, info, "train")
 
     def compiles(self, device: str) -> bool:
@@ -107,9 +114,13 @@ class DeepSpeedTrainOptions(HFTrainOptions):
         return bool(self.compile)
 
 
-class DeepSpeedInferOptions(HFInferOptions):
-    """``<handle>.infer`` with ``engine: deepspeed``: a frozen model, replicated or ZeRO-3 partitioned."""
+class DeepSpeedInferOptions(InferOptions, HFModelOptions):
+    """``<handle>.infer`` with ``engine: deepspeed``: a frozen model, replicated or ZeRO-3 partitioned;
+    the fields of ``HFInferOptions`` plus these."""
 
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    topk_logprobs: int = TOPK_FIELD
     zero_stage: Literal[0, 3] = Field(0, description="0 (replicated) or 3 (partitioned across the handle's ranks)")
     offload_params: bool = Field(False, description="parameters in CPU memory (ZeRO 3)")
     deepspeed: dict[str, Any] = Field(default_factory=dict, description="extra DeepSpeed config keys")

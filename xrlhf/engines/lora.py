@@ -34,7 +34,6 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from xrlhf.config.schema import yaml_path
-from xrlhf.engines.base import TrainOptions
 from xrlhf.engines.model_files import copy_tokenizer_files, save_with_tokenizer
 
 PEFT_PREFIX = "base_model.model."
@@ -83,19 +82,19 @@ class LoraOptions(BaseModel):
         return self.lora_alpha / self.rank
 
 
-class LoraTrainOptions(TrainOptions):
-    """Train options of a backend that trains LoRA adapters through this module (``hf``, ``deepspeed``)."""
+LORA_FIELD = Field(None, description="train LoRA adapters (PEFT) instead of every weight; unset: full fine-tuning")
+"""The ``lora`` field of the train options of a backend that trains adapters through this module
+(``hf``, ``deepspeed``): ``lora: LoraOptions | None = LORA_FIELD``."""
 
-    lora: LoraOptions | None = Field(None, description="train LoRA adapters (PEFT) instead of every weight; "
-                                     "unset: full fine-tuning")
 
-    @model_validator(mode="after")
-    def _lora_dropout(self, info: ValidationInfo):
-        path = yaml_path(info, "train")
-        if self.lora is not None and self.lora.dropout > 0 and not self.dropout:
-            raise ValueError(f"{path}.lora.dropout: {self.lora.dropout:g} needs {path}.dropout: true (train engines "
-                             f"run without dropout unless the section asks for it); set it to 0 or set dropout: true")
-        return self
+def dropout_errors(options: BaseModel, path: str) -> list[str]:
+    """What is wrong with train options' ``lora`` beside their ``dropout`` (``path``: the
+    section's YAML path); the options' ``model_validator`` raises them."""
+    lora = getattr(options, "lora", None)
+    if lora is not None and lora.dropout > 0 and not options.dropout:
+        return [f"{path}.lora.dropout: {lora.dropout:g} needs {path}.dropout: true (train engines run without "
+                f"dropout unless the section asks for it); set it to 0 or set dropout: true"]
+    return []
 
 
 # -- the run: the policy's adapter and the reference ---------------------------------------------
@@ -326,7 +325,7 @@ class LoraModel:
 
 
 class LoraTraining:
-    """What a train engine with ``LoraTrainOptions`` shares: the adapter's hooks of ``TrainEngine``.
+    """What a train engine whose options have ``lora`` (``LORA_FIELD``) shares: the adapter's hooks of ``TrainEngine``.
 
     A backend mixes it in before ``TrainEngine``, sets ``self.lora`` (a ``LoraModel``, or
     ``None`` without ``lora``) and gives ``_state_items(keep=None)`` (its model's state-dict

@@ -11,14 +11,18 @@ from xrlhf.engines.base import ENGINES, EngineSpec, ForwardOutput, InferEngine, 
 from xrlhf.engines.hf.model import HFModel, HFModelOptions, build_imports
 
 
+TOPK_FIELD = Field(0, ge=0, description="also return each response position's k most likely tokens and their "
+                   "logprobs (topk_ids, topk_logprobs [B, R, k]): a teacher for top-k distillation "
+                   "(algorithm.topk_coef); 0: none")
+"""``topk_logprobs`` of the infer options of a backend built on ``HFModel`` (``hf``, ``deepspeed``)."""
+
+
 class HFInferOptions(InferOptions, HFModelOptions):
-    """``<handle>.infer`` of the Transformers and DeepSpeed infer engines."""
+    """``<handle>.infer`` of the Transformers infer engine."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    topk_logprobs: int = Field(0, ge=0, description="also return each response position's k most likely tokens "
-                               "and their logprobs (topk_ids, topk_logprobs [B, R, k]): a teacher for top-k "
-                               "distillation (algorithm.topk_coef); 0: none")
+    topk_logprobs: int = TOPK_FIELD
 
 
 @ENGINES.register("hf.infer")

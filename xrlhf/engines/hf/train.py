@@ -9,36 +9,50 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 import torch
-from pydantic import ConfigDict, Field, ValidationInfo, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
 from xrlhf.config.schema import yaml_path
 from xrlhf.data.batch import Batch
-from xrlhf.engines.base import ENGINES, EngineSpec, ForwardOutput, TrainEngine
+from xrlhf.engines.base import ENGINES, EngineSpec, ForwardOutput, TrainEngine, TrainOptions
 from xrlhf.engines.hf.model import HFModel, HFModelOptions, build_imports
-from xrlhf.engines.lora import LoraModel, LoraTraining, LoraTrainOptions, apply_lora
+from xrlhf.engines.lora import LORA_FIELD, LoraModel, LoraOptions, LoraTraining, apply_lora, dropout_errors
 from xrlhf.engines.mixed_precision import MasterWeights
 from xrlhf.engines.model_files import save_with_tokenizer
 from xrlhf.engines.training import all_reduce_grads, lr_lambda
 
 
-class HFTrainOptions(LoraTrainOptions, HFModelOptions):
-    """``<handle>.train`` of the Transformers and DeepSpeed train engines: the shared train
-    fields plus ``HFModelOptions``."""
+MIXED_PRECISION_FIELD = Field(
+    None, description="with dtype bfloat16: bf16 weights for the forward and backward, fp32 master weights, "
+    "gradient accumulation and AdamW states in the optimizer (true), or bf16 weights and optimizer states "
+    "(false: pure bf16, updates below bf16's precision round away); default: true on a GPU, false on CPU "
+    "(DeepSpeed's bf16 mode always keeps fp32 masters)")
+"""``mixed_precision`` of the train options of a backend built on ``HFModel`` (``hf``, ``deepspeed``)."""
+
+
+def train_errors(options: BaseModel, path: str) -> list[str]:
+    """What is wrong with the train options of a backend built on ``HFModel`` (``path``: the
+    section's YAML path): LoRA's dropout without the section's, compiled layers with checkpointing."""
+    errors = dropout_errors(options, path)
+    if options.compile and options.gradient_checkpointing:
+        errors.append(f"{path}.compile: the layers of gradient_checkpointing run eagerly in training (torch.compile "
+                      f"does not trace through transformers' checkpointing); set one of compile, "
+                      f"gradient_checkpointing to false")
+    return errors
+
+
+class HFTrainOptions(TrainOptions, HFModelOptions):
+    """``<handle>.train`` of the Transformers train engine: the shared train fields plus
+    ``HFModelOptions``, LoRA and mixed precision."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    mixed_precision: bool | None = Field(
-        None, description="with dtype bfloat16: bf16 weights for the forward and backward, fp32 master weights, "
-        "gradient accumulation and AdamW states in the optimizer (true), or bf16 weights and optimizer states "
-        "(false: pure bf16, updates below bf16's precision round away); default: true on a GPU, false on CPU "
-        "(DeepSpeed's bf16 mode always keeps fp32 masters)")
+    lora: LoraOptions | None = LORA_FIELD
+    mixed_precision: bool | None = MIXED_PRECISION_FIELD
 
     @model_validator(mode="after")
-    def _compile_without_checkpointing(self, info: ValidationInfo):
-        if self.compile and self.gradient_checkpointing:
-            raise ValueError(f"{yaml_path(info, 'train')}.compile: the layers of gradient_checkpointing run eagerly "
-                             f"in training (torch.compile does not trace through transformers' checkpointing); set "
-                             f"one of compile, gradient_checkpointing to false")
+    def _checks(self, info: ValidationInfo):
+        if errors := train_errors(self, yaml_path(info, "train")):
+            raise ValueError("\n".join(errors))
         return self
 
     def uses_mixed_precision(self, device: str) -> bool:

@@ -1,0 +1,50 @@
+"""No xrlhf class has more than four of xrlhf's own classes in its MRO (mixins count): a varying
+part is passed in, not inherited (issue 52; the staged plan: docs/design/composition.md).
+``TOWERS`` lists today's deeper chains with their depth; it only shrinks: a row that is no longer
+needed fails the test too."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+
+import xrlhf
+
+LIMIT = 4
+OPTIONAL = {"vllm", "deepspeed", "peft", "ray", "wandb", "trl"}
+"""A module that needs one of these where it is not installed is skipped."""
+
+TOWERS = {
+    "xrlhf.engines.hf.train.HFTrainOptions": 5,
+    "xrlhf.engines.hf.infer.HFInferOptions": 5,
+    "xrlhf.engines.deepspeed.DeepSpeedTrainOptions": 5,
+    "xrlhf.engines.deepspeed.DeepSpeedInferOptions": 5,
+    "xrlhf.engines.hf.train.HFTrainEngine": 5,
+    "xrlhf.engines.deepspeed.DeepSpeedTrainEngine": 6,
+    "xrlhf.algorithms.distill.DistillTrainer": 5,
+}
+"""Chains still over ``LIMIT``: class -> how many of our classes its MRO has today."""
+
+
+def own(cls: type) -> bool:
+    return cls.__module__.split(".")[0] == "xrlhf"
+
+
+def classes():
+    for info in pkgutil.walk_packages(xrlhf.__path__, "xrlhf."):
+        try:
+            module = importlib.import_module(info.name)
+        except ModuleNotFoundError as e:
+            if (e.name or "").split(".")[0] in OPTIONAL:
+                continue
+            raise
+        yield from (v for v in vars(module).values() if inspect.isclass(v) and v.__module__ == info.name)
+
+
+def test_no_chain_deeper_than_four():
+    chains = {f"{c.__module__}.{c.__qualname__}": [k.__name__ for k in c.__mro__ if own(k)] for c in classes()}
+    over = [f"{n}: {' -> '.join(ch)}" for n, ch in chains.items() if len(ch) > TOWERS.get(n, LIMIT)]
+    stale = [n for n, cap in TOWERS.items() if len(chains.get(n, ())) < cap]
+    assert not over, "more than four of our classes in a chain; pass the varying part in:\n" + "\n".join(over)
+    assert not stale, f"shorter than listed: lower or remove its row in TOWERS: {stale}"
