@@ -115,6 +115,7 @@ def test_the_report_section(tmp_path):
     assert "![eval reward against the RL clock](../r/learning_gpu.png)" in text
 
 
+@pytest.mark.long  # a benchmark's smoke of ~40 s beside a busy core: make test-all (CI) runs it
 @pytest.mark.slow  # a warm-up process and one RL run with Ray on the tiny model: ~40 s on 2 cores
 def test_cpu_smoke_writes_the_table_and_the_plot_and_keeps_its_runs(tmp_path):
     args = ["--cpu-smoke", "--seeds", "0", "--out", str(tmp_path / "out"), "--runs-dir", str(tmp_path / "runs")]

@@ -53,6 +53,7 @@ def test_smoke_matrix_has_every_variant(tmp_path):
     assert data["tokens"] > 0
 
 
+@pytest.mark.long  # a benchmark's smoke of ~40 s beside a busy core: make test-all (CI) runs it
 @pytest.mark.slow  # two engines, one compiled: about 40 s
 def test_memory_sweep_smoke_has_each_budget_eager_and_compiled(tmp_path):
     from benchmarks import memory_sweep

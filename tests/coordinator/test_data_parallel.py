@@ -46,7 +46,7 @@ def train_with_ranks(config: dict, ranks: int, batch) -> dict[str, torch.Tensor]
     return states[0]
 
 
-@pytest.mark.parametrize("rows", [8, 5])
+@pytest.mark.parametrize("rows", [pytest.param(8, marks=pytest.mark.long), 5])  # 8: make test-all (CI) only
 def test_two_ranks_equal_one_rank(base_config, tiny_model, rows):
     """8 rows: 4 per rank; 5 rows: 3 + (2 and a padding copy that weighs nothing)."""
     tok = load_tokenizer(tiny_model)

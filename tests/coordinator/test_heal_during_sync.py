@@ -35,7 +35,7 @@ def started(tiny_model: str, layout: str, transport: str) -> Coordinator:
     return Coordinator(topology(cfg, tiny_model, {"policy": 2})).start()
 
 
-@pytest.mark.parametrize("layout", ["co-located", "split"])
+@pytest.mark.parametrize("layout", [pytest.param("co-located", marks=pytest.mark.long), "split"])  # co-located: make test-all
 def test_a_generator_killed_during_a_sync_is_synced_whole_and_generates(tiny_model, layout):
     """A generator that dies in the middle of a sync is restarted in place and synced whole by the
     coordinator; the interrupted sync's own steps are not sent again (a bucket sent twice, without

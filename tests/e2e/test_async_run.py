@@ -43,7 +43,7 @@ def steps(out: Path) -> list[dict]:
     return [r for r in rows if "reward/mean" in r]
 
 
-@pytest.mark.parametrize("split", [False, True], ids=["colocated", "split"])
+@pytest.mark.parametrize("split", [False, pytest.param(True, marks=pytest.mark.long)], ids=["colocated", "split"])  # split: make test-all
 def test_one_step_off_versions_timeline_and_report(base_config, tmp_path, split):
     out = tmp_path / "run"
     summary = run(validate_dict(async_config(base_config, 1, split)), out)
