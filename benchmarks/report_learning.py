@@ -3,7 +3,6 @@ seeds) and healing, and the number formats every section shares; ``benchmarks.re
 
 from __future__ import annotations
 
-import json
 import re
 
 MERGED = {"async_learning": "async", "episodes_learning": "episodes", "distill_learning": "distill",

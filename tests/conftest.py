@@ -63,7 +63,6 @@ def ray_session():
     argument; every other test runs without Ray, and subprocess runs start their own."""
     from types import SimpleNamespace
 
-    import ray
 
     from xrlhf.coordinator.coordinator import shutdown_ray
 

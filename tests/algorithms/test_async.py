@@ -12,7 +12,7 @@ from xrlhf.algorithms.local import LocalHandle, LocalHandles
 from xrlhf.algorithms.rewards import build_reward
 from xrlhf.data.text import load_tokenizer
 from xrlhf.engines.base import EngineSpec
-from xrlhf.engines.hf import HFGenerateEngine, HFInferEngine, HFTrainEngine
+from xrlhf.engines.hf import HFGenerateEngine, HFTrainEngine
 from xrlhf.envs import build_env
 from xrlhf.models.tiny import build_model
 from xrlhf.validation import algorithm_options, validate_dict

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from xrlhf.coordinator.forkserver import CLIENT, FORKED_ENV, PLAIN_SOCKET, SOCKET, ForkServer
+from xrlhf.coordinator.forkserver import CLIENT, PLAIN_SOCKET, SOCKET, ForkServer
 
 MODULE = "tests.coordinator.start_order_engines"
 PROBE = '''

@@ -31,9 +31,8 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from xrlhf.config.schema import yaml_path
 from xrlhf.engines.model_files import copy_tokenizer_files, save_with_tokenizer
 
 PEFT_PREFIX = "base_model.model."
