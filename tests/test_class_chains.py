@@ -16,10 +16,6 @@ OPTIONAL = {"vllm", "deepspeed", "peft", "ray", "wandb", "trl"}
 """A module that needs one of these where it is not installed is skipped."""
 
 TOWERS = {
-    "xrlhf.engines.hf.train.HFTrainOptions": 5,
-    "xrlhf.engines.hf.infer.HFInferOptions": 5,
-    "xrlhf.engines.deepspeed.DeepSpeedTrainOptions": 5,
-    "xrlhf.engines.deepspeed.DeepSpeedInferOptions": 5,
     "xrlhf.engines.hf.train.HFTrainEngine": 5,
     "xrlhf.engines.deepspeed.DeepSpeedTrainEngine": 6,
     "xrlhf.algorithms.distill.DistillTrainer": 5,

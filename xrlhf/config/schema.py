@@ -71,22 +71,30 @@ class Resources(Strict):
     colocate_with: str | None = Field(None, description="share the placement group of this handle (e.g. 'policy')")
 
 
-class Section(BaseModel):  # not Strict: a section keeps unknown keys for its engine's Options
-    """Base of an engine section (``train`` / ``infer`` / ``generate``): the fields every backend
-    of the role shares. Keys it does not know are kept for the chosen engine, whose own
-    ``Options`` model (a subclass of the role's section) validates them, unknown keys rejected,
-    before anything starts (``xrlhf.validation``). So the YAML stays flat and each backend owns
-    its options (STYLE principle 12)."""
+class Section(BaseModel):
+    """Base of the options every backend of a role shares (``TrainConfig`` / ``InferConfig`` /
+    ``GenerateConfig``), unknown keys rejected: a backend's ``Options`` derives from its role's and
+    adds its own fields (STYLE principle 12). The config file holds the lenient form of each
+    (``TrainSection``, ...), which keeps the keys it does not know for the chosen engine; its
+    ``Options`` validates them before anything starts (``xrlhf.validation``). So the YAML stays flat."""
 
-    model_config = ConfigDict(extra="allow", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     def engine_fields(self) -> dict[str, Any]:
         """The section as the engine's ``Options`` reads it: shared fields and the backend's own."""
         return self.model_dump(exclude={"resources"})
 
 
+_LENIENT = ConfigDict(extra="allow", validate_assignment=True)
+
+_TOKEN_BUDGET = ("micro-batches filled to this many tokens (prompt + response, padding excluded), at most "
+                 "micro_batch_size rows each; null: on a GPU a budget derived from its free memory (rows not "
+                 "capped), elsewhere micro_batch_size rows each")
+
+
 class TrainConfig(Section):
-    """The train engine of a handle: what every train backend reads."""
+    """What every train backend reads. ``max_tokens_per_micro_batch`` and the infer forwards'
+    budgets are the template's (``TrainEngine.train_step``), so every backend has them."""
 
     engine: str = Field("hf", description="a train backend ('hf', 'deepspeed') or an import path 'pkg.mod:Class'")
     dtype: Literal["float32", "bfloat16"] = "float32"
@@ -101,18 +109,27 @@ class TrainConfig(Section):
     gradient_checkpointing: bool = False
     dropout: bool = Field(False, description="train with the checkpoint's dropout; off by default (TRL's "
                           "disable_dropout): dropout makes the PPO ratio, the KL and the reference comparison noisy")
+    max_tokens_per_micro_batch: int | None = Field(None, ge=1, description=_TOKEN_BUDGET)
+    infer_micro_batch_size: int | None = Field(None, ge=1, description="rows per forward without gradients (the "
+                                               "policy's old logprobs, the critic's values); null: micro_batch_size "
+                                               "(not capped under a budget derived for the GPU)")
+    infer_max_tokens_per_micro_batch: int | None = Field(
+        None, ge=1, description="the token budget of those forwards, which keep no activations for a backward and "
+        "can take more tokens; null: max_tokens_per_micro_batch, or where that is null too on a GPU, a budget "
+        "derived from its free memory")
 
 
 class InferConfig(Section):
-    """The infer engine of a frozen handle (reference, reward model)."""
+    """What every infer backend of a frozen handle (reference, reward model) reads."""
 
     engine: str = Field("hf", description="an infer backend ('hf', 'deepspeed') or an import path")
     dtype: Literal["float32", "bfloat16"] = "float32"
     micro_batch_size: int = Field(32, ge=1, description="rows per forward")
+    max_tokens_per_micro_batch: int | None = Field(None, ge=1, description=_TOKEN_BUDGET)
 
 
 class GenerateConfig(Section):
-    """The generate engine of the policy and its sampling parameters."""
+    """What every generate backend of the policy reads: its sampling parameters."""
 
     engine: str = Field("hf", description="a generate backend ('hf', 'vllm') or an import path")
     dtype: Literal["float32", "bfloat16"] = "float32"
@@ -124,6 +141,24 @@ class GenerateConfig(Section):
     resources: Resources | None = Field(None, description="where the generators (the 'rollout' handle) run: unset, "
                                         "co-located: one per policy rank, in the policy's bundles (a share of its "
                                         "GPU); set: the split layout, on devices of their own")
+
+
+class TrainSection(TrainConfig):
+    """``<handle>.train`` as the config file holds it: ``TrainConfig`` plus the chosen backend's keys."""
+
+    model_config = _LENIENT
+
+
+class InferSection(InferConfig):
+    """``<handle>.infer`` as the config file holds it: ``InferConfig`` plus the chosen backend's keys."""
+
+    model_config = _LENIENT
+
+
+class GenerateSection(GenerateConfig):
+    """``policy.generate`` as the config file holds it: ``GenerateConfig`` plus the chosen backend's keys."""
+
+    model_config = _LENIENT
 
 
 class WeightSyncConfig(Strict):
@@ -147,15 +182,15 @@ class WeightSyncConfig(Strict):
 
 class PolicyConfig(Strict):
     model: ModelPath
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    generate: GenerateConfig = Field(default_factory=GenerateConfig)
+    train: TrainSection = Field(default_factory=TrainSection)
+    generate: GenerateSection = Field(default_factory=GenerateSection)
     resources: Resources = Field(default_factory=Resources)
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
 
 
 class CriticConfig(Strict):
     model: ModelPath | None = Field(None, description="default: the policy's model, with a new value head")
-    train: TrainConfig = Field(default_factory=TrainConfig)
+    train: TrainSection = Field(default_factory=TrainSection)
     resources: Resources = Field(default_factory=lambda: Resources(colocate_with="policy"))
 
 
@@ -164,7 +199,7 @@ class ReferenceConfig(Strict):
     from_policy_base: bool | None = Field(
         None, description="the reference is the policy's base with its LoRA adapters off, computed by the policy's "
         "train engine: no model of its own (default: on when policy.train.lora is set and reference.model is not)")
-    infer: InferConfig = Field(default_factory=InferConfig)
+    infer: InferSection = Field(default_factory=InferSection)
     resources: Resources = Field(default_factory=lambda: Resources(colocate_with="policy"))
 
 
@@ -173,7 +208,7 @@ class TeacherConfig(Strict):
     own, any size, with the policy's tokenizer, that scores the tokens the student samples."""
 
     model: ModelPath = Field(description="the teacher's HF model directory (same tokenizer as policy.model)")
-    infer: InferConfig = Field(default_factory=InferConfig)
+    infer: InferSection = Field(default_factory=InferSection)
     resources: Resources = Field(default_factory=lambda: Resources(colocate_with="policy"))
     evaluate: bool = Field(True, description="greedy-evaluate the teacher once on the env's held-out prompts (an "
                            "hf generate engine beside its infer engine), so the report shows student and teacher "
@@ -186,7 +221,7 @@ class RewardConfig(Strict):
     source: Literal["env", "model", "function"] = "env"
     model: ModelPath | None = None
     function: str | None = Field(None, description="import path 'pkg.mod:fn' of fn(prompts, responses) -> list[float]")
-    infer: InferConfig = Field(default_factory=InferConfig)
+    infer: InferSection = Field(default_factory=InferSection)
     resources: Resources = Field(default_factory=lambda: Resources(colocate_with="policy"))
 
     @model_validator(mode="after")

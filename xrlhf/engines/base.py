@@ -43,7 +43,7 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
 from xrlhf.config.schema import GenerateConfig, InferConfig, TrainConfig
 from xrlhf.data.batch import Batch
@@ -64,38 +64,13 @@ ENGINES: Registry[type] = Registry("engine", package="xrlhf.engines")
 Role = Literal["train", "infer", "generate"]
 
 
-_TOKEN_BUDGET = ("micro-batches filled to this many tokens (prompt + response, padding excluded), at most "
-                 "micro_batch_size rows each; null: on a GPU a budget derived from its free memory (rows not "
-                 "capped), elsewhere micro_batch_size rows each")
-
-
-class TrainOptions(TrainConfig):
-    """Options of a train engine: the shared ``train`` section, unknown keys rejected. A
-    backend with options of its own subclasses it and adds fields. ``max_tokens_per_micro_batch``
-    is the template's (``TrainEngine.train_step``), so every backend has it."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-    max_tokens_per_micro_batch: int | None = Field(None, ge=1, description=_TOKEN_BUDGET)
-    infer_micro_batch_size: int | None = Field(None, ge=1, description="rows per forward without gradients (the "
-                                               "policy's old logprobs, the critic's values); null: micro_batch_size "
-                                               "(not capped under a budget derived for the GPU)")
-    infer_max_tokens_per_micro_batch: int | None = Field(
-        None, ge=1, description="the token budget of those forwards, which keep no activations for a backward and "
-        "can take more tokens; null: max_tokens_per_micro_batch, or where that is null too on a GPU, a budget "
-        "derived from its free memory")
-
-
-class InferOptions(InferConfig):
-    """Options of an infer engine (``reference.infer``, ``reward.infer``); see ``TrainOptions``."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-    max_tokens_per_micro_batch: int | None = Field(None, ge=1, description=_TOKEN_BUDGET)
-
-
-class GenerateOptions(GenerateConfig):
-    """Options of a generate engine (``policy.generate``); see ``TrainOptions``."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+TrainOptions = TrainConfig
+"""The options of a train engine without options of its own, and the base of a backend's: the
+fields every train backend shares, unknown keys rejected (``config.schema.TrainConfig``)."""
+InferOptions = InferConfig
+"""The options of an infer engine (``reference.infer``, ``reward.infer``); see ``TrainOptions``."""
+GenerateOptions = GenerateConfig
+"""The options of a generate engine (``policy.generate``); see ``TrainOptions``."""
 
 
 class Engine(ABC):
