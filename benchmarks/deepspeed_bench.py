@@ -68,7 +68,7 @@ def _rank(rank: int, world: int, port: int, args: dict, setting: str, result_pat
     t0 = time.time()
     engine = DeepSpeedTrainEngine(spec)
     setup_s = time.time() - t0
-    vocab = engine.module.config.vocab_size
+    vocab = engine.zero.module.config.vocab_size
     batch = _batch(args["rows_per_rank"], args["prompt_len"], args["response_len"], vocab, seed=rank)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     after_setup = torch.cuda.memory_allocated() if cuda else 0

@@ -18,7 +18,7 @@ import xrlhf
 from xrlhf.engines.base import engine_names
 
 ROOT = Path(xrlhf.__file__).parent
-BACKENDS = ("engines/hf", "engines/deepspeed.py", "engines/vllm")
+BACKENDS = ("engines/hf", "engines/deepspeed", "engines/vllm")
 """The backends' own files, which may test their names (their checkpoint format, their package)."""
 SKIP = ("internals",)
 """The library gate: one module per library, named as the package it gates."""

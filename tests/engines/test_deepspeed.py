@@ -138,8 +138,8 @@ def _rank(rank, port, model_dir, out_dir):
         "zero_optimization": {"stage3_param_persistence_threshold": 0}})
     out["zero3_metrics"] = z3.train_step(half, SFTLoss())
     out["zero3"] = {k: v.clone() for k, v in z3.named_weights()}
-    out["gather_stats"] = dict(z3.gather_stats)
-    out["zero3_local_numel"] = sum(p.ds_tensor.numel() for p in z3.module.parameters())
+    out["gather_stats"] = dict(z3.zero.gather_stats)
+    out["zero3_local_numel"] = sum(p.ds_tensor.numel() for p in z3.zero.module.parameters())
     # a token budget: the ranks plan different micro-batch counts and agree on the larger (ZeRO-3
     # gathers in every forward and reduces in every backward: a count that differs would hang)
     z3t = engine(zero_stage=3, max_tokens_per_micro_batch=BUDGET, micro_batch_size=8)

@@ -47,7 +47,7 @@ def test_zero2_lora_makes_the_hf_engines_update(model_dir, one_rank, hf_lora_ste
     hf_metrics, hf_weights = hf_lora_step
     engine = lora_engine("deepspeed", model_dir, zero_stage=2)
     # 2 layers x rank 4 x (4 x (64 + 64) for q, k, v, o + 3 x (64 + 256) for gate, up, down)
-    assert sum(p.numel() for p in engine.module.parameters() if p.requires_grad) == 11776
+    assert sum(p.numel() for p in engine.zero.module.parameters() if p.requires_grad) == 11776
     metrics = engine.train_step(make_batch(), SFTLoss())
     assert abs(metrics["loss"] - hf_metrics["loss"]) < 1e-5
     assert abs(metrics["grad_norm"] - hf_metrics["grad_norm"]) < 1e-4 * hf_metrics["grad_norm"]
@@ -88,9 +88,9 @@ def _rank(rank, port, model_dir, out_dir):
     out = {"base_before": z3.infer_base(make_batch(6, seed=2))["logprobs"]}
     out["metrics"] = z3.train_step(half, SFTLoss())
     out["merged"] = {k: v.clone() for k, v in z3.named_weights()}
-    out["merged_stats"] = dict(z3.gather_stats)
+    out["merged_stats"] = dict(z3.zero.gather_stats)
     out["adapters"] = adapters(z3)
-    out["adapter_stats"] = dict(z3.gather_stats)
+    out["adapter_stats"] = dict(z3.zero.gather_stats)
     out["base_after"] = z3.infer_base(make_batch(6, seed=2))["logprobs"]
     z3.save_pretrained(os.path.join(out_dir, "merged"))
     states = [None, None]

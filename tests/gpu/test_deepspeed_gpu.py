@@ -48,9 +48,9 @@ def _rank(rank, port, model_dir, out_dir, options):
     batch = _batch(rank)
     losses = [engine.train_step(batch, SFTLoss())["loss"] for _ in range(4)]
     weights = {k: v.float().cpu() for k, v in engine.named_weights()}
-    out = {"losses": losses, "stats": dict(engine.gather_stats), "device": str(engine.hf.device),
-           "param_dtype": str(next(engine.module.parameters()).dtype),
-           "local_numel": sum(p.ds_tensor.numel() for p in engine.module.parameters()),
+    out = {"losses": losses, "stats": dict(engine.zero.gather_stats), "device": str(engine.zero.hf.device),
+           "param_dtype": str(next(engine.zero.module.parameters()).dtype),
+           "local_numel": sum(p.ds_tensor.numel() for p in engine.zero.module.parameters()),
            "checksum": sum(float(v.double().sum()) for v in weights.values())}
     engine.save_pretrained(os.path.join(out_dir, "hf"))
     if rank == 0:

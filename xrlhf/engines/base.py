@@ -23,7 +23,7 @@ what ``xrlhf plan`` and ``xrlhf run``'s early fork server need (on ``Engine``, o
 ``preload``. Nothing outside a backend tests its name (tests/test_backend_names.py).
 
 **The backend table is the registry.** One module or package per backend (``hf/``,
-``deepspeed.py``, ``vllm/``) registers one class per role under ``"<backend>.<role>"``;
+``deepspeed/``, ``vllm/``) registers one class per role under ``"<backend>.<role>"``;
 ``ENGINES`` finds it by the backend's name and imports it only when that backend is named or
 every name is listed, so each backend imports its heavy library (vLLM, DeepSpeed) inside the
 functions that use it: validation reads every ``Options`` without vLLM or DeepSpeed installed. A class's
@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 
 ENGINES: Registry[type] = Registry("engine", package="xrlhf.engines")
 """Engine classes by ``"<backend>.<role>"``, found by module: ``hf.train`` is registered by the package
-``xrlhf/engines/hf/``, ``deepspeed.train`` by ``xrlhf/engines/deepspeed.py``."""
+``xrlhf/engines/hf/``, ``deepspeed.train`` by ``xrlhf/engines/deepspeed/``."""
 
 Role = Literal["train", "infer", "generate"]
 

@@ -2,8 +2,9 @@
 
 Why a module of its own: both train backends share it, and everything LoRA changes about a
 train engine is here, so a backend adds a handful of lines: wrap the model (``LoraModel``),
-hand its weights out through it, save and checkpoint through it. Nothing here imports PEFT
-at module level: validation reads ``LoraOptions`` without PEFT installed.
+hold an ``AdapterWeights`` that hands its weights out and saves them, checkpoint through the
+``LoraModel``. Nothing here imports PEFT at module level: validation reads ``LoraOptions``
+without PEFT installed.
 
 What LoRA changes (docs/lora.md):
 
@@ -28,7 +29,7 @@ from __future__ import annotations
 import json
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Literal
+from typing import Any, Callable, Iterable, Iterator, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -323,60 +324,77 @@ class LoraModel:
         save_adapter(path, state, self.adapter_config(source_dir), source_dir)
 
 
-class LoraTraining:
-    """What a train engine whose options have ``lora`` (``LORA_FIELD``) shares: the adapter's hooks of ``TrainEngine``.
+def adapter_of(options: BaseModel) -> LoraOptions | None:
+    """The adapter train options ask for (their ``lora``), or ``None``: a train engine's
+    ``adapter_options`` hook (``TrainEngine.adapter_options``)."""
+    return getattr(options, "lora", None)  # a subclass's own Options may leave LoRA out
 
-    A backend mixes it in before ``TrainEngine``, sets ``self.lora`` (a ``LoraModel``, or
-    ``None`` without ``lora``) and gives ``_state_items(keep=None)`` (its model's state-dict
-    pairs whose key ``keep`` accepts, gathered if sharded: a collective on every rank then) and
-    ``_save_full(path)`` (save as without LoRA); then ``named_weights``,
-    ``weights_for_sync``, ``save_pretrained`` and ``infer_base`` follow the LoRA options, and
-    without them are what they were.
+
+def model_errors(options: BaseModel, where: str, model_dir: str, head: str) -> list[str]:
+    """What the LoRA of ``options`` cannot do with the model at ``model_dir``: a train engine's
+    ``model_errors`` hook (``TrainEngine.model_errors``)."""
+    import importlib.util
+
+    lora = adapter_of(options)
+    if lora is None:
+        return []
+    if importlib.util.find_spec("peft") is None:
+        return [f"{where}.lora: needs the peft package, which is not installed; install it with "
+                f"pip install -e '.[lora]'"]
+    return target_errors(lora, f"{where}.lora", model_dir, head)
+
+
+class AdapterWeights:
+    """How a train engine's weights leave it: as they are, or through its LoRA adapters (merged,
+    or the adapter tensors alone) as the LoRA options say. A part the engine holds
+    (``self.weights``); its ``named_weights``, ``weights_for_sync``, ``save_pretrained`` and
+    ``infer_base`` delegate here.
+
+    Args:
+        lora: the engine's ``LoraModel``; ``None``: every weight trains.
+        state_items: ``state_items(keep=None)``, the model's state-dict pairs whose key ``keep``
+            accepts (all when ``None``), gathered if sharded: a collective on every rank then.
+        save_full: ``save_full(path)``: save in HF format as without LoRA (every rank calls it).
+        model_path: the model directory (its tokenizer files; an adapter's base).
+        writes: this rank writes what ``save`` saves (rank 0; the others only join a gather).
     """
 
-    lora: LoraModel | None = None
+    def __init__(self, lora: LoraModel | None, state_items: Callable[..., Iterator[tuple[str, torch.Tensor]]],
+                 save_full: Callable[[str], None], model_path: str, writes: bool):
+        self.lora, self.state_items, self.save_full = lora, state_items, save_full
+        self.model_path, self.writes = model_path, writes
 
-    @classmethod
-    def adapter_options(cls, options: BaseModel) -> LoraOptions | None:
-        return getattr(options, "lora", None)  # a subclass's own Options may leave LoRA out
+    @contextmanager
+    def base(self) -> Iterator[None]:
+        """The adapters off: the model computes its start model (a reference without a copy).
 
-    @classmethod
-    def model_errors(cls, options: BaseModel, where: str, model_dir: str, head: str) -> list[str]:
-        import importlib.util
-
-        lora = cls.adapter_options(options)
-        if lora is None:
-            return []
-        if importlib.util.find_spec("peft") is None:
-            return [f"{where}.lora: needs the peft package, which is not installed; install it with "
-                    f"pip install -e '.[lora]'"]
-        return target_errors(lora, f"{where}.lora", model_dir, head)
-
-    def infer_base(self, batch):
-        """``infer`` with the LoRA adapters off: the start model's logprobs (a reference)."""
+        Raises:
+            NotImplementedError: without LoRA (every weight trains; no start model is kept).
+        """
         if self.lora is None:
-            return super().infer_base(batch)
+            raise NotImplementedError(f"the train engine of {self.model_path} trains every weight and keeps no base "
+                                      f"model; the reference needs a model of its own")
         with self.lora.base_weights():
-            return self.infer(batch)
+            yield
 
-    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def named(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The full weights in HF naming; with LoRA the base's names with ``B A`` merged in."""
-        items = self._state_items()
+        items = self.state_items()
         yield from items if self.lora is None else self.lora.merged(items)
 
-    def weights_for_sync(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """``named_weights``, or with ``lora.sync: adapter`` the adapter tensors only."""
+    def for_sync(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``named``, or with ``lora.sync: adapter`` the adapter tensors only."""
         if self.lora is not None and self.lora.options.sync == "adapter":
-            return self.lora.adapters(self._state_items(is_adapter))
-        return self.named_weights()
+            return self.lora.adapters(self.state_items(is_adapter))
+        return self.named()
 
-    def save_pretrained(self, path: str) -> None:
-        """Without LoRA ``_save_full``; with it ``lora.save``'s form (every rank takes part, rank 0 writes)."""
+    def save(self, path: str) -> None:
+        """Without LoRA ``save_full``; with it ``LoraModel.save``'s form (every rank takes part, ``writes`` writes)."""
         if self.lora is None:
-            self._save_full(path)
+            self.save_full(path)
             return
         keep = None if self.lora.options.save == "merged" else is_adapter
-        self.lora.save(path, self.spec.model_path, self._state_items(keep), write=self.spec.dist.rank == 0)
+        self.lora.save(path, self.model_path, self.state_items(keep), write=self.writes)
 
 
 def _lora_part(name: str) -> tuple[str | None, str | None]:

@@ -13,9 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validat
 
 from xrlhf.config.schema import yaml_path
 from xrlhf.data.batch import Batch
+from xrlhf.engines import lora as lora_part
 from xrlhf.engines.base import ENGINES, EngineSpec, ForwardOutput, TrainEngine, TrainOptions
 from xrlhf.engines.hf.model import HFModel, HFModelOptions, build_imports
-from xrlhf.engines.lora import LORA_FIELD, LoraModel, LoraOptions, LoraTraining, apply_lora, dropout_errors
+from xrlhf.engines.lora import LORA_FIELD, AdapterWeights, LoraModel, LoraOptions, apply_lora, dropout_errors
 from xrlhf.engines.mixed_precision import MasterWeights
 from xrlhf.engines.model_files import save_with_tokenizer
 from xrlhf.engines.training import all_reduce_grads, lr_lambda
@@ -63,10 +64,11 @@ class HFTrainOptions(TrainOptions, HFModelOptions):
 
 
 @ENGINES.register("hf.train")
-class HFTrainEngine(LoraTraining, TrainEngine):
+class HFTrainEngine(TrainEngine):
     """Plain PyTorch training of a Transformers model (AdamW); data parallel through
     torch.distributed (gradients summed in one flat all-reduce per dtype). With ``lora`` set,
-    PEFT adapters train and the base stays frozen (``xrlhf.engines.lora``).
+    PEFT adapters train and the base stays frozen (``xrlhf.engines.lora``); ``weights``
+    (``AdapterWeights``) says how the weights leave the engine either way.
 
     With mixed precision (``HFTrainOptions.uses_mixed_precision``) the trainable weights are bf16
     and ``masters`` (``engines.mixed_precision.MasterWeights``) holds their fp32 masters and
@@ -76,11 +78,16 @@ class HFTrainEngine(LoraTraining, TrainEngine):
     Attributes:
         params: the trainable parameters (the model's own: bf16 views under mixed precision).
         param_names: their names, in the same order.
+        lora: the ``LoraModel`` of the adapters, or ``None`` (every weight trains).
+        weights: the ``AdapterWeights`` that ``named_weights``, ``weights_for_sync``,
+            ``save_pretrained`` and ``infer_base`` delegate to.
     """
 
     Options = HFTrainOptions
 
     fork_imports = staticmethod(build_imports)  # Engine.fork_imports
+    adapter_options = staticmethod(lora_part.adapter_of)  # TrainEngine.adapter_options
+    model_errors = staticmethod(lora_part.model_errors)  # TrainEngine.model_errors
 
     def __init__(self, spec: EngineSpec):
         super().__init__(spec)
@@ -96,6 +103,8 @@ class HFTrainEngine(LoraTraining, TrainEngine):
         if lora is not None:
             self.hf.model = apply_lora(self.hf.model, lora, o.gradient_checkpointing)
             self.lora = LoraModel(self.hf.model, lora)
+        self.weights = AdapterWeights(self.lora, self._state_items, self._save_full, self.spec.model_path,
+                                      writes=self.spec.dist.rank == 0)
         self.model = self.hf.model
         self.device = self.hf.device
         if o.gradient_checkpointing:
@@ -187,6 +196,19 @@ class HFTrainEngine(LoraTraining, TrainEngine):
         if self.masters is not None:
             return self.masters.named_grads(self.param_names)
         return {n: p.grad for n, p in zip(self.param_names, self.params)}
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return self.weights.named()
+
+    def weights_for_sync(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return self.weights.for_sync()
+
+    def save_pretrained(self, path: str) -> None:
+        self.weights.save(path)
+
+    def infer_base(self, batch: Batch) -> Batch:
+        with self.weights.base():
+            return self.infer(batch)
 
     def _state_items(self, keep=None) -> Iterator[tuple[str, torch.Tensor]]:
         return ((k, v) for k, v in self.model.state_dict().items() if keep is None or keep(k))
