@@ -8,7 +8,7 @@
 #                     compiles of a minute or more beside a busy core: ~40 minutes more): what CI runs
 #                     (.ci/run); make test-long runs those alone
 #   make chaos        each of three configs killed (SIGKILL) at five moments and resumed, compared with its
-#                     uninterrupted run (~25 minutes on 2 cores; benchmarks/chaos.py): benchmarks/results/chaos.md
+#                     uninterrupted run (~25 minutes on 2 cores; benchmarks/recovery/chaos.py): benchmarks/results/chaos.md
 #   make data         build the tiny model and the datasets the offline configs read (dpo, kto_offline, rm, qa_ppo),
 #                     and the 4M-parameter char model configs/tool_calc.yaml trains
 PYTHON ?= python3
@@ -55,7 +55,7 @@ test-all: install
 	$(BIN)/python -m pytest -q --durations=40
 
 chaos: install $(MODEL)/config.json
-	$(BIN)/python -m benchmarks.chaos --model $(MODEL) --out benchmarks/results
+	$(BIN)/python -m benchmarks.recovery chaos --model $(MODEL) --out benchmarks/results
 
 test-quick: install
 	$(BIN)/python -m pytest -q -m "not slow and not gpu" --durations=10

@@ -228,7 +228,7 @@ stage_numerics() {  # the numerics guard: W's first 3 steps, sync and one step o
 
 stage_generation() {  # vLLM against the Transformers engine (256 x 512 tokens), then vLLM's host overhead
   TAIL=10 run generation 300 python -m benchmarks.generation --out "$OUT/generation"
-  TAIL=10 run vllm_overhead 280 python -m benchmarks.vllm_overhead --out "$OUT/generation"
+  TAIL=10 run vllm_overhead 280 python -m benchmarks.generation overhead --out "$OUT/generation"
 }
 
 stage_weight_sync() {  # each transport (cpu, cuda_ipc, nccl) against a device-to-device copy of the same weights
@@ -245,27 +245,27 @@ stage_startup() {  # W's start: one cold run (fills the caches), then warm start
 }
 
 stage_train() {  # W's train step by precision and token budget, then the fastest compiled; kernel tables
-  TAIL=24 run train "${TRAIN_LIMIT:-480}" python -m benchmarks.train_efficiency --matrix --compile --profile \
+  TAIL=24 run train "${TRAIN_LIMIT:-480}" python -m benchmarks.train_step --matrix --compile --profile \
     --out "$OUT/train"
 }
 
 stage_sweep() {  # the train step's peak per token budget, eager and compiled (the plan's activation model)
-  TAIL=16 run sweep 300 python -m benchmarks.memory_sweep --out "$OUT/sweep"
+  TAIL=16 run sweep 300 python -m benchmarks.train_step sweep --out "$OUT/sweep"
 }
 
 stage_ppo() {  # PPO's step co-located on one GPU (configs/gpu/ppo_vllm_colocate.yaml): phases, memory
-  TAIL=12 run ppo 420 python benchmarks/ppo_step_bench.py --out "$OUT/ppo"
+  TAIL=12 run ppo 420 python -m benchmarks.train_step ppo --out "$OUT/ppo"
 }
 
 stage_deepspeed() {  # 2 GPUs: the 1.5b preset's train step under ZeRO-2, ZeRO-3, ZeRO-3 + offload
   [ -f artifacts/model-1.5b/config.json ] || \
     run model15 180 python -m xrlhf.cli make-tiny-model artifacts/model-1.5b --preset 1.5b --dtype bfloat16
-  TAIL=8 run deepspeed 530 python benchmarks/deepspeed_bench.py --model-dir artifacts/model-1.5b \
+  TAIL=8 run deepspeed 530 python -m benchmarks.train_step deepspeed --model-dir artifacts/model-1.5b \
     --out "$OUT/deepspeed/deepspeed.json"
 }
 
 stage_heal() {  # 2 GPUs: the split generator killed mid-step, twice, healed in place (~4 minutes)
-  TAIL=30 run heal "${HEAL_LIMIT:-300}" python -m benchmarks.healing --gpu --gpus 2 --timeout "${HEAL_TIMEOUT:-280}" \
+  TAIL=30 run heal "${HEAL_LIMIT:-300}" python -m benchmarks.recovery heal --gpu --gpus 2 --timeout "${HEAL_TIMEOUT:-280}" \
     --out "$OUT/heal" --work "$(mktemp -d /tmp/heal-XXXX)"
 }
 

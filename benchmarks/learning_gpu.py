@@ -15,7 +15,7 @@ the evaluations included), and whether the eval reward rose from before RL to th
 ``<runs-dir>/learning_gpu.json`` too, merged by variant and seed across calls) and
 ``<out>/learning_gpu.png`` (eval reward against the RL clock).
 
-**Beside TRL** (``--trl``): TRL 1.16's GRPOTrainer (``benchmarks/trl_learning.py``, a process of
+**Beside TRL** (``--trl``): TRL 1.16's GRPOTrainer (``benchmarks/trl_grpo.py learn``, a process of
 its own, TRL's defaults where the workload leaves a choice) from the same warmed model, data and
 reward, then xrlhf's sync run of the first seed in the same call (``--reuse-runs``: a kept one,
 flagged). Target: xrlhf's RL clock at its
@@ -76,7 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "seed and overrides is not run again (a cut call goes on where it stopped)")
     p.add_argument("--budget-s", type=float, default=0, help="start no run that the time left cannot hold, "
                    "judged by the last run's time (0: no limit)")
-    p.add_argument("--trl-script", default=str(ROOT / "benchmarks" / "trl_learning.py"))
+    p.add_argument("--trl-script", default=str(ROOT / "benchmarks" / "trl_grpo.py"), help="the TRL side (its `learn`)")
     p.add_argument("--trl-timeout", type=float, default=400)
     p.add_argument("--trl-args", default="", help="more arguments of the TRL script, one string")
     p.add_argument("--cpu-smoke", action="store_true", help="the tiny CPU model, a few steps (no GPU)")
@@ -291,13 +291,13 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 # -- TRL --------------------------------------------------------------------------------------
 def run_trl(args: argparse.Namespace, warm: dict[str, Any], overrides: list[str], out: Path,
             timeout: float) -> dict[str, Any]:
-    """``benchmarks/trl_learning.py`` from the warmed model, in a process of its own (the first GPU
+    """``benchmarks/trl_grpo.py learn`` from the warmed model, in a process of its own (the first GPU
     alone): its eval curve (``rl_s`` without its evaluations), its summary, how it ended."""
     import os
 
     run_dir = out / "trl"
     recipe = [o for o in overrides if not o.startswith(("policy.model=", "warmup.steps="))]
-    cmd = [sys.executable, args.trl_script, "--model", warm["model"], "--out", str(run_dir), "--config", args.config,
+    cmd = [sys.executable, args.trl_script, "learn", "--model", warm["model"], "--out", str(run_dir), "--config", args.config,
            *args.trl_args.split(), *(["--smoke", "--micro-batch", "8"] if args.cpu_smoke else []), "--set", *recipe]
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0],
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))

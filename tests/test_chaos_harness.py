@@ -1,4 +1,4 @@
-"""``benchmarks/chaos.py`` without runs: how it finds a moment in a run's log and files, tells
+"""``benchmarks/recovery/chaos.py`` without runs: how it finds a moment in a run's log and files, tells
 whether a kill landed in it, reads where a resume went on from and what the steps trained on
 (the runs themselves: tests/e2e/test_chaos.py)."""
 
@@ -8,7 +8,7 @@ import json
 import random
 from collections import Counter
 
-from benchmarks.chaos import Watch, aim, landed, resumed_from, trained, window
+from benchmarks.recovery.chaos import Watch, aim, landed, resumed_from, trained, window
 
 T = "2026-11-28 19:42:{:06.3f} | DEBUG    | xrlhf.x:f:1 - "
 

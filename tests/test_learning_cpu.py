@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks import learning_cpu
 from benchmarks.common import ROOT
-from benchmarks.report_learning import current_command
+from benchmarks.report.learning import current_command
 
 
 def test_each_suite_keeps_its_defaults():
@@ -45,4 +45,20 @@ def test_recorded_commands_in_todays_form():
     assert current_command("seeds 0-2 (benchmarks/learning_seeds.py --set ...)") == (
         "seeds 0-2 (benchmarks/learning_cpu.py seeds --set ...)")
     kept = "`benchmarks/results/learning_seeds.json`, async_learning_cpu.json"
+    assert current_command(kept) == kept
+
+
+def test_merged_benchmarks_commands_in_todays_form():
+    """The scripts merged into another's command (issue 52): a recorded command runs as that command."""
+    assert current_command("python /work/main/benchmarks/ppo_step_bench.py --verify --out /o") == (
+        "python -m benchmarks.train_step ppo --verify --out /o")
+    assert current_command("python -m benchmarks.vllm_overhead --engines-per-gpu 1 2") == (
+        "python -m benchmarks.generation overhead --engines-per-gpu 1 2")
+    assert current_command("python -m benchmarks.train_efficiency --matrix") == "python -m benchmarks.train_step --matrix"
+    assert current_command("python -m benchmarks.healing --gpu; benchmarks.healing.gpu_config(gpus=2)") == (
+        "python -m benchmarks.recovery heal --gpu; benchmarks.recovery.healing.gpu_config(gpus=2)")
+    assert current_command("`make chaos` (benchmarks/chaos.py)") == "`make chaos` (benchmarks/recovery/chaos.py)"
+    assert current_command("python benchmarks/episodes_gpu.py --mode sync") == (
+        "python -m benchmarks.async_grpo episodes --mode sync")
+    kept = "vllm_overhead.json, episodes_gpu_sync.json, tests/e2e/test_healing.py"
     assert current_command(kept) == kept

@@ -134,7 +134,7 @@ def test_cpu_smoke_writes_the_table_and_the_plot_and_keeps_its_runs(tmp_path):
 
 @pytest.mark.slow  # TRL's trainer built and two steps on CPU beside an xrlhf run: one to two minutes
 def test_cpu_smoke_beside_trl(tmp_path):
-    """``--trl`` on CPU where TRL is importable (benchmarks/trl_learning.py's Transformers path)."""
+    """``--trl`` on CPU where TRL is importable (benchmarks/trl_grpo.py learn's Transformers path)."""
     pytest.importorskip("trl")
     data = learning_gpu.main(["--cpu-smoke", "--trl", "--seeds", "0", "--out", str(tmp_path / "out"),
                               "--runs-dir", str(tmp_path / "runs")])

@@ -1,4 +1,4 @@
-"""benchmarks/train_efficiency.py runs on CPU with a tiny model (``--smoke``) and writes the JSON
+"""benchmarks/train_step/efficiency.py runs on CPU with a tiny model (``--smoke``) and writes the JSON
 the lead reads on the GPU: both paths timed on both workloads, their logprobs equal; and the
 issue-25 matrix (``--matrix``): every precision with both budgets, and the compiled best."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from benchmarks import train_efficiency
+from benchmarks.train_step import efficiency as train_efficiency
 
 
 @pytest.mark.long
@@ -56,7 +56,7 @@ def test_smoke_matrix_has_every_variant(tmp_path):
 @pytest.mark.long  # a benchmark's smoke of ~40 s beside a busy core: make test-all (CI) runs it
 @pytest.mark.slow  # two engines, one compiled: about 40 s
 def test_memory_sweep_smoke_has_each_budget_eager_and_compiled(tmp_path):
-    from benchmarks import memory_sweep
+    from benchmarks.train_step import sweep as memory_sweep
 
     memory_sweep.main(["--smoke", "--out", str(tmp_path)])
     rows = json.loads((tmp_path / "memory_sweep.json").read_text())["rows"]

@@ -1,9 +1,9 @@
-"""benchmarks.vllm_overhead's engines generating together: each round's wall time spans the first
+"""``benchmarks.generation overhead``'s engines generating together: each round's wall time spans the first
 engine's start to the last one's end, and the median round is reported (no vLLM needed)."""
 
 from __future__ import annotations
 
-from benchmarks.vllm_overhead import RUNS, rounds_together
+from benchmarks.generation import RUNS, rounds_together
 
 
 def test_each_round_spans_all_engines_and_the_median_is_kept():

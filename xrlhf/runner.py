@@ -247,7 +247,7 @@ def _restart_from_checkpoint(error: WorkerDiedError, out: Path, healing: Healing
 
 def write_pids(out: Path, pids: dict[str, list[int]]) -> None:
     """``workers.json``: each handle's worker process ids, in rank order, rewritten after a restart
-    in place. Written aside, then renamed, so that a reader (``benchmarks.healing``'s fault
+    in place. Written aside, then renamed, so that a reader (``benchmarks.recovery.healing``'s fault
     injector, a person's watch script) never reads a half-written file: one did in CI."""
     atomic_write(out / "workers.json", json.dumps(pids))
 

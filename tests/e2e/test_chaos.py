@@ -3,14 +3,14 @@
 and leaves no process behind. One moment per config, each through another path: the quickstart
 (PPO, synchronous) during an update, one-step-off GRPO with dynamic sampling during a rollout
 (the producer's queue and data position), the calculator-tool episode run while a checkpoint is
-being written. ``make chaos`` (``benchmarks/chaos.py``) kills each config at all five moments;
+being written. ``make chaos`` (``benchmarks/recovery/chaos.py``) kills each config at all five moments;
 its table is in docs/healing.md."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.chaos import chaos
+from benchmarks.recovery.chaos import chaos
 
 
 @pytest.mark.long  # three runs of a minute or more each (reference, killed, resumed): make test-all (CI) runs them

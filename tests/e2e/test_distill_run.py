@@ -17,7 +17,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from benchmarks.healing import Fault, run_with_faults
+from benchmarks.recovery.healing import Fault, run_with_faults
 from tests.e2e.test_survival import start, wait_for_step
 from xrlhf.models.tiny import build_model
 from xrlhf.runner import run

@@ -1,6 +1,6 @@
 """Runs that heal themselves, exactly (issue 17): one run in which a worker of every role is
 killed (SIGKILL) or frozen (SIGSTOP) at a random point of a step, one fault per step
-(``benchmarks/healing.py``'s scenario), finishes on its own with the final weights, bit for
+(``benchmarks/recovery/healing.py``'s scenario), finishes on its own with the final weights, bit for
 bit, of an uninterrupted run. The handles without training state are restarted in place; the
 critic's and the policy's faults restart every worker from the last checkpoint. One run each;
 the assertions share them."""
@@ -14,13 +14,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from benchmarks.healing import FAULTS, run_with_faults, scenario_config, scenario_faults
+from benchmarks.recovery.healing import FAULTS, run_with_faults, scenario_config, scenario_faults
 from xrlhf.checkpoint import list_checkpoints
 from xrlhf.runner import run
 from xrlhf.validation import validate_dict
 
 
-@pytest.mark.long  # the scenario of benchmarks/healing.py (its figures: docs/benchmarks.md), ~2.5 minutes
+@pytest.mark.long  # the scenario of benchmarks/recovery/healing.py (its figures: docs/benchmarks.md), ~2.5 minutes
 @pytest.mark.usefixtures("ray_session")
 def test_every_role_killed_or_frozen_mid_step_heals_to_the_same_weights(tiny_model, tmp_path):
     cfg = scenario_config(tiny_model)

@@ -115,7 +115,7 @@ def test_w_train_step_alone(variant):
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_w_train_peak_by_token_budget(compiled):
-    """``benchmarks/memory_sweep.py`` on an H100: W's train step (mixed precision, the bf16
+    """``benchmarks/train_step/sweep.py`` on an H100: W's train step (mixed precision, the bf16
     reference resident) at budgets of 8k to 48k tokens, eager and with compiled layers; the plan's
     peak within 15% at every budget that fit (eager 1.54 MB per token measured, compiled 1.11)."""
     rows = [r for r in MEASURED["memory_sweep_h100"]["rows"] if r["compile"] == compiled and not r.get("oom")]

@@ -29,7 +29,7 @@ class Timeline:
     @contextmanager
     def span(self, lane: str, name: str) -> Iterator[None]:
         """A span around the ``with`` block; its start is a DEBUG line of ``train.log`` (``trainer:
-        update begins``), which tells a person (or ``benchmarks/chaos.py``) what a run is doing now."""
+        update begins``), which tells a person (or ``benchmarks/recovery/chaos.py``) what a run is doing now."""
         logger.debug(f"{lane}: {name} begins")
         t0 = time.time()
         try:

@@ -38,7 +38,7 @@ def sampled_logprobs(flat, ids: list[int]) -> list[float]:
     """The logprob of each sampled token from vLLM's ``FlatLogprobs`` (asked with ``logprobs=0``:
     one entry per position, the sampled token's). ``flat_logprobs`` keeps three flat lists per
     request instead of a dict and a ``Logprob`` per token, which vLLM's output processing and
-    Python's garbage collector pay for at every step (docs/vllm.md, benchmarks/vllm_overhead.py).
+    Python's garbage collector pay for at every step (docs/vllm.md, benchmarks/generation.py overhead).
     A DELTA output carries the slice of its new positions, re-indexed from 0."""
     starts = flat.start_indices
     if len(starts) != len(ids) or any(flat.token_ids[s] != t for s, t in zip(starts, ids)):

@@ -8,13 +8,13 @@ measurement per budget shows whether the bytes per token are constant (a fixed p
 or fall with the micro-batch (an allocator or kernel effect), and gives the compiled figure.
 
 For each of eager and compiled layers: the policy (mixed precision, the GPU default) and the
-bf16 reference in one process, as ``train_efficiency --matrix`` runs them; W's batch; for each
+bf16 reference in one process, as ``train_step --matrix`` runs them; W's batch; for each
 budget one warm-up step, then one timed step with the peak allocation reset before it. Each row:
 the budget, the largest micro-batch's tokens, the micro-batch count, the step's seconds and its
 peak (``torch.cuda.max_memory_allocated``). Writes ``memory_sweep.json``::
 
-    python -m benchmarks.memory_sweep --out $OUT                  # one GPU, ~3 minutes
-    python -m benchmarks.memory_sweep --smoke --out /tmp/sweep    # a tiny model on the CPU: it runs
+    python -m benchmarks.train_step sweep --out $OUT                # one GPU, ~3 minutes
+    python -m benchmarks.train_step sweep --smoke --out /tmp/sweep  # a tiny model on the CPU: it runs
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import ensure_model, gpu_name, table, write_json
-from benchmarks.train_efficiency import SMOKE_W, W, _peak, _reset, _sync, make_batch, precision_policy, w_loss
+from benchmarks.train_step.efficiency import SMOKE_W, W, _peak, _reset, _sync, make_batch, precision_policy, w_loss
 
 BUDGETS = (8192, 16384, 32768, 49152, 61440)
 SMOKE_BUDGETS = (64, 128)
@@ -72,7 +72,7 @@ def sweep(model: str, device: str, budgets: tuple[int, ...], compile: bool, batc
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.train_step sweep", description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--smoke", action="store_true", help="a tiny model on the CPU (the script runs, in seconds)")
     args = ap.parse_args(argv)
@@ -90,12 +90,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows = [r for compile in (False, True) for r in sweep(model, device, budgets, compile, batch)]
     data = {"gpu": gpu_name(), "device": device, "model": model, "sequences": w.sequences,
             "tokens": int(batch["attention_mask"].sum()), "rows": rows,
-            "command": "python -m benchmarks.memory_sweep" + (" --smoke" if args.smoke else "")}
+            "command": "python -m benchmarks.train_step sweep" + (" --smoke" if args.smoke else "")}
     print(table([[r["compile"], r["budget"], r["largest_micro_batch_tokens"], r["micro_batches"], r.get("train_s"),
                   r.get("peak_gib", "out of memory")] for r in rows], ["compiled", "budget", "largest", "micro-batches", "train s", "peak GiB"]))
     write_json(args.out, "memory_sweep.json", data)
     return data
-
-
-if __name__ == "__main__":
-    main()

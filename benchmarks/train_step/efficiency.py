@@ -20,7 +20,7 @@ Writes ``train_efficiency.json`` (``gpu``, ``train_s``, ``logprob_s``, ``train_p
 ``logprob_peak_gib`` and the same with ``baseline_``; ``long``: the same for the long workload
 plus the ratios). On the GPU machine::
 
-    python -m benchmarks.train_efficiency --out benchmarks/results
+    python -m benchmarks.train_step --out benchmarks/results
 
 ``--smoke`` runs the same on a tiny model on the CPU in seconds (peak memory is ``null`` there).
 
@@ -36,7 +36,7 @@ One row per variant in ``train_efficiency_matrix.json`` (``variant``, ``train_s`
 ``gpu_busy_infer`` from torch's profiler, the micro-batch count and budgets, the attention kernel
 that ran). On one H100, in one call of about 5 minutes::
 
-    python -m benchmarks.train_efficiency --matrix --compile --out $OUT
+    python -m benchmarks.train_step --matrix --compile --out $OUT
 """
 
 from __future__ import annotations
@@ -545,7 +545,8 @@ def run_matrix(args: argparse.Namespace, device: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.train_step [efficiency]", description=__doc__.split("\n")[0],
+                                 epilog="the other commands: sweep, ppo, deepspeed (python -m benchmarks.train_step COMMAND --help)")
     ap.add_argument("--out", default="benchmarks/results", help="directory of train_efficiency.json")
     ap.add_argument("--smoke", action="store_true", help="a tiny model on the CPU: the script runs, in seconds")
     ap.add_argument("--steps", type=int, default=None, help="timed repetitions per path (default 3; smoke 1)")
@@ -595,7 +596,3 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                        "peak old GiB", "peak new GiB", "max |dlogp|"]))
     write_json(args.out, "train_efficiency.json", data)
     return data
-
-
-if __name__ == "__main__":
-    main()

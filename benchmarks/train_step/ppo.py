@@ -8,7 +8,7 @@ per step ``generate_s``, ``infer_s``, ``train_s``, ``sync_s``, ``sleep_s``, ``st
 peaks, the medians over steps 2.., and the memory of the last step against step 2 (target:
 within 5%).
 
-    python benchmarks/ppo_step_bench.py --out benchmarks/results [key.path=value ...]
+    python -m benchmarks.train_step ppo --out benchmarks/results [key.path=value ...]
 
 Weight verification is off here (``--verify`` to keep the config's), so ``sync_s`` is the
 transport's time.
@@ -51,15 +51,15 @@ KEYS = {"generate_s": "time/generate_s", "infer_s": "time/infer_s", "train_s": "
         "mismatch_mean": "mismatch/logprob_abs_diff_mean", "mismatch_max": "mismatch/logprob_abs_diff_max"}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.train_step ppo", description=__doc__.split("\n")[0])
     p.add_argument("overrides", nargs="*", help="dotted config overrides")
     p.add_argument("--config", default="configs/gpu/ppo_vllm_colocate.yaml")
     p.add_argument("--model", default=None, help="default: artifacts/model-0.5b (built if missing)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--verify", action="store_true", help="keep the config's weight_sync.verify")
     p.add_argument("--out", default="benchmarks/results")
-    args = p.parse_args()
+    args = p.parse_args(argv)
 
     from benchmarks.common import (MODEL_05B, ROOT, DeviceMemorySampler, cli_overrides, ensure_model, gpu_name,
                                    table, write_json)
@@ -68,14 +68,14 @@ def main() -> None:
 
     model = ensure_model(args.model or MODEL_05B)
     overrides = [f"policy.model={model}", f"trainer.steps={args.steps}", "trainer.eval_size=32",
-                 "algorithm.name=benchmarks.ppo_step_bench:MemoryPPO", *cli_overrides(), *args.overrides]
+                 "algorithm.name=benchmarks.train_step.ppo:MemoryPPO", *cli_overrides(), *args.overrides]
     if not args.verify:
         overrides.append("policy.weight_sync.verify=false")
     cfg = load_config(ROOT / args.config, overrides)
-    import benchmarks.ppo_step_bench as this  # the module the config names (this file runs as __main__)
+    import benchmarks.train_step.ppo as this  # the module the config names
 
     this.SAMPLER = sampler = DeviceMemorySampler()
-    run_dir = Path(tempfile.mkdtemp(prefix="ppo_step_bench-"))
+    run_dir = Path(tempfile.mkdtemp(prefix="ppo_step-"))
     try:
         run(cfg, run_dir)
     finally:
@@ -99,7 +99,3 @@ def main() -> None:
     print(f"{result['gpu']}: medians from step 2 " + ", ".join(f"{k} {v:.3f}" for k, v in medians.items()))
     print("memory of the last step / step 2: " + ", ".join(f"{k} {v:.3f}" for k, v in memory.items())
           + " (target within 5%)")
-
-
-if __name__ == "__main__":
-    main()

@@ -5,9 +5,23 @@ from __future__ import annotations
 
 import re
 
-MERGED = {"async_learning": "async", "episodes_learning": "episodes", "distill_learning": "distill",
-          "learning_seeds": "seeds"}
-"""The CPU learning scripts that became the suites of ``benchmarks/learning_cpu.py`` (issue 52)."""
+RENAMED = {
+    "async_learning": ("learning_cpu async", "learning_cpu.py async"),
+    "episodes_learning": ("learning_cpu episodes", "learning_cpu.py episodes"),
+    "distill_learning": ("learning_cpu distill", "learning_cpu.py distill"),
+    "learning_seeds": ("learning_cpu seeds", "learning_cpu.py seeds"),
+    "vllm_overhead": ("generation overhead", "generation.py overhead"),
+    "episodes_gpu": ("async_grpo episodes", "async_grpo.py episodes"),
+    "trl_learning": ("trl_grpo learn", "trl_grpo.py learn"),
+    "train_efficiency": ("train_step", "train_step/efficiency.py"),
+    "memory_sweep": ("train_step sweep", "train_step/sweep.py"),
+    "ppo_step_bench": ("train_step ppo", "train_step/ppo.py"),
+    "deepspeed_bench": ("train_step deepspeed", "train_step/zero.py"),
+    "chaos": ("recovery chaos", "recovery/chaos.py"),
+    "healing": ("recovery heal", "recovery/healing.py"),
+}
+"""The benchmark scripts merged into another's command (issue 52): old name -> (``python -m
+benchmarks.`` + this, the file mentioned for a bare path), with the same options and JSON."""
 
 
 def fmt(x, digits: int = 3) -> str:
@@ -19,16 +33,22 @@ def fmt(x, digits: int = 3) -> str:
 
 
 def current_command(text: str) -> str:
-    """``text`` with a command recorded before issue 52 in today's form: each script of ``MERGED``
-    is the same-named suite of ``benchmarks/learning_cpu.py``, with the same options and JSON."""
+    """``text`` with a command recorded before issue 52 in today's form: each script of ``RENAMED``
+    is a command of the script it went into, with the same options and JSON."""
     def today(m: re.Match) -> str:
-        python, how, suite = m.group(1) or "", m.group(2), MERGED[m.group(3)]
+        python, how = m.group(1) or "", m.group(2)
+        command, path = RENAMED[m.group(3)]
         if python or how.startswith("-m"):
-            return f"{python}-m benchmarks.learning_cpu {suite}"
-        return f"benchmarks/learning_cpu.py {suite}"
+            return f"{python}-m benchmarks.{command}"
+        return f"benchmarks/{path}"
 
-    names = "|".join(MERGED)
-    return re.sub(rf"(python3? )?(-m benchmarks\.|[\w./~-]*benchmarks/)({names})(?:\.py)?(?![\w.])", today, text)
+    def module(m: re.Match) -> str:  # a name in it: benchmarks.healing.gpu_config
+        return "benchmarks." + RENAMED[m.group(1)][1].removesuffix(".py").replace("/", ".") + "."
+
+    names = "|".join(RENAMED)
+    text = re.sub(rf"(python3? )?(-m benchmarks\.|[\w./~-]*benchmarks/)({names})(?:\.py)?(?![\w.])", today, text)
+    files = "|".join(k for k, (_, path) in RENAMED.items() if " " not in path)
+    return re.sub(rf"(?<![\w/.])benchmarks\.({files})\.(?=[A-Za-z_])", module, text)
 
 
 def _target(t: dict | None) -> str:

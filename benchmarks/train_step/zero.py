@@ -7,8 +7,8 @@ synthetic batch with the SFT loss. Memory is ``torch.cuda.max_memory_allocated``
 over the timed steps (model, gradients, optimizer shards and activations), plus what the
 engine held after set-up.
 
-    python benchmarks/deepspeed_bench.py --out benchmarks/results/deepspeed.json   # 2 GPUs, 1.5b
-    python benchmarks/deepspeed_bench.py --device cpu --preset tiny --out /tmp/ds.json  # logic check
+    python -m benchmarks.train_step deepspeed --out benchmarks/results/deepspeed.json # 2 GPUs, 1.5b
+    python -m benchmarks.train_step deepspeed --device cpu --preset tiny --out /tmp/ds.json  # logic check
 
 The first offload run JIT-compiles DeepSpeed's CPU Adam (about a minute, then cached).
 """
@@ -20,14 +20,11 @@ import json
 import os
 import platform
 import socket
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SETTINGS = {
     "zero2": dict(zero_stage=2),
@@ -109,7 +106,7 @@ def build(args) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.train_step deepspeed", description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="JSON results file")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--preset", default="1.5b", help="a xrlhf.models.tiny.PRESETS name")
@@ -175,7 +172,3 @@ def _prod(shape) -> int:
     for s in shape:
         out *= s
     return out
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -33,8 +33,8 @@ reference run (seeded by ``--seed``, the config and the moment, so a failure rer
 way); a kill that missed its moment (the run was quicker this time) is tried again, up to
 ``--tries`` times.
 
-    python -m benchmarks.chaos --out benchmarks/results       # 3 configs x 5 moments, ~25 minutes on 2 cores
-    python -m benchmarks.chaos --configs quickstart --moments update,rollout
+    python -m benchmarks.recovery chaos --out benchmarks/results       # 3 configs x 5 moments, ~25 minutes on 2 cores
+    python -m benchmarks.recovery chaos --configs quickstart --moments update,rollout
 
 Writes ``chaos.json`` (every kill: where it landed, what it left, what the resume found) and
 ``chaos.md`` (the table of docs/healing.md) under ``--out``; the runs go under ``--work``.
@@ -61,7 +61,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MOMENTS = ("start-up", "warm-up", "rollout", "update", "checkpoint")
 
 SHORT = ["trainer.steps=8", "trainer.eval_every=4", "trainer.eval_size=16", "checkpoint.every=2"]
@@ -498,8 +498,8 @@ def ensure_model(path: str) -> str:
     return str(model)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.recovery chaos", description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="benchmarks/results", help="where chaos.json and chaos.md go")
     ap.add_argument("--work", default="/tmp/xrlhf-chaos", help="where the runs go (emptied per run)")
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"of {', '.join(CONFIGS)}")
@@ -509,7 +509,8 @@ def main() -> None:
     ap.add_argument("--grace", type=float, default=15.0, help="seconds the run's processes have to be gone")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds a run may take")
     ap.add_argument("--model", default="artifacts/tiny-char", help="the tiny char model (built if missing)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    args.argv = sys.argv[2:] if argv is None else list(argv)
     names, moments = args.configs.split(","), args.moments.split(",")
     bad = [n for n in names if n not in CONFIGS] + [m for m in moments if m not in MOMENTS]
     if bad:
@@ -517,8 +518,8 @@ def main() -> None:
     model, t0, load = ensure_model(args.model), time.time(), os.getloadavg()
     results = [chaos(n, moments, Path(args.work), model, args.seed, args.tries, args.grace, args.timeout)
                for n in names]
-    report = {"date": datetime.now().strftime("%Y-%m-%d %H:%M"), "command": " ".join(["python", "-m", "benchmarks.chaos",
-                                                                                     *sys.argv[1:]]),
+    report = {"date": datetime.now().strftime("%Y-%m-%d %H:%M"), "command": " ".join(["python", "-m", "benchmarks.recovery",
+                                                                                     "chaos", *args.argv]),
               "machine": f"{platform.node()}: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()})",
               "load_average_at_start": [round(x, 2) for x in load], "seed": args.seed, "grace_s": args.grace,
               "wall_s": round(time.time() - t0), "passed": sum(k["passed"] for r in results for k in r["kills"]),
@@ -533,6 +534,3 @@ def main() -> None:
     print(md)
     sys.exit(0 if report["passed"] == report["kills"] else 1)
 
-
-if __name__ == "__main__":
-    main()

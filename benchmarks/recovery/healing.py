@@ -15,7 +15,7 @@ fault in steps 2, 5, 8, 11 and 14, each at a random point of the step:
 ``tests/e2e/test_healing.py`` runs it and asserts the final weights; this script runs the
 scenario and the uninterrupted run and writes ``healing.json`` with each fault's figures:
 
-    python -m benchmarks.healing --out benchmarks/results      # CPU, ~4 min on 2 cores
+    python -m benchmarks.recovery heal --out benchmarks/results      # CPU, ~4 min on 2 cores
 """
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ def gpu_main(args: argparse.Namespace) -> None:
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
                           capture_output=True, text=True).stdout.strip()
-    result = {"hardware": _gpu(), "command": f"python -m benchmarks.healing --gpu --gpus {args.gpus}", "exit": code,
+    result = {"hardware": _gpu(), "command": f"python -m benchmarks.recovery heal --gpu --gpus {args.gpus}", "exit": code,
               "layout": "split, vLLM on GPU 1, nccl" if args.gpus == 2 else "split on one GPU, cpu transport",
               "steps": cfg["trainer"]["steps"], "wall_s_with_faults": round(wall, 1),
               "heartbeat_timeout_s": cfg["fault_tolerance"]["heartbeat_timeout_s"],
@@ -227,8 +227,8 @@ def _gpu() -> str:
     return f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}" if torch.cuda.is_available() else "none"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.recovery heal", description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--work", default="/tmp/xrlhf-healing")
     ap.add_argument("--gpu", action="store_true", help="the one-GPU scenario with vLLM (healing_gpu.json)")
@@ -236,7 +236,7 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, default=1, choices=[1, 2],
                     help="--gpu: 1 (both handles share one GPU) or 2 (vLLM on a GPU of its own, NCCL)")
     ap.add_argument("--timeout", type=float, default=540, help="--gpu: seconds before the run is killed")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.gpu:
         return gpu_main(args)
     from safetensors.torch import load_file
@@ -254,7 +254,7 @@ def main() -> None:
     summary = json.loads((work / "faults" / "run" / "summary.json").read_text())
     a, b = (load_file(str(work / d / "run" / "final" / "model.safetensors")) for d in ("straight", "faults"))
     result = {"hardware": f"CPU ({os.cpu_count()} cores, {platform.processor() or platform.machine()})",
-              "command": "python -m benchmarks.healing", "steps": cfg["trainer"]["steps"],
+              "command": "python -m benchmarks.recovery heal", "steps": cfg["trainer"]["steps"],
               "wall_s_uninterrupted": round(wall0, 1), "wall_s_with_faults": round(wall, 1),
               "final_weights_identical": a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a),
               "heartbeat_timeout_s": cfg["fault_tolerance"]["heartbeat_timeout_s"],
@@ -263,6 +263,3 @@ def main() -> None:
     (Path(args.out) / "healing.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
 
-
-if __name__ == "__main__":
-    main()

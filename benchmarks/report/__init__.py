@@ -15,8 +15,9 @@ import os
 from pathlib import Path
 
 from benchmarks.common import ROOT
-from benchmarks.report_learning import (
+from benchmarks.report.learning import (
     _met,
+    current_command,
     async_grpo,
     async_learning_cpu,
     async_learning_gpu,
@@ -83,7 +84,7 @@ def generation_gqa(r: dict | None) -> list[str]:
 
 
 def vllm_overhead(r: dict | None) -> list[str]:
-    """``benchmarks/vllm_overhead.py``: logprob formats, the garbage collector, batch size, engines per GPU."""
+    """``benchmarks/generation.py overhead``: logprob formats, the garbage collector, batch size, engines per GPU."""
     if r is None or "one_engine" not in r:
         return []
     one = r["one_engine"]
@@ -92,7 +93,7 @@ def vllm_overhead(r: dict | None) -> list[str]:
              "logprobs_flat": "`logprobs=0, flat_logprobs=True`", "no_logprobs": "no logprobs"}
     out = ["### Where vLLM's generation time goes", "",
            f"GPU: **{r['gpu']}**, the 0.5B model, one engine, the runs one after another "
-           f"(`python -m benchmarks.vllm_overhead`). Separate start-ups of the same engine differ by "
+           f"(`python -m benchmarks.generation overhead`). Separate start-ups of the same engine differ by "
            "up to ~15%.", "",
            "| run | tokens/s | ms per step | with the caller's GC frozen (tokens/s) |", "|---|---|---|---|"]
     runs = one["runs"]
@@ -116,13 +117,13 @@ def vllm_overhead(r: dict | None) -> list[str]:
 
 
 def vllm_engines_w(r: dict | None) -> list[str]:
-    """``vllm_overhead --engines-per-gpu 1 2 --rounds K`` on W's shape: one engine against two."""
+    """``generation overhead --engines-per-gpu 1 2 --rounds K`` on W's shape: one engine against two."""
     if r is None:
         return []
     out = ["### One vLLM engine or two on W's shape", "",
            f"GPU: **{r['gpu']}**, the 0.5B model, {r['prompts']} prompts x {r['new_tokens']} new tokens in all, W's "
            "vLLM options; two engines each in its own process with half the prompts, generating at the same time; "
-           "the median of the rounds (`python -m benchmarks.vllm_overhead --engines-per-gpu 1 2 --rounds K`, " + r.get("date", "") + ").", "",
+           "the median of the rounds (`python -m benchmarks.generation overhead --engines-per-gpu 1 2 --rounds K`, " + r.get("date", "") + ").", "",
            "| engines | xrlhf engine (s) | its rounds (s) | no logprobs (s) | its rounds (s) |", "|---|---|---|---|---|"]
     for k in sorted(k for k in r if k.startswith("engines_per_gpu_")):
         e = r[k]
@@ -219,7 +220,7 @@ def weight_sync_cpu(r: dict | None) -> list[str]:
 def ppo(r: dict | None) -> list[str]:
     out = ["## PPO step (co-located, one GPU)", ""]
     if r is None:
-        return out + ["Not run yet: `python -m benchmarks.ppo_step_bench --out benchmarks/results`.", ""]
+        return out + ["Not run yet: `python -m benchmarks.train_step ppo --out benchmarks/results`.", ""]
     m = r["median_from_step_2"]
     out += [f"GPU: **{r['gpu']}**. `{r['config']}`, {r['steps']} steps, {r['prompts_per_step']} prompts × "
             f"{r['max_new_tokens']} new tokens per step, weight verification {'on' if r['verify'] else 'off'}. "
@@ -275,10 +276,10 @@ def hang(r: dict | None) -> list[str]:
 
 
 def train_efficiency(r: dict | None, lora: dict | None) -> list[str]:
-    """``benchmarks/train_efficiency.py`` (issue 16): packed + chunked against the path before."""
+    """``benchmarks/train_step`` (issue 16): packed + chunked against the path before."""
     out = ["## Train efficiency: packed micro-batches, chunked logprobs, LoRA (issue 16)", ""]
     if r is None:
-        return out + ["Not run yet: `python -m benchmarks.train_efficiency --out benchmarks/results`.", ""]
+        return out + ["Not run yet: `python -m benchmarks.train_step --out benchmarks/results`.", ""]
     t = r.get("targets") or {}
     out += [f"GPU: **{r['gpu']}**, {r['dtype']}, the 0.5b preset; one process, both paths back to back on the same "
             f"engines, {r['steps']} timed steps each (median). *old*: padded micro-batches of 32 rows, the model's fp32 "
@@ -391,7 +392,7 @@ def train_matrix(r: dict | list | None) -> list[str]:
         return []
     gpu = r.get("gpu", "") if isinstance(r, dict) else ""
     out = ["## W's train step by precision and token budget (issue 25)", "",
-           f"`python -m benchmarks.train_efficiency --matrix --out benchmarks/results` on {gpu or 'the GPU'}: W's "
+           f"`python -m benchmarks.train_step --matrix --out benchmarks/results` on {gpu or 'the GPU'}: W's "
            "batch (512 sequences, ~145k tokens), one AdamW step; the logprob phase with and without the policy's "
            "old-logprob forward (skipped for a single on-policy step). 'derived': budgets sized from free memory "
            "(engines/budget.py); 'W': the hand-set 32 rows / 6,144 tokens of before. busy: the profiler's.", "",
@@ -431,19 +432,17 @@ GPU machine every benchmark runs through one entry point, `bash benchmarks/gpu.s
 
 | benchmark | what it measures | run it | table |
 |---|---|---|---|
-| `w_vs_trl.py` (TRL's side: `trl_grpo.py`) | workload W's step time, phases, GPU busy and peak, as shipped and by variant, against TRL's `GRPOTrainer` in the same call | `gpu.sh w` (`hooks`, `hooks_async`, `w2`, `w7trl w7`) | `w_vs_trl.json` |
-| `generation.py`, `vllm_overhead.py` | tokens/s of vLLM against the Transformers engine; where vLLM's time goes, engines per GPU | `gpu.sh generation` | `generation*.json`, `vllm_*.json` |
+| `w_vs_trl.py` (TRL's side: `trl_grpo.py`, its `w`) | workload W's step time, phases, GPU busy and peak, as shipped and by variant, against TRL's `GRPOTrainer` in the same call | `gpu.sh w` (`hooks`, `hooks_async`, `w2`, `w7trl w7`) | `w_vs_trl.json` |
+| `generation.py` | tokens/s of vLLM against the Transformers engine; `overhead`: where vLLM's time goes, engines per GPU | `gpu.sh generation` | `generation*.json`, `vllm_*.json` |
 | `weight_sync.py` | one weight sync per transport (cpu, cuda_ipc, nccl) against a device copy of the same weights | `gpu.sh weight_sync` | `weight_sync.json` (the cpu transport's host path: `weight_sync_cpu.json`) |
 | `startup.py` | W's handles ready, cold and warm, with the coordinator's timeline | `gpu.sh startup` | `startup.json` |
-| `learning_gpu.py` (TRL's side: `trl_learning.py`) | the GPU learning recipe over seeds and variants; its time to reward beside TRL | `gpu.sh learn` (`learn_async`, `trl_learn`) | `learning_gpu.json`, `learning_vs_trl.json` |
+| `learning_gpu.py` (TRL's side: `trl_grpo.py learn`) | the GPU learning recipe over seeds and variants; its time to reward beside TRL | `gpu.sh learn` (`learn_async`, `trl_learn`) | `learning_gpu.json`, `learning_vs_trl.json` |
 | `learning_cpu.py` | does it learn on a CPU, over seeds, per algorithm and run shape: `async`, one step off against synchronous (`--gpu`: the same on one GPU); `episodes`, the episode envs and the calculator tool; `distill`, the distillation recipe; `seeds`, every CPU config the docs give a learning figure for (the README's quickstart table too) | CPU: `python -m benchmarks.learning_cpu SUITE` (`async`, `episodes`, `distill`, `seeds`) | `async_learning_cpu.json`, `episodes_cpu.json`, `distill_cpu*.json`, `learning_seeds.json`, `quickstart_seeds.json` |
-| `async_grpo.py` | one step off against synchronous: step time on W (GPU) | GPU: `python -m benchmarks.async_grpo` | `async_grpo.json` |
-| `episodes_gpu.py` | episodes through vLLM, sync against one step off (GPU) | GPU: `python -m benchmarks.episodes_gpu` | `episodes_gpu_*.json` |
-| `train_efficiency.py`, `memory_sweep.py` | the train step and logprob phase by precision and token budget; the train peak by budget (the plan's activation model) | `gpu.sh train`, `gpu.sh sweep` | `train_efficiency*.json`, `logprob_head_h100.json`; the sweep: `plan_measured.json` |
+| `async_grpo.py` | one step off against synchronous on one or two GPUs: step time on W; `episodes`: the calculator env's episodes through vLLM | GPU: `python -m benchmarks.async_grpo`, `python -m benchmarks.async_grpo episodes` | `async_grpo.json`, `episodes_gpu_*.json` |
+| `train_step/` | the train step and logprob phase by code path, precision and token budget; `sweep`: the train peak by budget (the plan's activation model); `ppo`: PPO's step co-located on one GPU; `deepspeed`: ZeRO-2/3/offload on two | `gpu.sh train`, `gpu.sh sweep`, `gpu.sh ppo`, `gpu.sh deepspeed` | `train_efficiency*.json`, `logprob_head_h100.json`, `ppo_step.json`, `deepspeed.json`; the sweep: `plan_measured.json` |
 | the plan against a run | the plan's memory against measured GPU runs within 10-15% | `pytest tests/plan/test_measured.py` (CPU) | `plan_measured.json` |
-| `ppo_step_bench.py`, `deepspeed_bench.py` | PPO's step co-located on one GPU; ZeRO-2/3/offload on two | `gpu.sh ppo`, `gpu.sh deepspeed` | `ppo_step.json`, `deepspeed.json` |
-| `healing.py` | time to recover per role and fault, final weights against an uninterrupted run | CPU: `python -m benchmarks.healing`; `gpu.sh heal` | `healing.json` |
-| `chaos.py` | runs SIGKILLed at five moments and resumed: the kill landed, no process left, the uninterrupted run's weights, each prompt trained on as often | `make chaos` (CPU, ~30 minutes) | `chaos.json`, `chaos.md` |
+| `recovery/` | `heal`: time to recover per role and fault, final weights against an uninterrupted run; `chaos`: runs SIGKILLed at five moments and resumed: the kill landed, no process left, the uninterrupted run's weights, each prompt trained on as often | CPU: `python -m benchmarks.recovery heal`, `gpu.sh heal`; `make chaos` (CPU, ~30 minutes) | `healing.json`; `chaos.json`, `chaos.md` |
+| `report/` | writes this page from the tables | `python -m benchmarks.report` | — |
 
 **Raw logs.** The per-call folders of the GPU sessions (`benchmarks/results/gpu_i12` ... `gpu_i29`:
 logs, metrics, kernel tables) and the sessions' own scripts (`gpu_session.sh`, `gpu_i16.sh`,
@@ -457,7 +456,7 @@ in docs/design/probes.md, and the figures the plan's tests need are in `plan_mea
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__.split("\n")[0])
     p.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
     p.add_argument("--hang", default=None, help="default: <results>/hang_probe.json")
     p.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
@@ -492,9 +491,6 @@ def main() -> None:
     notes = res / "notes.md"  # what a person read off the logs: kept beside the JSON, appended as is
     if notes.is_file():
         lines += ["", notes.read_text().rstrip(), ""]
-    Path(args.out).write_text("\n".join(lines))
+    Path(args.out).write_text(current_command("\n".join(lines)))  # old scripts' commands by today's names
     print(f"wrote {args.out}")
 
-
-if __name__ == "__main__":
-    main()

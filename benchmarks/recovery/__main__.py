@@ -1,0 +1,5 @@
+"""``python -m benchmarks.recovery chaos|heal ...``."""
+
+from benchmarks.recovery import main
+
+main()

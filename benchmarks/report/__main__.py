@@ -1,0 +1,5 @@
+"""``python -m benchmarks.report``: docs/benchmarks.md from benchmarks/results/."""
+
+from benchmarks.report import main
+
+main()
