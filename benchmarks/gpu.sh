@@ -14,6 +14,7 @@
 #   bash benchmarks/gpu.sh w7plan w7                 # 4 GPUs: the plan, then W7 as planned (layout auto)
 #   bash benchmarks/gpu.sh w7co                      # 4 GPUs: W7 co-located (the plan's second choice)
 #   bash benchmarks/gpu.sh learn                     # configs/gpu/grpo_learn.yaml: one warm-up, RL seeds 0 1 2 (sync)
+#   bash benchmarks/gpu.sh learn_sweep               # recipe candidates (LEARN_SWEEP) on seed 0 from the same warm-up
 #   bash benchmarks/gpu.sh learn_async               # the same one step off (two GPUs: the split layout too)
 #   bash benchmarks/gpu.sh trl_learn                 # TRL's GRPOTrainer from the same warm-up beside xrlhf's seed 0
 #   bash benchmarks/gpu.sh numerics                  # W's first steps as shipped against eager, no MPS, fp32 masters
@@ -206,6 +207,18 @@ stage_w7plan() {  # what the plan says for W7 on this machine, written down befo
 
 stage_learn() {  # the learning recipe: its warm-up once (~2.5 min), then seeds 0 1 2 (~2 min each)
   TAIL=14 run learn 585 python -m benchmarks.learning_gpu --seeds 0 1 2 --reuse-runs --budget-s 560 --out "$OUT/learn"
+}
+
+stage_learn_sweep() {  # recipe candidates, seed 0, from the same warm-up: LEARN_SWEEP="name:k=v k=v;name2:k=v"
+  local spec=${LEARN_SWEEP:-"t07e2:policy.generate.temperature=0.7 algorithm.ppo_epochs=2 trainer.steps=60;lr5e6:policy.train.lr=5e-6 trainer.steps=60;t07e2lr1e5:policy.generate.temperature=0.7 algorithm.ppo_epochs=2 policy.train.lr=1e-5 trainer.steps=60"}
+  local c name
+  IFS=';' read -ra cands <<< "$spec"
+  for c in "${cands[@]}"; do
+    name=${c%%:*}
+    # shellcheck disable=SC2086  # the candidate's overrides are words
+    TAIL=4 run "sweep_$name" "${SWEEP_LIMIT:-200}" python -m benchmarks.learning_gpu --seeds 0 --reuse-runs \
+      --rl-set ${c#*:} --out "$OUT/learn_sweep/$name"
+  done
 }
 
 stage_learn_async() {  # one step off (vLLM awake, MPS as shipped); with two GPUs the split layout too

@@ -71,6 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--config", default=str(ROOT / CONFIG))
     p.add_argument("--model", default=None, help="the policy before the warm-up (default: the recipe's)")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="overrides of every run and the warm-up")
+    p.add_argument("--rl-set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="overrides of the RL runs (and TRL's) only: a recipe candidate that reuses the warm-up")
     p.add_argument("--margin", type=float, default=MARGIN)
     p.add_argument("--reuse-runs", action="store_true", help="a run kept in the runs directory for the same variant, "
                    "seed and overrides is not run again (a cut call goes on where it stopped)")
@@ -188,9 +190,9 @@ def ensure_warmup(args: argparse.Namespace, runs_dir: Path, base: list[str]) -> 
 
 
 # -- runs ---------------------------------------------------------------------------------------
-def rl_overrides(base: list[str], warm: dict[str, Any], variant: str, seed: int) -> list[str]:
-    """An RL run of the recipe from the warmed model."""
-    return [*base, f"policy.model={warm['model']}", "warmup.steps=0", f"seed={seed}", *VARIANTS[variant]]
+def rl_overrides(base: list[str], warm: dict[str, Any], variant: str, seed: int, rl: list[str] = ()) -> list[str]:
+    """An RL run of the recipe from the warmed model (``rl``: ``--rl-set``)."""
+    return [*base, f"policy.model={warm['model']}", "warmup.steps=0", f"seed={seed}", *VARIANTS[variant], *rl]
 
 
 def judge(run: dict[str, Any], margin: float) -> dict[str, Any]:
@@ -373,7 +375,7 @@ def learning(args: argparse.Namespace, runs_dir: Path, base: list[str], warm: di
     new, skipped = [], []
     for variant in args.variant_list:
         for seed in args.seeds:
-            overrides = rl_overrides(base, warm, variant, seed)
+            overrides = rl_overrides(base, warm, variant, seed, args.rl_set)
             old = stored(kept, variant, seed, overrides) if args.reuse_runs else None
             if old is not None:
                 print(f"{variant} seed {seed}: kept from {old['run_dir']}", flush=True)
@@ -401,7 +403,7 @@ def beside_trl(args: argparse.Namespace, runs_dir: Path, base: list[str], warm: 
     at ``budget.last``), then xrlhf's sync run of the first seed; with ``--reuse-runs`` a kept one
     instead (then not from this call: ``xrlhf_same_call`` false)."""
     seed = args.seeds[0]
-    overrides = rl_overrides(base, warm, "sync", seed)
+    overrides = rl_overrides(base, warm, "sync", seed, args.rl_set)
     x = stored(load_store(runs_dir), "sync", seed, overrides) if args.reuse_runs else None
     left = budget.left() - (0 if x else budget.last)
     trl = run_trl(args, warm, overrides, Path(args.out), min(args.trl_timeout, left))
@@ -436,7 +438,7 @@ def dry_run(args: argparse.Namespace, runs_dir: Path, base: list[str]) -> dict[s
     with as_if_installed("vllm", "generate") if stub else nullcontext():
         configs["warmup"] = load_config(args.config, warmup_overrides(args.config, base))
         for variant in args.variant_list:
-            configs[variant] = load_config(args.config, rl_overrides(base, warm, variant, args.seeds[0]))
+            configs[variant] = load_config(args.config, rl_overrides(base, warm, variant, args.seeds[0], args.rl_set))
     for name, cfg in configs.items():
         print(f"{name}: ok (warm-up {cfg.warmup.steps} steps, {cfg.trainer.steps} RL steps, staleness "
               f"{cfg.rollout.max_staleness}, generate {cfg.policy.generate.engine})")

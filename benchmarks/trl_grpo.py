@@ -326,14 +326,23 @@ def workload_data(cfg, tokenizer):
     return ds, [encode_prompt(tokenizer, q.text) for q in evals], evals, verify, options.verifier
 
 
+def batch_shape(cfg) -> tuple[int, int, int]:
+    """``(batch, mini-batch, epochs)`` of xrlhf's recipe: sequences per RL step, per optimizer step,
+    and passes over each batch (``algorithm.mini_batch_size``, ``ppo_epochs``)."""
+    o = cfg.algorithm.options()
+    batch = cfg.trainer.prompts_per_step * cfg.trainer.samples_per_prompt
+    return batch, o.get("mini_batch_size") or batch, o.get("ppo_epochs", 1)
+
+
 def learn_config(args: argparse.Namespace, cfg, out: Path, cuda: bool):
     """TRL's config: what the workload fixes (module docstring), TRL's defaults otherwise."""
     from trl import GRPOConfig
 
     t, g = cfg.trainer, cfg.policy.generate
-    batch = t.prompts_per_step * t.samples_per_prompt
-    if batch % args.micro_batch:
-        sys.exit(f"prompts_per_step x samples_per_prompt = {batch} must divide by --micro-batch {args.micro_batch}")
+    batch, mini, epochs = batch_shape(cfg)
+    if mini % args.micro_batch or batch % mini:
+        sys.exit(f"the recipe's mini-batch {mini} must divide prompts_per_step x samples_per_prompt = {batch} "
+                 f"and divide by --micro-batch {args.micro_batch}")
     extra = g.engine_fields()  # the chosen backend's own options too (vLLM's)
     return GRPOConfig(
         output_dir=str(out / "trainer"),
@@ -349,13 +358,16 @@ def learn_config(args: argparse.Namespace, cfg, out: Path, cuda: bool):
         max_completion_length=g.max_new_tokens,
         temperature=g.temperature,
         per_device_train_batch_size=args.micro_batch,
-        gradient_accumulation_steps=batch // args.micro_batch,  # one optimizer step per generation batch
+        # xrlhf's updates of one batch: an optimizer step per mini-batch, ppo_epochs passes over it
+        gradient_accumulation_steps=mini // args.micro_batch,
+        steps_per_generation=batch // args.micro_batch,
+        num_iterations=epochs,
         beta=cfg.algorithm.options().get("kl_coef", 0.0),
         learning_rate=cfg.policy.train.lr,
         lr_scheduler_type="constant",
         shuffle_dataset=False,
         seed=cfg.seed,
-        max_steps=t.steps,
+        max_steps=t.steps * (batch // mini) * epochs,
         logging_steps=1,  # bookkeeping: a log row per step, nothing reported or saved
         report_to="none",
         save_strategy="no",
@@ -398,7 +410,9 @@ def eval_callback(cfg, prompt_ids, prompts, verify, tokenizer, path: Path, cuda:
 
     from xrlhf.envs import clean_response
 
-    every, last = cfg.trainer.eval_every, cfg.trainer.steps
+    batch, mini, epochs = batch_shape(cfg)
+    per_step = batch // mini * epochs  # TRL's optimizer steps per RL step (a batch generated)
+    every, last = cfg.trainer.eval_every * per_step, cfg.trainer.steps * per_step
 
     class Evaluator(TrainerCallback):
         trainer = None
@@ -418,7 +432,7 @@ def eval_callback(cfg, prompt_ids, prompts, verify, tokenizer, path: Path, cuda:
             ids = greedy_completions(self.trainer, prompt_ids, cfg.policy.generate.max_new_tokens, tokenizer)
             texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
             rewards = [float(verify(clean_response(x), q.answer)) for x, q in zip(texts, prompts)]
-            row = {"step": step, "eval_reward": sum(rewards) / len(rewards)}
+            row = {"step": step // per_step, "eval_reward": sum(rewards) / len(rewards)}
             for task in sorted({q.task for q in prompts}):
                 mine = [r for r, q in zip(rewards, prompts) if q.task == task]
                 row[f"eval_reward_{task}"] = sum(mine) / len(mine)

@@ -54,6 +54,18 @@ def test_the_recipe_and_its_variants_validate(bpe_model, data, tmp_path):
     assert c["async-split"].rollout.max_staleness == 1 and c["split"].rollout.max_staleness == 0
 
 
+def test_rl_set_changes_the_rl_runs_and_not_the_warm_up(bpe_model, data, tmp_path):
+    """``--rl-set``: a recipe candidate that reuses the warm-up; TRL's side takes the same updates per batch."""
+    from benchmarks.trl_grpo import batch_shape
+
+    out = learning_gpu.main(["--dry-run", "--model", bpe_model, "--set", f"env.options.dataset={data}", "--rl-set",
+                             "policy.generate.temperature=0.7", "algorithm.ppo_epochs=2", "algorithm.mini_batch_size=256",
+                             "--runs-dir", str(tmp_path / "r"), "--out", str(tmp_path)])
+    w, s = out["configs"]["warmup"], out["configs"]["sync"]
+    assert s.policy.generate.temperature == 0.7 and w.policy.generate.temperature == 1.0
+    assert batch_shape(s) == (512, 256, 2) and batch_shape(w) == (512, 512, 1)
+
+
 def test_the_sizes_the_recipe_states(bpe_model, data):
     """Prompts <= 45 tokens (+ BOS) and demonstrations <= 42 (+ EOS) under the 0.5b preset's BPE:
     64 new tokens hold every worked answer, and prompt + 64 fit max_model_len 128; 306 held out."""
