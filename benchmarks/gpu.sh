@@ -206,11 +206,13 @@ stage_w7plan() {  # what the plan says for W7 on this machine, written down befo
 }
 
 stage_learn() {  # the learning recipe: its warm-up once (~2.5 min), then seeds 0 1 2 (~2 min each)
-  TAIL=14 run learn 585 python -m benchmarks.learning_gpu --seeds 0 1 2 --reuse-runs --budget-s 560 --out "$OUT/learn"
+  # shellcheck disable=SC2086  # LEARN_RL_SET: RL overrides as words (a learn_sweep candidate's)
+  TAIL=14 run learn 585 python -m benchmarks.learning_gpu --seeds ${LEARN_SEEDS:-0 1 2} --reuse-runs --budget-s 560 \
+    ${LEARN_RL_SET:+--rl-set $LEARN_RL_SET} --out "$OUT/learn"
 }
 
 stage_learn_sweep() {  # recipe candidates, seed 0, from the same warm-up: LEARN_SWEEP="name:k=v k=v;name2:k=v"
-  local spec=${LEARN_SWEEP:-"t07e2:policy.generate.temperature=0.7 algorithm.ppo_epochs=2 trainer.steps=60;lr5e6:policy.train.lr=5e-6 trainer.steps=60;t07e2lr1e5:policy.generate.temperature=0.7 algorithm.ppo_epochs=2 policy.train.lr=1e-5 trainer.steps=60"}
+  local spec=${LEARN_SWEEP:-"t07e2:policy.generate.temperature=0.7 algorithm.ppo_epochs=2 trainer.steps=50;lr5e6:policy.train.lr=5e-6 trainer.steps=50;t07e2lr1e5:policy.generate.temperature=0.7 algorithm.ppo_epochs=2 policy.train.lr=1e-5 trainer.steps=50"}
   local c name
   IFS=';' read -ra cands <<< "$spec"
   for c in "${cands[@]}"; do
@@ -224,14 +226,16 @@ stage_learn_sweep() {  # recipe candidates, seed 0, from the same warm-up: LEARN
 stage_learn_async() {  # one step off (vLLM awake, MPS as shipped); with two GPUs the split layout too
   local v=${LEARN_VARIANTS:-async}
   [ -z "$LEARN_VARIANTS" ] && [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && v=async,split
+  # shellcheck disable=SC2086
   TAIL=14 run learn_async 585 python -m benchmarks.learning_gpu --variants "$v" --seeds 0 --reuse-runs \
-    --budget-s 560 --out "$OUT/learn_async"
+    --budget-s 560 ${LEARN_RL_SET:+--rl-set $LEARN_RL_SET} --out "$OUT/learn_async"
 }
 
 stage_trl_learn() {  # TRL 1.16 (.whl, installed by setup) from the warm-up, then xrlhf's seed 0 in the same call
   # TRL_LEARN_ARGS=--reuse-runs: xrlhf's seed 0 kept from an earlier `learn` on this machine (~2.5 min saved)
+  # shellcheck disable=SC2086
   TAIL=14 run trl_learn 585 python -m benchmarks.learning_gpu --trl --seeds 0 --budget-s 575 --trl-timeout 420 \
-    $TRL_LEARN_ARGS --out "$OUT/trl_learn"
+    $TRL_LEARN_ARGS ${LEARN_RL_SET:+--rl-set $LEARN_RL_SET} --out "$OUT/trl_learn"
 }
 
 stage_numerics() {  # the numerics guard: W's first 3 steps, sync and one step off, two runs each (~5 min)
