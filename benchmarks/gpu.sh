@@ -212,7 +212,11 @@ stage_learn() {  # the learning recipe: its warm-up once (~2.5 min), then seeds 
 }
 
 stage_learn_sweep() {  # recipe candidates, seed 0, from the same warm-up: LEARN_SWEEP="name:k=v k=v;name2:k=v"
-  local spec=${LEARN_SWEEP:-"t07e2:policy.generate.temperature=0.7 algorithm.ppo_epochs=2 trainer.steps=50;lr5e6:policy.train.lr=5e-6 trainer.steps=50;t07e2lr1e5:policy.generate.temperature=0.7 algorithm.ppo_epochs=2 policy.train.lr=1e-5 trainer.steps=50"}
+  # the CPU configs that learn sample at 0.7 and take two epochs; a lower lr drifts less; 16 samples a
+  # prompt (1,024 a step) estimate each group's baseline better
+  local spec=${LEARN_SWEEP:-"t07e2:policy.generate.temperature=0.7 algorithm.ppo_epochs=2 trainer.steps=50;\
+t07e2lr5e6:policy.generate.temperature=0.7 algorithm.ppo_epochs=2 policy.train.lr=5e-6 trainer.steps=50;\
+n16:policy.generate.temperature=0.7 trainer.samples_per_prompt=16 algorithm.mini_batch_size=1024 trainer.steps=40"}
   local c name
   IFS=';' read -ra cands <<< "$spec"
   for c in "${cands[@]}"; do
