@@ -217,13 +217,15 @@ stage_learn_sweep() {  # recipe candidates, seed 0, from the same warm-up: LEARN
   local spec=${LEARN_SWEEP:-"t07e2:policy.generate.temperature=0.7 algorithm.ppo_epochs=2 trainer.steps=50;\
 t07e2lr5e6:policy.generate.temperature=0.7 algorithm.ppo_epochs=2 policy.train.lr=5e-6 trainer.steps=50;\
 n16:policy.generate.temperature=0.7 trainer.samples_per_prompt=16 algorithm.mini_batch_size=1024 trainer.steps=40"}
-  local c name
+  local c name left limit=${SWEEP_LIMIT:-230}
   IFS=';' read -ra cands <<< "$spec"
   for c in "${cands[@]}"; do
     name=${c%%:*}
+    left=$(( ${SWEEP_BUDGET:-570} - ($(date +%s) - T0) ))  # the call's time: a cut run loses the whole archive
+    if [ "$left" -lt 150 ]; then log "sweep_$name: not started, ${left}s left of SWEEP_BUDGET"; continue; fi
     # shellcheck disable=SC2086  # the candidate's overrides are words
-    TAIL=4 run "sweep_$name" "${SWEEP_LIMIT:-200}" python -m benchmarks.learning_gpu --seeds 0 --reuse-runs \
-      --rl-set ${c#*:} --out "$OUT/learn_sweep/$name"
+    TAIL=4 run "sweep_$name" "$(( left < limit ? left : limit ))" python -m benchmarks.learning_gpu --seeds 0 \
+      --reuse-runs --rl-set ${c#*:} --out "$OUT/learn_sweep/$name"
   done
 }
 

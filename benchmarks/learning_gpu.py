@@ -174,8 +174,9 @@ def ensure_warmup(args: argparse.Namespace, runs_dir: Path, base: list[str]) -> 
         print(f"warm-up: reusing {done}", flush=True)
         return json.loads(done.read_text())
     done.unlink(missing_ok=True)
-    if (runs_dir / "learning_gpu.json").is_file():  # runs from another warm-up: not to be kept beside new ones
-        (runs_dir / "learning_gpu.json").rename(runs_dir / f"learning_gpu-before-{time.strftime('%H%M%S')}.json")
+    for name in ("learning_gpu.json", "runs.jsonl"):  # runs from another warm-up: not to be kept beside new ones
+        if (runs_dir / name).is_file():
+            (runs_dir / name).rename(runs_dir / f"{name}-before-{time.strftime('%H%M%S')}")
     print(f"[{time.strftime('%H:%M:%S')}] warm-up -> {runs_dir / 'warmup'}", flush=True)
     proc = multiprocessing.get_context("spawn").Process(target=warm_up, args=(args.config, overrides, str(runs_dir)))
     proc.start()
@@ -241,8 +242,21 @@ class Budget:
 
 
 def load_store(runs_dir: Path) -> list[dict[str, Any]]:
+    """The table's runs: one per variant and seed."""
     path = runs_dir / "learning_gpu.json"
     return json.loads(path.read_text()).get("runs", []) if path.is_file() else []
+
+
+def load_every(runs_dir: Path) -> list[dict[str, Any]]:
+    """Every finished run from this warm-up (``runs.jsonl``): a ``learn_sweep`` candidate stays
+    reusable after the next candidate took its place in the table."""
+    path = runs_dir / "runs.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
+
+
+def keep_run(runs_dir: Path, run: dict[str, Any]) -> None:
+    with open(runs_dir / "runs.jsonl", "a") as f:
+        f.write(json.dumps(run) + "\n")
 
 
 def merge(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -376,7 +390,7 @@ def learning(args: argparse.Namespace, runs_dir: Path, base: list[str], warm: di
     for variant in args.variant_list:
         for seed in args.seeds:
             overrides = rl_overrides(base, warm, variant, seed, args.rl_set)
-            old = stored(kept, variant, seed, overrides) if args.reuse_runs else None
+            old = stored(kept + load_every(runs_dir), variant, seed, overrides) if args.reuse_runs else None
             if old is not None:
                 print(f"{variant} seed {seed}: kept from {old['run_dir']}", flush=True)
                 new.append(judge(old, args.margin))
@@ -387,6 +401,7 @@ def learning(args: argparse.Namespace, runs_dir: Path, base: list[str], warm: di
                       f"took {budget.last:.0f} s); run again with --reuse-runs to add it", flush=True)
                 continue
             r = one_run(args, runs_dir, overrides, variant, seed)
+            keep_run(runs_dir, r)
             budget.spent(r["wall_s"])
             new.append(r)
             write_learning(args, Path(args.out), runs_dir, warm, merge(kept, new), skipped)
@@ -404,11 +419,13 @@ def beside_trl(args: argparse.Namespace, runs_dir: Path, base: list[str], warm: 
     instead (then not from this call: ``xrlhf_same_call`` false)."""
     seed = args.seeds[0]
     overrides = rl_overrides(base, warm, "sync", seed, args.rl_set)
-    x = stored(load_store(runs_dir), "sync", seed, overrides) if args.reuse_runs else None
+    x = stored(load_store(runs_dir) + load_every(runs_dir), "sync", seed, overrides) if args.reuse_runs else None
     left = budget.left() - (0 if x else budget.last)
     trl = run_trl(args, warm, overrides, Path(args.out), min(args.trl_timeout, left))
     same_call = x is None
-    x = x or one_run(args, runs_dir, overrides, "sync", seed)
+    if x is None:
+        x = one_run(args, runs_dir, overrides, "sync", seed)
+        keep_run(runs_dir, x)
     verdict = trl_verdict(x.get("curve") or [], trl["curve"])
     data = {"gpu": gpu_label(), "config": CONFIG, "seed": seed, "warmup": warm, **verdict,
             "xrlhf": {k: v for k, v in x.items() if k != "train_reward"}, "xrlhf_same_call": same_call,

@@ -113,6 +113,17 @@ def test_verdicts_from_curves():
     assert learning_gpu.merge(old, [new]) == [old[0], new]
 
 
+def test_a_candidate_replaced_in_the_table_stays_reusable(tmp_path):
+    """``learn_sweep`` runs seed 0 once per candidate: the table keeps the last, ``runs.jsonl`` all."""
+    a = {"variant": "sync", "seed": 0, "overrides": ["lr=1"], "run_dir": "a", "error": None}
+    b = {**a, "overrides": ["lr=2"], "run_dir": "b"}
+    for run in (a, b):
+        learning_gpu.keep_run(tmp_path, run)
+    every = learning_gpu.load_every(tmp_path)
+    assert learning_gpu.stored(every, "sync", 0, ["lr=1"])["run_dir"] == "a"
+    assert learning_gpu.stored(every, "sync", 0, ["lr=3"]) is None and learning_gpu.load_store(tmp_path) == []
+
+
 def test_the_report_section(tmp_path):
     text = "\n".join(report.learning_gpu(None, None, str))
     assert "Not run yet: `python -m benchmarks.learning_gpu --out benchmarks/results`" in text
