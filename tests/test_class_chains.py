@@ -18,7 +18,6 @@ OPTIONAL = {"vllm", "deepspeed", "peft", "ray", "wandb", "trl"}
 TOWERS = {
     "xrlhf.engines.hf.train.HFTrainEngine": 5,
     "xrlhf.engines.deepspeed.DeepSpeedTrainEngine": 6,
-    "xrlhf.algorithms.distill.DistillTrainer": 5,
 }
 """Chains still over ``LIMIT``: class -> how many of our classes its MRO has today."""
 
