@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from xrlhf.algorithms import ALGORITHMS
+from xrlhf.algorithms.build import build_trainer
 from xrlhf.algorithms.local import LocalHandle, LocalHandles
 from xrlhf.algorithms.rewards import build_reward
 from xrlhf.data.datasets import write_jsonl
@@ -106,8 +107,8 @@ def make_trainer(root, case: str):
     handles = LocalHandles(LocalHandle.of("policy", train=HFTrainEngine(spec), generate=gen), **other)
     env = build_env(cfg.env.name, cfg.env.options, cfg.seed)
     reward = build_reward(cfg, env, handles) if cls.uses_generation else None
-    return cls(cfg, algorithm_options(cfg), handles, env, load_tokenizer(model), reward=reward,
-               hooks=RunHooks(log=lambda m: None))
+    return build_trainer(cfg, algorithm_options(cfg), handles, env, load_tokenizer(model), reward=reward,
+                         hooks=RunHooks(log=lambda m: None))
 
 
 def digest(handle) -> str:

@@ -97,7 +97,7 @@ class CriticFreeTrainer(PolicyGradientTrainer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.advantage = group_estimator(self.options, self.cfg.algorithm.name)
+        self.advantage = group_estimator(self.options, self.run.algorithm)
 
     @classmethod
     def check_config(cls, cfg: XConfig, o: CriticFreeConfig) -> list[str]:

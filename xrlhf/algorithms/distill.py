@@ -36,9 +36,6 @@ from xrlhf.algorithms.base import Rollout, register_algorithm
 from xrlhf.algorithms.critic_free import CriticFreeConfig, estimator_errors, group_estimator
 from xrlhf.algorithms.policy_update import PolicyUpdate
 from xrlhf.algorithms.ppo import PolicyGradientTrainer
-from xrlhf.algorithms.rollout import sampling_params
-from xrlhf.algorithms.rollout.build import episode_runner
-from xrlhf.algorithms.rollout.evaluate import evaluate, evaluate_episodes
 from xrlhf.config.schema import XConfig
 from xrlhf.algorithms.teacher import OfflineRows, Teacher
 from xrlhf.data.batch import Batch
@@ -118,9 +115,9 @@ class DistillTrainer(PolicyGradientTrainer):
         self.teacher = self.handles.teacher
         self.teacher_part = Teacher(self.teacher, self.timeline)
         self.teacher_eval: dict[str, float] | None = None
-        self.offline = (OfflineRows(o.offline_dataset, o.offline_fraction, self.cfg.seed, self.tok)
+        self.offline = (OfflineRows(o.offline_dataset, o.offline_fraction, self.run.seed, self.tok)
                         if o.offline_dataset else None)
-        task = group_estimator(o, self.cfg.algorithm.name) if o.task_reward_weight > 0 else None
+        task = group_estimator(o, self.run.algorithm) if o.task_reward_weight > 0 else None
         self.advantage = DistillAdvantage(o.divergence, o.jsd_beta, task, o.task_reward_weight, o.whiten_advantages)
         self.policy_update = PolicyUpdate(self.policy, self.critic, o, self.kl_ctl, self.generator,
                                           topk_coef=o.topk_coef)
@@ -215,19 +212,14 @@ class DistillTrainer(PolicyGradientTrainer):
         """The student's evaluation, and the teacher's beside it (computed once: its weights
         never change) as ``eval/teacher_*``."""
         metrics = super().evaluate()
-        if self.teacher_eval is None and self.teacher is not None and self.cfg.teacher.evaluate:
+        if self.teacher_eval is None and self.teacher is not None and self.run.teacher_evaluates:
             self.teacher_eval = self.evaluate_teacher()
         return {**metrics, **(self.teacher_eval or {})}
 
     def evaluate_teacher(self) -> dict[str, float]:
-        t = self.cfg.trainer
-        params = sampling_params(self.cfg, t.eval_temperature, logprobs=False)
-        if self.episodes is not None:
-            runner = episode_runner(self.cfg, self.env, self.tok, self.teacher)
-            m = evaluate_episodes(runner, params, t.eval_size, self.cfg.seed)
-        else:
-            reward = self.reward if self.env.reward_source == "model" else None
-            m = evaluate(self.teacher, self.env, self.tok, params, t.eval_size, reward=reward, seed=self.cfg.seed)
+        """The teacher's answers, scored as the student's (``eval/teacher_*``)."""
+        runner_for = self.evaluator.runner_for
+        m = self.evaluator.evaluate(self.teacher, runner_for(self.teacher) if self.episodes is not None else None)
         return {k.replace("eval/", "eval/teacher_", 1): v for k, v in m.items()}
 
     def state_dict(self) -> dict:

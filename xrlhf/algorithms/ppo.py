@@ -158,7 +158,7 @@ class PolicyGradientTrainer(RLTrainer):
         loss and gradient) and reports the mismatch metrics that forward's caller would have. TRL
         and verl skip it there too. The reference's and a critic's forwards still run."""
         o = self.options
-        return (o.ppo_epochs == 1 and o.mini_batch_size >= len(batch) and not self.cfg.policy.train.dropout
+        return (o.ppo_epochs == 1 and o.mini_batch_size >= len(batch) and not self.run.policy_dropout
                 and (not o.kl_in_reward or o.kl_coef == 0))
 
     def score_logprobs(self, batch: Batch, timings: dict[str, float], with_values: bool) -> dict[str, float]:
