@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from xrlhf.algorithms.build import build_trainer
 from xrlhf.algorithms.local import LocalHandle, LocalHandles
 from xrlhf.algorithms.losses import SFTLoss
 from xrlhf.data.batch import build_sequences
@@ -77,14 +78,13 @@ def test_algorithm_validates_its_options_and_updates(mypkg, tiny_model):
     cfg = validate_dict(config(tiny_model, algorithm=algo, trainer={"prompts_per_step": 4, "samples_per_prompt": 2}))
     assert algorithm_options(cfg).baseline == 0.3
     assert errors(config(tiny_model, algorithm={**algo, "baselin": 0.3}))[0].startswith("algorithm.baselin: unknown key")
-    from xrlhf.algorithms import ALGORITHMS
 
     spec = EngineSpec(tiny_model, options={"lr": 1e-3, "micro_batch_size": 8})
     policy = LocalHandle.of("policy", train=HFTrainEngine(spec),
                             generate=build_engine("hf", EngineSpec(tiny_model), "generate"))
     env = build_env(cfg.env.name, cfg.env.options, cfg.seed)
-    trainer = ALGORITHMS.get(cfg.algorithm.name)(cfg, algorithm_options(cfg), LocalHandles(policy), env,
-                                                 load_tokenizer(tiny_model), reward=_env_reward(env), hooks=RunHooks())
+    trainer = build_trainer(cfg, algorithm_options(cfg), LocalHandles(policy), env,
+                            load_tokenizer(tiny_model), reward=_env_reward(env), hooks=RunHooks())
     metrics = trainer.step()
     assert "policy/loss" in metrics and metrics["reward/mean"] >= 0
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from xrlhf.algorithms.base import memory_timeline_on
+from xrlhf.algorithms.build import memory_timeline_on
 from xrlhf.utils.memory import memory_metrics, memory_table
 from xrlhf.validation import validate_dict
 

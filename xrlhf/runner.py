@@ -338,6 +338,7 @@ def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resu
               healing: Healing) -> dict[str, Any]:
     from xrlhf.algorithms import ALGORITHMS
     from xrlhf.algorithms.rewards import build_reward
+    from xrlhf.algorithms.build import build_trainer
     from xrlhf.algorithms.rollout.build import episode_calls
     from xrlhf.coordinator import Coordinator
     from xrlhf.report import write_transcripts
@@ -369,7 +370,8 @@ def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resu
         stop.install()
         _stop_before_rl(stop, out)
         stop.doing = "the current step, then checkpoint and exit"
-        trainer = trainer_cls(cfg, options, coord, env, tokenizer, build_reward(cfg, env, coord), hooks)
+        trainer = build_trainer(cfg, options, coord, env, tokenizer, build_reward(cfg, env, coord), hooks,
+                                cls=trainer_cls)
         hooks.running_step = lambda: trainer.step_idx + 1
         if state is not None:
             restore_handles(ckpt, coord.handles)

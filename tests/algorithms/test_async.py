@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from xrlhf.algorithms import ALGORITHMS
+from xrlhf.algorithms.build import build_trainer
 from xrlhf.algorithms.local import LocalHandle, LocalHandles
 from xrlhf.algorithms.rewards import build_reward
 from xrlhf.data.text import load_tokenizer
@@ -38,8 +38,8 @@ def make_trainer(model_dir, rollout: dict, algorithm: dict | None = None, traine
     handles = LocalHandles(LocalHandle.of("policy", train=train, generate=gen))
     env = build_env(cfg.env.name, cfg.env.options, cfg.seed)
     reward = reward or build_reward(cfg, env, handles)
-    return ALGORITHMS.get(cfg.algorithm.name)(cfg, algorithm_options(cfg), handles, env, load_tokenizer(model_dir),
-                                              reward=reward, hooks=RunHooks(log=log or (lambda m: None)))
+    return build_trainer(cfg, algorithm_options(cfg), handles, env, load_tokenizer(model_dir),
+                         reward=reward, hooks=RunHooks(log=log or (lambda m: None)))
 
 
 def test_latest_with_in_flight_updates_stamps_every_token(model_dir):

@@ -6,7 +6,7 @@ another tokenizer, a teacher for another algorithm)."""
 import pytest
 import torch
 
-from xrlhf.algorithms import ALGORITHMS
+from xrlhf.algorithms.build import build_trainer
 from xrlhf.algorithms.base import Rollout
 from xrlhf.algorithms.local import LocalHandle, LocalHandles
 from xrlhf.algorithms.losses import SFTLoss
@@ -53,10 +53,9 @@ def make_trainer(models, algorithm: dict | None = None, extra: dict | None = Non
     handles = LocalHandles(LocalHandle.of("policy", train=HFTrainEngine(spec), generate=gen),
                            teacher=LocalHandle.of("teacher", infer=scorer))
     env = build_env(cfg.env.name, cfg.env.options, cfg.seed)
-    cls = ALGORITHMS.get(cfg.algorithm.name)
     reward = build_reward(cfg, env, handles) if generate else None
-    return cls(cfg, algorithm_options(cfg), handles, env, load_tokenizer(student), reward=reward,
-               hooks=RunHooks(log=log or (lambda m: None)))
+    return build_trainer(cfg, algorithm_options(cfg), handles, env, load_tokenizer(student), reward=reward,
+                         hooks=RunHooks(log=log or (lambda m: None)))
 
 
 def rollout(masks=None) -> Rollout:

@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("peft")
 
-from xrlhf.algorithms import ALGORITHMS  # noqa: E402
+from xrlhf.algorithms.build import build_trainer
 from xrlhf.algorithms.local import LocalHandle, LocalHandles  # noqa: E402
 from xrlhf.algorithms.rewards import build_reward  # noqa: E402
 from xrlhf.data.batch import build_sequences  # noqa: E402
@@ -42,8 +42,8 @@ def test_grpo_with_lora_uses_the_policys_base_as_reference(tiny_model):
     assert handles.reference.hosts == policy.hosts and not handles.reference.trainable  # no model of its own
     env = build_env(cfg.env.name, cfg.env.options, cfg.seed)
     tok = load_tokenizer(tiny_model)
-    trainer = ALGORITHMS.get("grpo")(cfg, algorithm_options(cfg), handles, env, tok, build_reward(cfg, env, handles),
-                                     RunHooks())
+    trainer = build_trainer(cfg, algorithm_options(cfg), handles, env, tok, build_reward(cfg, env, handles),
+                            RunHooks())
     first = trainer.step()
     assert abs(first["kl/mean"]) < 1e-6  # policy == reference until the first update lands
     for _ in range(2):

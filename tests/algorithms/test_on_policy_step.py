@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from xrlhf.algorithms import ALGORITHMS
+from xrlhf.algorithms.build import build_trainer
 from xrlhf.algorithms.base import Rollout
 from xrlhf.algorithms.local import LocalHandle, LocalHandles
 from xrlhf.data.batch import build_sequences
@@ -34,9 +34,8 @@ def make_trainer(model: str, algorithm: dict, skip: bool, monkeypatch):
     critic = LocalHandle.of("critic", train=HFTrainEngine(spec("value"))) if cfg.critic is not None else None
     handles = LocalHandles(LocalHandle.of("policy", train=HFTrainEngine(spec("causal_lm"))), critic=critic,
                            reference=LocalHandle.of("reference", infer=HFInferEngine(EngineSpec(model, seed=0))))
-    cls = ALGORITHMS.get(cfg.algorithm.name)
-    trainer = cls(cfg, algorithm_options(cfg), handles, build_env("reasoning", {}, 0), load_tokenizer(model),
-                  reward=None, hooks=RunHooks())
+    trainer = build_trainer(cfg, algorithm_options(cfg), handles, build_env("reasoning", {}, 0), load_tokenizer(model),
+                            reward=None, hooks=RunHooks())
     if not skip:
         monkeypatch.setattr(trainer, "reuses_train_forward", lambda batch: False)
     return trainer

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from xrlhf.algorithms import ALGORITHMS
+from xrlhf.algorithms.build import build_trainer
 from xrlhf.algorithms.local import LocalHandle, LocalHandles
 from xrlhf.algorithms.rewards import build_reward
 from xrlhf.data.text import load_tokenizer
@@ -36,8 +36,8 @@ def run(model_dir: str, env: dict, rollout: dict, steps: int = 3, eval_every: in
     handles = LocalHandles(LocalHandle.of("policy", train=train, generate=gen))
     environment = build_env(cfg.env.name, cfg.env.options, cfg.seed)
     rows: list[dict] = []
-    trainer = ALGORITHMS.get("grpo")(cfg, algorithm_options(cfg), handles, environment, load_tokenizer(model_dir),
-                                     reward=build_reward(cfg, environment, handles), hooks=RunHooks(log=rows.append))
+    trainer = build_trainer(cfg, algorithm_options(cfg), handles, environment, load_tokenizer(model_dir),
+                            reward=build_reward(cfg, environment, handles), hooks=RunHooks(log=rows.append))
     trainer.fit()
     assert gen.version == steps  # every step published its version, the synchronous loop too
     return [r for r in rows if "reward/mean" in r]

@@ -5,7 +5,7 @@ custom estimator registered here, and one DPO / reward-model step that moves the
 import pytest
 import torch
 
-from xrlhf.algorithms import ALGORITHMS
+from xrlhf.algorithms.build import build_trainer
 from xrlhf.algorithms.base import Rollout
 from xrlhf.algorithms.estimators import ADVANTAGE_ESTIMATORS
 from xrlhf.algorithms.local import LocalHandle, LocalHandles
@@ -50,8 +50,7 @@ def make_trainer(model_dir, algorithm: dict, extra: dict | None = None, head="ca
         reference = LocalHandle.of("reference", infer=HFInferEngine(EngineSpec(model_path=model_dir, seed=0)))
     handles = LocalHandles(LocalHandle.of("policy", train=HFTrainEngine(spec)), reference=reference)
     env = build_env(cfg.env.name, cfg.env.options, cfg.seed)
-    cls = ALGORITHMS.get(cfg.algorithm.name)
-    return cls(cfg, options, handles, env, load_tokenizer(model_dir), reward=None, hooks=RunHooks())
+    return build_trainer(cfg, options, handles, env, load_tokenizer(model_dir), reward=None, hooks=RunHooks())
 
 
 def seq_logps(engine, batch):

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from xrlhf.algorithms import ALGORITHMS
+from xrlhf.algorithms.build import build_trainer
 from xrlhf.algorithms.losses import PolicyLoss
 from xrlhf.algorithms.rewards import build_reward
 from xrlhf.validation import algorithm_options, validate_dict
@@ -75,9 +75,8 @@ def test_ppo_runs_in_the_split_layout(split_run, tiny_model):
     cfg, coord = split_run
     env = build_env(cfg.env.name, cfg.env.options, cfg.seed)
     rows = []
-    cls = ALGORITHMS.get(cfg.algorithm.name)
-    trainer = cls(cfg, algorithm_options(cfg), coord, env, load_tokenizer(tiny_model),
-                  build_reward(cfg, env, coord), RunHooks(log=rows.append))
+    trainer = build_trainer(cfg, algorithm_options(cfg), coord, env, load_tokenizer(tiny_model),
+                            build_reward(cfg, env, coord), RunHooks(log=rows.append))
     coord.sync_weights()  # earlier tests trained the policy: start the run in sync
     trainer.fit()
     steps = [r for r in rows if "reward/mean" in r]

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.conftest import build_gpt2
-from xrlhf.algorithms import ALGORITHMS
+from xrlhf.algorithms.build import build_trainer
 from xrlhf.algorithms.rollout.types import Tally
 from xrlhf.data.lengths import check_prompt_lengths, model_positions
 from xrlhf.data.text import load_tokenizer
@@ -57,8 +57,8 @@ def test_a_rollout_with_a_too_long_prompt_stops_with_one_line(short_model):
     env = build_env(cfg.env.name, cfg.env.options, cfg.seed)
     policy = NoGenerate()
     handles = SimpleNamespace(policy=policy, generator=policy, critic=None, reference=None, reward=None)
-    trainer = ALGORITHMS.get("grpo")(cfg, algorithm_options(cfg), handles, env,
-                                     load_tokenizer(path), reward=None, hooks=RunHooks())
+    trainer = build_trainer(cfg, algorithm_options(cfg), handles, env,
+                            load_tokenizer(path), reward=None, hooks=RunHooks())
     with pytest.raises(UserError, match=r"the prompt 'sort 1 2 3 4 5 6 7 8 9 0 1 2:' \(30 tokens\) \+ max_new_tokens 8"):
         trainer.collector.sampler.groups([Prompt("2+2="), Prompt("sort 1 2 3 4 5 6 7 8 9 0 1 2:")], 1, 0, Tally())
 

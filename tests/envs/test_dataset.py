@@ -13,6 +13,7 @@ import yaml
 from loguru import logger
 from pydantic import ValidationError
 
+from xrlhf.algorithms.build import build_trainer
 from xrlhf.data.datasets import held_out, write_jsonl
 from xrlhf.envs import ENVS, build_env
 from xrlhf.envs.dataset import DatasetChatEnv, DatasetEnv, read_records
@@ -299,7 +300,6 @@ def test_cli_validate_names_the_bad_row_and_exits_2(tiny_model, tmp_path, capsys
 def test_a_short_warmup_and_grpo_run_on_cpu(tiny_model, jsonl, tmp_path):
     """The real path in one process: config validation, the warm-up on demonstrations, two GRPO
     steps sampled by the Transformers engine and rewarded by the verifier, then an evaluation."""
-    from xrlhf.algorithms import ALGORITHMS
     from xrlhf.algorithms.local import LocalHandle, LocalHandles
     from xrlhf.algorithms.rewards import build_reward
     from xrlhf.algorithms.rollout.evaluate import evaluate
@@ -322,8 +322,8 @@ def test_a_short_warmup_and_grpo_run_on_cpu(tiny_model, jsonl, tmp_path):
     assert 0.0 <= before["eval/reward_mean"] <= 1.0
     train = HFTrainEngine(EngineSpec(model, options={"lr": 1e-3, "micro_batch_size": 8}, seed=0))
     handles = LocalHandles(LocalHandle.of("policy", train=train, generate=HFGenerateEngine(EngineSpec(model, seed=0))))
-    trainer = ALGORITHMS.get("grpo")(cfg, algorithm_options(cfg), handles, env, tok, build_reward(cfg, env, handles),
-                                     RunHooks())
+    trainer = build_trainer(cfg, algorithm_options(cfg), handles, env, tok, build_reward(cfg, env, handles),
+                            RunHooks())
     for _ in range(2):
         metrics = trainer.step()
     assert 0.0 <= metrics["reward/mean"] <= 1.0 and 0.0 <= metrics["reward/accuracy"] <= 1.0

@@ -24,18 +24,15 @@ from pydantic import BaseModel
 
 from xrlhf.engines.handles import Handles
 from xrlhf.algorithms.off_policy import staleness_stats
-from xrlhf.algorithms.rollout import Producer, Rollout, sampling_params
-from xrlhf.algorithms.rollout.build import build_collector, build_producer, episode_runner
-from xrlhf.algorithms.rollout.evaluate import evaluate, evaluate_episodes
+from xrlhf.algorithms.run import RunSpec, TrainerParts
+from xrlhf.algorithms.rollout import Producer, Rollout
 from xrlhf.algorithms.rollout.refill import REFILLS, refill_errors
 from xrlhf.config.schema import XConfig
 from xrlhf.data.batch import Batch
 from xrlhf.engines.base import Head
 from xrlhf.envs import Env, Prompt
-from xrlhf.envs.episode import is_episode_env
 from xrlhf.utils.bounded import STOPPING, UserCodeAborted
 from xrlhf.utils.errors import NonFiniteError
-from xrlhf.utils.flops import MatmulShape, StepThroughput
 from xrlhf.utils.memory import memory_metrics
 from xrlhf.utils.registry import Registry
 from xrlhf.utils.timeline import Timeline
@@ -58,9 +55,12 @@ def register_algorithm(name: str):
 class Trainer(ABC):
     """The outer loop of every algorithm: ``fit`` = evaluate, ``steps`` x ``step()``, evaluate.
 
+    Built by ``algorithms.build.build_trainer`` (the one place that reads the config for it).
+
     Args:
-        cfg: the whole run's config.
+        run: what the trainer reads of the run (``RunSpec``: seed, steps, ...).
         options: this algorithm's validated ``Config`` (``self.options``).
+        parts: the evaluation and the rollout's builders (``TrainerParts``).
         handles: the run's models (``Handles``: ``policy``, ``generator``, ``critic``,
             ``reference``, ``reward``, ``sync_weights()``, ``end_rollout()``).
         env: the environment.
@@ -85,10 +85,10 @@ class Trainer(ABC):
     """``(metric key, short name)`` shown in the progress line when a step's metrics have them
     (then ``eval/reward_mean`` as ``eval``, generation tokens/s and the step time)."""
 
-    def __init__(self, cfg: XConfig, options: BaseModel, handles: Handles, env: Env, tokenizer,
-                 reward: Callable[[list[Prompt], list[str], Batch], tuple[torch.Tensor, dict]],
+    def __init__(self, run: RunSpec, options: BaseModel, parts: TrainerParts, handles: Handles, env: Env,
+                 tokenizer, reward: Callable[[list[Prompt], list[str], Batch], tuple[torch.Tensor, dict]] | None,
                  hooks: RunHooks):
-        self.cfg, self.options, self.handles, self.env, self.tok = cfg, options, handles, env, tokenizer
+        self.run, self.options, self.parts, self.handles, self.env, self.tok = run, options, parts, handles, env, tokenizer
         self.reward, self.hooks = reward, hooks
         self.policy = handles.policy
         self.gen_handle = handles.generator  # split layout: the 'rollout' handle
@@ -98,15 +98,16 @@ class Trainer(ABC):
         self.step_idx = 0
         self.bad_steps = 0
         self.initial_eval: dict[str, float] | None = None
-        self.generator = torch.Generator().manual_seed(cfg.seed)
+        self.generator = torch.Generator().manual_seed(run.seed)
         self.timeline = Timeline()
         """Spans of the step's work by lane (``utils.timeline``); each step's row carries them."""
-        self.memory_timeline = memory_timeline_on(cfg)
+        self.memory_timeline = run.memory_timeline
         self._memory: dict[str, float] = {}
-        self.throughput = StepThroughput(_matmul_shape(cfg.policy.model), getattr(cfg.algorithm, "ppo_epochs", 1))
+        self.throughput = parts.throughput
         """Tokens per second per GPU and the train phase's MFU (GPU runs; the GPUs seen in ``memory_marks``)."""
-        self.episodes = (episode_runner(cfg, env, tokenizer, self.gen_handle)
-                         if is_episode_env(env) and self.gen_handle is not None else None)
+        self.evaluator = parts.evaluator
+        runner_for = self.evaluator.runner_for
+        self.episodes = runner_for(self.gen_handle) if runner_for is not None and self.gen_handle is not None else None
         """Runs the samples of an episode env (``algorithms.rollout.episodes``); ``None`` for one-turn envs."""
 
     # -- config hooks -----------------------------------------------------------------------
@@ -149,7 +150,7 @@ class Trainer(ABC):
             return None
 
     def _fit(self) -> dict[str, Any] | None:
-        t = self.cfg.trainer
+        t = self.run
         if self.initial_eval is None:
             logger.info("eval before RL on the held-out split ...")
             self.initial_eval = self.evaluate()
@@ -191,7 +192,7 @@ class Trainer(ABC):
     def evaluates_after(self, step: int) -> bool:
         """Whether ``fit`` evaluates after step ``step`` (``trainer.eval_every``; the last step's
         evaluation is the final one)."""
-        t = self.cfg.trainer
+        t = self.run
         return bool(t.eval_every) and step % t.eval_every == 0 and step != t.steps
 
     def mark_memory(self, phase: str) -> None:
@@ -209,15 +210,12 @@ class Trainer(ABC):
         return memory_metrics(phase, stats)
 
     def evaluate(self) -> dict[str, float]:
-        """The generator's answers to the env's held-out prompts, scored (``evaluate``)."""
-        t = self.cfg.trainer
-        params = sampling_params(self.cfg, t.eval_temperature, logprobs=False)
+        """The generator's answers to the env's held-out prompts, scored (``Evaluator``)."""
         if self.episodes is not None:
             step, keep = self.step_idx, self.hooks.transcripts
-            return evaluate_episodes(self.episodes, params, t.eval_size, self.cfg.seed,
-                                     keep=None if keep is None else (lambda trajs: keep(step, trajs)))
-        reward = self.reward if self.env.reward_source == "model" else None
-        return evaluate(self.gen_handle, self.env, self.tok, params, t.eval_size, reward=reward, seed=self.cfg.seed)
+            return self.evaluator.evaluate(self.gen_handle, self.episodes,
+                                           keep=None if keep is None else (lambda trajs: keep(step, trajs)))
+        return self.evaluator.evaluate(self.gen_handle)
 
     def state_dict(self) -> dict[str, Any]:
         """The trainer's own state for exact resume (handles save theirs separately)."""
@@ -232,7 +230,7 @@ class Trainer(ABC):
     def progress_line(self, step: int, m: dict[str, float]) -> str:
         """``step i/n | <short> <value> ... | eval <value> | <tok/s> | <seconds>``, from ``progress_keys``."""
         keys = (*self.progress_keys, *EPISODE_KEYS, ("eval/reward_mean", "eval"))
-        parts = [f"step {step}/{self.cfg.trainer.steps}"] + [f"{short} {m[k]:.3f}" for k, short in keys if k in m]
+        parts = [f"step {step}/{self.run.steps}"] + [f"{short} {m[k]:.3f}" for k, short in keys if k in m]
         if "perf/gen_tokens_per_s" in m:
             parts.append(f"{m['perf/gen_tokens_per_s']:.0f} tok/s")
         if "perf/tokens_per_s_per_gpu" in m:
@@ -256,9 +254,7 @@ class RLTrainer(Trainer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.collector = build_collector(self.cfg, self.env, self.tok, self.gen_handle, self.reward,
-                                         self.group_filter, self.timeline, self.episodes,
-                                         logprobs=self.reads_behaviour_logprobs(self.cfg, self.options))
+        self.collector = self.parts.collector(self.gen_handle, self.group_filter, self.timeline, self.episodes)
         self.producer: Producer | None = None
         self._producer_state: dict[str, Any] | None = None
 
@@ -332,8 +328,8 @@ class RLTrainer(Trainer):
     def _start_producer(self) -> Producer:
         if self.producer is None:
             st = self._producer_state or {"next": self.step_idx + 1, "data_pos": self.data_pos, "queue": {}}
-            self.producer = build_producer(self.cfg, self.collector, {**st, "synced": self.step_idx},
-                                           self._generator_idle).start()
+            self.producer = self.parts.producer(self.collector, {**st, "synced": self.step_idx},
+                                                self._generator_idle).start()
             self._producer_state = None
         return self.producer
 
@@ -367,7 +363,7 @@ class RLTrainer(Trainer):
 
     def _bad_step(self, s: int, what: str, metrics: dict[str, float]) -> dict[str, float]:
         self.bad_steps += 1
-        limit = self.cfg.fault_tolerance.max_bad_steps
+        limit = self.run.max_bad_steps
         logger.warning(f"step {s}: non-finite {what}; step skipped ({self.bad_steps}/{limit} in a row)")
         if self.bad_steps >= limit:
             raise NonFiniteError(f"{self.bad_steps} consecutive steps with non-finite {what}; stopping "
@@ -445,19 +441,3 @@ def _check_reward_source(cfg: XConfig) -> list[str]:
                 f"reward.model: <a reward model directory> (xrlhf run configs/rm.yaml trains one), or "
                 f"reward.source: function with reward.function: pkg.mod:fn"]
     return []
-
-
-def _matmul_shape(model: str) -> MatmulShape | None:
-    """The policy's ``MatmulShape`` for MFU; ``None`` where its ``config.json`` is not Llama-like."""
-    try:
-        return MatmulShape.of_model(model)
-    except (OSError, KeyError, TypeError, ValueError):
-        return None
-
-
-def memory_timeline_on(cfg: XConfig) -> bool:
-    """``logging.memory_timeline``, its default resolved: on when a handle of the run has a GPU."""
-    if cfg.logging.memory_timeline is not None:
-        return cfg.logging.memory_timeline
-    sections = [cfg.policy, cfg.policy.generate, cfg.critic, cfg.reference, cfg.reward, cfg.teacher]
-    return any(getattr(getattr(s, "resources", None), "gpus_per_rank", 0) > 0 for s in sections if s is not None)

@@ -19,12 +19,13 @@ The estimator is ``algorithm.advantage_estimator``: a registered name or an impo
 from __future__ import annotations
 
 import time
-from typing import Callable, Literal
+from typing import Literal
 
 import torch
 from pydantic import Field
 
 from xrlhf.algorithms import functional as F
+from xrlhf.algorithms.advantage import GroupEstimator
 from xrlhf.algorithms.base import Rollout, register_algorithm
 from xrlhf.algorithms.estimators import ADVANTAGE_ESTIMATORS
 from xrlhf.algorithms.ppo import PolicyGradientConfig, PolicyGradientTrainer
@@ -57,6 +58,31 @@ def estimator_name(o: CriticFreeConfig, algorithm: str) -> str:
     return o.advantage_estimator or algorithm
 
 
+def estimator_errors(cfg: XConfig, o: CriticFreeConfig) -> list[str]:
+    """The advantage estimator against the rest of the config (each line: the path and the fix)."""
+    errors: list[str] = []
+    name = estimator_name(o, cfg.algorithm.name)
+    try:
+        fn = ADVANTAGE_ESTIMATORS.get(name)
+    except KeyError as e:
+        hint = " (algorithm critic_free needs one)" if o.advantage_estimator is None else ""
+        return errors + [f"algorithm.advantage_estimator: {e.args[0]}{hint}"]
+    if not callable(fn):
+        errors.append(f"algorithm.advantage_estimator: {name!r} is a {type(fn).__name__}, not a function")
+    if name in GROUP_ESTIMATORS and cfg.trainer.samples_per_prompt < 2:
+        errors.append(f"trainer.samples_per_prompt: estimator {name!r} compares the samples of a prompt "
+                      f"and needs at least 2, got {cfg.trainer.samples_per_prompt}")
+    if name in OUTCOME_ONLY and o.kl_in_reward and o.kl_coef > 0:
+        errors.append(f"algorithm.kl_in_reward: estimator {name!r} uses outcome scores only, so a KL "
+                      f"reward would be ignored; set algorithm.kl_in_reward: false (KL as a loss term)")
+    return errors
+
+
+def group_estimator(o: CriticFreeConfig, algorithm: str) -> GroupEstimator:
+    """The ``GroupEstimator`` part of options ``o`` under algorithm name ``algorithm``."""
+    return GroupEstimator(estimator_name(o, algorithm), o.gamma, o.kl_in_reward, o.whiten_advantages)
+
+
 @register_algorithm("critic_free")
 @register_algorithm("grpo")
 @register_algorithm("dr_grpo")
@@ -64,52 +90,22 @@ def estimator_name(o: CriticFreeConfig, algorithm: str) -> str:
 @register_algorithm("reinforce_pp")
 @register_algorithm("reinforce_pp_baseline")
 class CriticFreeTrainer(PolicyGradientTrainer):
-    """Policy gradient with advantages from a registered estimator; no critic."""
+    """Policy gradient with advantages from a registered estimator (``advantage``, a
+    ``GroupEstimator``); no critic."""
 
     Config = CriticFreeConfig
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.estimator_name = estimator_name(self.options, self.cfg.algorithm.name)
-        self.estimator: Callable = ADVANTAGE_ESTIMATORS.get(self.estimator_name)
+        self.advantage = group_estimator(self.options, self.run.algorithm)
 
     @classmethod
     def check_config(cls, cfg: XConfig, o: CriticFreeConfig) -> list[str]:
-        return super().check_config(cfg, o) + cls.estimator_errors(cfg, o)
-
-    @classmethod
-    def estimator_errors(cls, cfg: XConfig, o: CriticFreeConfig) -> list[str]:
-        """The advantage estimator against the rest of the config (each line: the path and the fix)."""
-        errors: list[str] = []
-        name = estimator_name(o, cfg.algorithm.name)
-        try:
-            fn = ADVANTAGE_ESTIMATORS.get(name)
-        except KeyError as e:
-            hint = " (algorithm critic_free needs one)" if o.advantage_estimator is None else ""
-            return errors + [f"algorithm.advantage_estimator: {e.args[0]}{hint}"]
-        if not callable(fn):
-            errors.append(f"algorithm.advantage_estimator: {name!r} is a {type(fn).__name__}, not a function")
-        if name in GROUP_ESTIMATORS and cfg.trainer.samples_per_prompt < 2:
-            errors.append(f"trainer.samples_per_prompt: estimator {name!r} compares the samples of a prompt "
-                          f"and needs at least 2, got {cfg.trainer.samples_per_prompt}")
-        if name in OUTCOME_ONLY and o.kl_in_reward and o.kl_coef > 0:
-            errors.append(f"algorithm.kl_in_reward: estimator {name!r} uses outcome scores only, so a KL "
-                          f"reward would be ignored; set algorithm.kl_in_reward: false (KL as a loss term)")
-        return errors
+        return super().check_config(cfg, o) + estimator_errors(cfg, o)
 
     def advantages(self, rollout: Rollout) -> torch.Tensor:
         """``[B, R]`` advantages of the rollout (``old_logprobs`` / ``kl`` already in its batch)."""
-        batch, o = rollout.batch, self.options
-        mask = batch["response_mask"]
-        token_rewards = None
-        if o.kl_in_reward and self.kl_ctl.value > 0:
-            token_rewards = F.kl_penalized_rewards(batch["scores"], batch["kl"], mask, self.kl_ctl.value)
-        adv = self.estimator(batch["scores"], mask, batch["group_ids"], gamma=o.gamma, token_rewards=token_rewards)
-        if tuple(adv.shape) != tuple(mask.shape):
-            raise ValueError(f"advantage estimator {self.estimator_name!r} returned shape {tuple(adv.shape)}, "
-                             f"expected [B, R] = {tuple(mask.shape)}")
-        adv = adv.float() * mask
-        return F.masked_whiten(adv, mask) if o.whiten_advantages else adv
+        return self.advantage.compute(rollout.batch, self.kl_ctl.value)["advantages"]
 
     def update(self, rollout: Rollout, timings: dict[str, float]) -> dict[str, float]:
         batch = rollout.batch

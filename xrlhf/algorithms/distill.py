@@ -30,16 +30,16 @@ import torch
 from pydantic import Field
 
 from xrlhf.algorithms import divergence as D
-from xrlhf.algorithms.functional import masked_mean, masked_whiten
+from xrlhf.algorithms.advantage import DistillAdvantage
+from xrlhf.algorithms.functional import masked_mean
 from xrlhf.algorithms.base import Rollout, register_algorithm
-from xrlhf.algorithms.critic_free import CriticFreeConfig, CriticFreeTrainer
-from xrlhf.algorithms.rollout import sampling_params
-from xrlhf.algorithms.rollout.build import episode_runner
-from xrlhf.algorithms.rollout.evaluate import evaluate, evaluate_episodes
+from xrlhf.algorithms.critic_free import CriticFreeConfig, estimator_errors, group_estimator
+from xrlhf.algorithms.policy_update import PolicyUpdate
+from xrlhf.algorithms.ppo import PolicyGradientTrainer
 from xrlhf.config.schema import XConfig
-from xrlhf.data.batch import Batch, build_sequences, response_loss_masks, unpack_sequences
-from xrlhf.data.datasets import COMPLETIONS, DatasetPath, EpochOrder, load_rows
-from xrlhf.data.text import encode_prompt, encode_target
+from xrlhf.algorithms.teacher import OfflineRows, Teacher
+from xrlhf.data.batch import Batch
+from xrlhf.data.datasets import COMPLETIONS, DatasetPath
 from xrlhf.envs.episode import is_episode_env
 
 
@@ -97,9 +97,12 @@ def teacher_errors(cfg: XConfig) -> list[str]:
 
 
 @register_algorithm("distill")
-class DistillTrainer(CriticFreeTrainer):
+class DistillTrainer(PolicyGradientTrainer):
     """On-policy distillation (module docstring): the GRPO family's update with per-token
-    advantages from the teacher's logprobs."""
+    advantages from the teacher's logprobs. Parts: ``teacher_part`` (``Teacher``), ``offline``
+    (``OfflineRows`` or ``None``), ``advantage`` (``DistillAdvantage``, holding the task reward's
+    ``GroupEstimator`` when ``task_reward_weight > 0``), and the policy-gradient parts with the
+    loss's ``topk_coef``."""
 
     Config = DistillConfig
     uses_teacher: ClassVar[bool] = True
@@ -108,15 +111,22 @@ class DistillTrainer(CriticFreeTrainer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.teacher = self.handles.teacher
-        self.teacher_eval: dict[str, float] | None = None
         o = self.options
-        self.offline = load_rows(o.offline_dataset, COMPLETIONS) if o.offline_dataset else None
-        self.offline_order = EpochOrder(len(self.offline), self.cfg.seed, "distill") if self.offline else None
+        self.teacher = self.handles.teacher
+        self.teacher_part = Teacher(self.teacher, self.timeline)
+        self.teacher_eval: dict[str, float] | None = None
+        self.offline = (OfflineRows(o.offline_dataset, o.offline_fraction, self.run.seed, self.tok)
+                        if o.offline_dataset else None)
+        task = group_estimator(o, self.run.algorithm) if o.task_reward_weight > 0 else None
+        self.advantage = DistillAdvantage(o.divergence, o.jsd_beta, task, o.task_reward_weight, o.whiten_advantages)
+        self.policy_update = PolicyUpdate(self.policy, self.critic, o, self.kl_ctl, self.generator,
+                                          topk_coef=o.topk_coef)
 
     @classmethod
     def check_config(cls, cfg: XConfig, o: DistillConfig) -> list[str]:
         errors = super().check_config(cfg, o)
+        if o.task_reward_weight > 0:  # the task reward's estimator, checked only when it is used
+            errors += estimator_errors(cfg, o)
         if o.task_reward_weight == 0 and "advantage_estimator" in o.model_fields_set:
             errors.append("algorithm.advantage_estimator: only used with algorithm.task_reward_weight > 0; remove it")
         if "jsd_beta" in o.model_fields_set and o.divergence != "jsd":
@@ -136,40 +146,28 @@ class DistillTrainer(CriticFreeTrainer):
                           "topk_logprobs")
         return errors + teacher_errors(cfg)
 
-    @classmethod
-    def estimator_errors(cls, cfg: XConfig, o: DistillConfig) -> list[str]:
-        """The task reward's estimator, checked only when it is used (``task_reward_weight > 0``)."""
-        return super().estimator_errors(cfg, o) if o.task_reward_weight > 0 else []
-
     def reuses_train_forward(self, batch: Batch) -> bool:
         """Never: the advantages need the student's logprobs before the update."""
         return False
 
     def policy_loss(self, on_policy: bool = False, staleness_bins: tuple[int, ...] = ()):
         """The GRPO family's loss, plus the top-k reverse KL to the teacher with ``topk_coef``."""
-        loss = super().policy_loss(on_policy, staleness_bins)
-        loss.topk_coef = self.options.topk_coef
-        return loss
+        return self.policy_update.loss(on_policy, staleness_bins)
 
     # -- the update -----------------------------------------------------------------------
     def update(self, rollout: Rollout, timings: dict[str, float]) -> dict[str, float]:
-        o, batch = self.options, rollout.batch
+        batch = rollout.batch
         n_rollout = len(batch)
         if self.offline is not None:
-            batch = rollout.batch = self.with_offline_rows(batch)
-        metrics = self.score_teacher(batch, timings)
+            batch = rollout.batch = self.offline.extend(batch, self.step_idx)
+        metrics = self.teacher_part.score(batch, timings)
         metrics.update(self.score_logprobs(batch, timings, with_values=False))
         if n_rollout < len(batch) and "rollout_logprobs" in batch:  # offline rows: no behaviour weight
             batch["rollout_logprobs"][n_rollout:] = batch["old_logprobs"][n_rollout:]
         mask = batch["response_mask"]
         student, teacher = batch["old_logprobs"], batch.tensors.pop("teacher_logprobs")
         on_policy = (torch.arange(len(batch)) < n_rollout).float().unsqueeze(1) * mask
-        cost = D.token_cost(student, teacher, on_policy, o.divergence, o.jsd_beta)
-        task = self.advantages(rollout) if o.task_reward_weight > 0 else None
-        adv = D.distill_advantages(cost, on_policy, task, o.task_reward_weight)
-        if o.whiten_advantages:  # a baseline: the batch mean is no function of any one sampled token
-            adv = masked_whiten(adv, on_policy)
-        batch["advantages"] = adv + (mask - on_policy)  # offline rows: NLL of the teacher's tokens
+        batch["advantages"] = self.advantage.compute(batch, self.kl_ctl.value, teacher, on_policy)["advantages"]
         metrics.update(self.divergence_metrics(rollout, student[:n_rollout], teacher[:n_rollout],
                                                mask[:n_rollout]))
         metrics["advantages/mean"] = float(masked_mean(batch["advantages"], mask))
@@ -178,20 +176,6 @@ class DistillTrainer(CriticFreeTrainer):
         timings["time/train_s"] = time.time() - t0
         self.kl_ctl.update(metrics.get("kl/mean", 0.0), len(batch))
         return metrics
-
-    def score_teacher(self, batch: Batch, timings: dict[str, float]) -> dict[str, float]:
-        """The teacher's logprobs of the batch's tokens into ``teacher_logprobs`` ``[B, R]``. Called
-        alone (not beside the student's forward) so that its throughput is its own."""
-        t0 = time.time()
-        with self.timeline.span("trainer", "teacher"):
-            out = self.teacher.infer(batch.select("input_ids", "attention_mask", "response_mask"))
-        batch["teacher_logprobs"] = out["logprobs"]
-        if "topk_ids" in out:  # teacher.infer.topk_logprobs: read by the loss (PolicyLoss.topk_coef)
-            batch["teacher_topk_ids"], batch["teacher_topk_logprobs"] = out["topk_ids"], out["topk_logprobs"]
-        seconds = time.time() - t0
-        timings["time/teacher_s"] = seconds
-        tokens = float(batch["response_mask"].sum())
-        return {"perf/teacher_tokens_per_s": tokens / max(seconds, 1e-9)}
 
     def divergence_metrics(self, rollout: Rollout, student: torch.Tensor, teacher: torch.Tensor,
                            mask: torch.Tensor) -> dict[str, float]:
@@ -223,53 +207,19 @@ class DistillTrainer(CriticFreeTrainer):
             return None
         return torch.tensor(judged)
 
-    def with_offline_rows(self, batch: Batch) -> Batch:
-        """``batch`` with the step's teacher completions appended (re-laid out: prompts
-        left-padded, responses right-padded), each its own group, scored 0, sampled "now"."""
-        o, s = self.options, self.step_idx + 1
-        k = max(1, round(len(batch) * o.offline_fraction / (1 - o.offline_fraction)))
-        rows = [self.offline[i] for i in self.offline_order.take((s - 1) * k, k)]
-        prompts, responses = unpack_sequences(batch)
-        masks = response_loss_masks(batch)
-        tok = self.tok
-        prompts += [encode_prompt(tok, r["prompt"]) for r in rows]
-        targets = [encode_target(tok, r["completion"]) for r in rows]
-        out = build_sequences(prompts, responses + targets, tok.pad_token_id, response_masks=masks + [[1.0] * len(t)
-                                                                                                    for t in targets])
-        width, n = out["response_mask"].shape[1], len(batch)
-        for key in batch.keys():
-            if key in out.tensors:
-                continue
-            t = batch[key]
-            if t.dim() == 2:  # per token, aligned with the responses: pad to the new width, 0 for the new rows
-                t = torch.nn.functional.pad(t, (0, width - t.shape[1]))
-                out[key] = torch.cat([t, torch.zeros((k, width), dtype=t.dtype)])
-            elif key == "group_ids":
-                out[key] = torch.cat([t, torch.arange(k, dtype=t.dtype) + int(t.max()) + 1])
-            else:
-                out[key] = torch.cat([t, torch.zeros((k,), dtype=t.dtype)])
-        if "token_versions" in out:  # the teacher's tokens count as the current policy's: no staleness
-            out["token_versions"][n:] = self.step_idx * out["response_mask"][n:].long()
-        return out
-
     # -- evaluation -------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
         """The student's evaluation, and the teacher's beside it (computed once: its weights
         never change) as ``eval/teacher_*``."""
         metrics = super().evaluate()
-        if self.teacher_eval is None and self.teacher is not None and self.cfg.teacher.evaluate:
+        if self.teacher_eval is None and self.teacher is not None and self.run.teacher_evaluates:
             self.teacher_eval = self.evaluate_teacher()
         return {**metrics, **(self.teacher_eval or {})}
 
     def evaluate_teacher(self) -> dict[str, float]:
-        t = self.cfg.trainer
-        params = sampling_params(self.cfg, t.eval_temperature, logprobs=False)
-        if self.episodes is not None:
-            runner = episode_runner(self.cfg, self.env, self.tok, self.teacher)
-            m = evaluate_episodes(runner, params, t.eval_size, self.cfg.seed)
-        else:
-            reward = self.reward if self.env.reward_source == "model" else None
-            m = evaluate(self.teacher, self.env, self.tok, params, t.eval_size, reward=reward, seed=self.cfg.seed)
+        """The teacher's answers, scored as the student's (``eval/teacher_*``)."""
+        runner_for = self.evaluator.runner_for
+        m = self.evaluator.evaluate(self.teacher, runner_for(self.teacher) if self.episodes is not None else None)
         return {k.replace("eval/", "eval/teacher_", 1): v for k, v in m.items()}
 
     def state_dict(self) -> dict:

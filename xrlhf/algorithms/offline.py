@@ -124,7 +124,7 @@ class OfflineTrainer(Trainer):
     def order(self) -> EpochOrder:
         """The epoch-wise seeded shuffle of ``items`` (built at first use: subclasses may hold
         some rows out in their ``__init__``)."""
-        return EpochOrder(len(self.items), self.cfg.seed, "offline")
+        return EpochOrder(len(self.items), self.run.seed, "offline")
 
     def next_indices(self, n: int) -> list[int]:
         """The next ``n`` row indices of the epoch-wise seeded shuffle; advances ``data_pos``."""

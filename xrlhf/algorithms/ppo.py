@@ -13,13 +13,15 @@ from __future__ import annotations
 import time
 from typing import Literal
 
-import torch
 from pydantic import Field, field_validator
 
 from xrlhf.algorithms import functional as F
+from xrlhf.algorithms.advantage import GAE
 from xrlhf.algorithms.base import RLTrainer, Rollout, check_mini_batch, register_algorithm
-from xrlhf.algorithms.losses import PolicyLoss, ValueLoss
-from xrlhf.algorithms.off_policy import OffPolicy, staleness_metrics, staleness_stats
+from xrlhf.algorithms.losses import PolicyLoss
+from xrlhf.algorithms.off_policy import OffPolicy
+from xrlhf.algorithms.policy_update import PolicyUpdate, policy_loss
+from xrlhf.algorithms.scoring import Scoring
 from xrlhf.config.schema import Strict, XConfig
 from xrlhf.data.batch import Batch
 
@@ -100,7 +102,9 @@ def off_policy_errors(cfg: XConfig, o: PolicyGradientConfig) -> list[str]:
 
 
 class PolicyGradientTrainer(RLTrainer):
-    """The machinery PPO and the critic-free estimators share: KL, mini-batch epochs, losses."""
+    """The machinery PPO and the critic-free estimators share, as parts: ``scoring`` (old and
+    reference logprobs, KL, values), ``policy_update`` (mini-batch epochs of the loss) and the
+    KL controller ``kl_ctl``; a subclass sets ``advantage`` and writes ``update``."""
 
     Config = PolicyGradientConfig
     learns_off_policy = True  # behaviour logprobs are the rollout's; the update corrects for them
@@ -110,6 +114,8 @@ class PolicyGradientTrainer(RLTrainer):
         o = self.options
         self.kl_ctl = (F.AdaptiveKLController(o.kl_coef, o.kl_target, o.kl_horizon) if o.kl_target
                        else F.FixedKLController(o.kl_coef))
+        self.scoring = Scoring(self.policy, self.reference if o.kl_coef > 0 else None, self.critic, o.kl_estimator)
+        self.policy_update = PolicyUpdate(self.policy, self.critic, o, self.kl_ctl, self.generator)
 
     @classmethod
     def reads_behaviour_logprobs(cls, cfg: XConfig, options: PolicyGradientConfig) -> bool:
@@ -139,13 +145,10 @@ class PolicyGradientTrainer(RLTrainer):
         return {"policy": n, "critic": n}
 
     def policy_loss(self, on_policy: bool = False, staleness_bins: tuple[int, ...] = ()) -> PolicyLoss:
-        """The policy's loss; ``on_policy``: the old logprobs are the train forward's own
-        (``reuses_train_forward``), with the mismatch reported by ``staleness_bins``."""
-        o = self.options
-        return PolicyLoss(o.clip_eps, o.clip_eps_high, o.entropy_coef,
-                          0.0 if o.kl_in_reward else self.kl_ctl.value, o.kl_estimator, o.tis_cap,
-                          off_policy=o.off_policy.spec() if o.off_policy is not None else None,
-                          log_entropy=o.log_entropy, on_policy=on_policy, staleness_bins=staleness_bins)
+        """The policy's loss (``policy_update.policy_loss``); ``on_policy``: the old logprobs are
+        the train forward's own (``reuses_train_forward``), with the mismatch reported by
+        ``staleness_bins``."""
+        return policy_loss(self.options, self.kl_ctl.value, on_policy, staleness_bins)
 
     def reuses_train_forward(self, batch: Batch) -> bool:
         """Whether the update of ``batch`` is one on-policy step: one epoch over one mini-batch,
@@ -155,99 +158,22 @@ class PolicyGradientTrainer(RLTrainer):
         loss and gradient) and reports the mismatch metrics that forward's caller would have. TRL
         and verl skip it there too. The reference's and a critic's forwards still run."""
         o = self.options
-        return (o.ppo_epochs == 1 and o.mini_batch_size >= len(batch) and not self.cfg.policy.train.dropout
+        return (o.ppo_epochs == 1 and o.mini_batch_size >= len(batch) and not self.run.policy_dropout
                 and (not o.kl_in_reward or o.kl_coef == 0))
 
     def score_logprobs(self, batch: Batch, timings: dict[str, float], with_values: bool) -> dict[str, float]:
         """Old logprobs (unless ``reuses_train_forward``), reference logprobs (and critic values)
-        for ``batch``, in parallel."""
+        for ``batch``, in parallel (``Scoring``); then ``kl/coef``."""
         with self.timeline.span("trainer", "infer"):
-            return self._score_logprobs(batch, timings, with_values)
-
-    def _score_logprobs(self, batch: Batch, timings: dict[str, float], with_values: bool) -> dict[str, float]:
-        t0 = time.time()
-        old = None
-        if not self.reuses_train_forward(batch):
-            old = self.policy.infer(batch.select("input_ids", "attention_mask", "response_mask"), wait=False)
-        ref = self.reference.infer(batch, wait=False) if self.reference is not None and self.options.kl_coef > 0 else None
-        val = self.critic.infer(batch, wait=False) if with_values else None
-        mask = batch["response_mask"]
-        metrics = {}
-        if old is not None:
-            batch["old_logprobs"] = old.get()["logprobs"]
-            metrics.update(self._mismatch(batch))
-        elif "token_versions" in batch:  # the mismatch by staleness comes from the train step
-            metrics.update(staleness_stats(batch["token_versions"], mask, self.step_idx))
-        if ref is not None:
-            batch["ref_logprobs"] = ref.get()["logprobs"]
-        if ref is not None and old is not None:
-            kl = F.kl_estimate(batch["old_logprobs"], batch["ref_logprobs"], self.options.kl_estimator)
-            batch["kl"] = kl * mask
-            metrics["kl/mean"] = float((batch["kl"].sum(-1)).mean())
-        else:  # no reference, or the KL is the loss's (kl/mean from its kl_loss, _on_policy_metrics)
-            batch["kl"] = torch.zeros_like(mask)
-        if val is not None:
-            batch["old_values"] = val.get()["values"] * mask
-        timings["time/infer_s"] = time.time() - t0
-        self.mark_memory("infer")
-        metrics["kl/coef"] = self.kl_ctl.value
-        return metrics
-
-    def _mismatch(self, batch: Batch) -> dict[str, float]:
-        """The old logprobs against the rollout's (and by staleness, asynchronous rollouts)."""
-        if "rollout_logprobs" not in batch:
-            return {}
-        mask = batch["response_mask"]
-        diff = (batch["old_logprobs"] - batch["rollout_logprobs"]).abs() * mask
-        out = {"mismatch/logprob_abs_diff_mean": float(diff.sum() / mask.sum().clamp(min=1)),
-               "mismatch/logprob_abs_diff_max": float(diff.max())}
-        if "token_versions" in batch:
-            out.update(staleness_metrics(batch["old_logprobs"], batch["rollout_logprobs"], batch["token_versions"],
-                                         mask, self.step_idx))
-        return out
+            metrics = self.scoring.score(batch, self.step_idx, timings, self.reuses_train_forward(batch), with_values)
+            self.mark_memory("infer")
+            metrics["kl/coef"] = self.kl_ctl.value
+            return metrics
 
     def train_epochs(self, batch: Batch, with_critic: bool) -> dict[str, float]:
-        """``ppo_epochs`` passes of mini-batch steps; policy and critic step side by side."""
+        """``ppo_epochs`` passes of mini-batch steps; policy and critic step side by side (``PolicyUpdate``)."""
         with self.timeline.span("trainer", "train"):
-            return self._train_epochs(batch, with_critic)
-
-    def _train_epochs(self, batch: Batch, with_critic: bool) -> dict[str, float]:
-        on_policy = "old_logprobs" not in batch  # score_logprobs skipped the forward: reuses_train_forward
-        bins: tuple[int, ...] = ()
-        if on_policy and "token_versions" in batch:
-            batch["staleness"] = (self.step_idx - batch["token_versions"].long()).float()
-            bins = tuple(sorted(set(batch["staleness"][batch["response_mask"] != 0].long().tolist())))
-        policy_loss = self.policy_loss(on_policy, bins)
-        value_loss = ValueLoss(self.options.value_clip_eps) if with_critic else None
-        sums: dict[str, float] = {}
-        n = 0
-        keys = [k for k in batch.keys() if k not in ("group_ids", "token_versions", "turn_rewards", "truncated")]
-        for _ in range(self.options.ppo_epochs):
-            for mb in self.minibatches(batch.select(*keys), self.options.mini_batch_size):
-                pending = self.critic.train_step(mb, value_loss, wait=False) if with_critic else None
-                metrics = self.policy.train_step(mb, policy_loss)
-                metrics = {("policy/" + k if "/" not in k else k): v for k, v in metrics.items()}
-                if pending is not None:
-                    metrics.update({("critic/" + k if "/" not in k else k): v for k, v in pending.get().items()})
-                for k, v in metrics.items():
-                    sums[k] = sums.get(k, 0.0) + v
-                n += 1
-        out = {k: v / n for k, v in sums.items()}
-        return _on_policy_metrics(out, batch, bins) if on_policy else out
-
-
-def _on_policy_metrics(metrics: dict[str, float], batch: Batch, bins: tuple[int, ...]) -> dict[str, float]:
-    """The metrics of an on-policy step's loss (``losses.on_policy_metrics``) in the form the
-    old-logprob forward's caller reported them: the mismatch at each staleness (a sum and a count,
-    both per token, divided) and ``kl/mean`` (the summed per-token KL, row mean) from the loss's
-    per-token ``policy/kl_loss``."""
-    for d in bins:
-        total, count = metrics.pop(f"mismatch/abs_diff_sum_s{d}", 0.0), metrics.pop(f"mismatch/tokens_s{d}", 0.0)
-        if count > 0:
-            metrics[f"mismatch/abs_diff_s{d}"] = total / count
-    if "policy/kl_loss" in metrics:
-        metrics["kl/mean"] = metrics["policy/kl_loss"] * float(batch["response_mask"].sum()) / len(batch)
-    return metrics
+            return self.policy_update.train(batch, self.step_idx, with_critic)
 
 
 @register_algorithm("ppo")
@@ -257,24 +183,22 @@ class PPOTrainer(PolicyGradientTrainer):
     Config = PPOConfig
     needs_critic = True
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        o = self.options
+        self.advantage = GAE(o.gamma, o.lam, o.whiten_advantages, o.kl_in_reward)
+
     def update(self, rollout: Rollout, timings: dict[str, float]) -> dict[str, float]:
-        batch, o = rollout.batch, self.options
+        batch = rollout.batch
         metrics = self.score_logprobs(batch, timings, with_values=True)
         mask = batch["response_mask"]
-        kl_coef = self.kl_ctl.value if o.kl_in_reward else 0.0
-        if "turn_rewards" in batch:  # an episode env: each turn's reward on the token that earned it
-            rewards = F.kl_penalized_rewards(torch.zeros_like(batch["scores"]), batch["kl"], mask, kl_coef)
-            rewards = rewards + batch["turn_rewards"] * (mask != 0)
-        else:
-            rewards = F.kl_penalized_rewards(batch["scores"], batch["kl"], mask, kl_coef)
-        adv, ret = F.gae(rewards, batch["old_values"], mask, o.gamma, o.lam)
-        batch["advantages"] = F.masked_whiten(adv, mask) * mask if o.whiten_advantages else adv
-        batch["returns"] = ret
+        out = self.advantage.compute(batch, self.kl_ctl.value)
+        batch["advantages"], batch["returns"] = out["advantages"], out["returns"]
         t0 = time.time()
         metrics.update(self.train_epochs(batch, with_critic=True))
         timings["time/train_s"] = time.time() - t0
         self.kl_ctl.update(metrics.get("kl/mean", 0.0), len(batch))
-        metrics["critic/return_mean"] = float(F.masked_mean(ret, mask))
+        metrics["critic/return_mean"] = float(F.masked_mean(out["returns"], mask))
         metrics["policy/loss"] = metrics.get("policy/loss", 0.0)
         metrics["critic/loss"] = metrics.get("critic/loss", 0.0)
         return metrics
