@@ -241,7 +241,7 @@ def ppo(r: dict | None) -> list[str]:
 
 def deepspeed(r: dict | None) -> list[str]:
     out = ["## DeepSpeed train step: ZeRO-2, ZeRO-3, ZeRO-3 + offload", ""]
-    cmd = "python benchmarks/deepspeed_bench.py --out benchmarks/results/deepspeed.json"
+    cmd = "python -m benchmarks.train_step deepspeed --out benchmarks/results/deepspeed.json"
     if r is None:
         return out + [f"Not run yet (two GPUs): `{cmd}` (or `bash benchmarks/gpu.sh deepspeed`); "
                       "checked on CPU only with `--device cpu --preset tiny`.", ""]

@@ -223,10 +223,10 @@ def learning_retune(r: dict | None) -> list[str]:
 
 
 def episodes_gpu(entries: list[dict]) -> list[str]:
-    """``benchmarks/episodes_gpu.py``: episodes through vLLM, sync against one-step-off."""
+    """``benchmarks/async_grpo.py episodes``: episodes through vLLM, sync against one-step-off."""
     out = ["## Episodes through vLLM: the calculator env (workload W's engines)", ""]
     if not entries:
-        return out + ["Not run yet: `python -m benchmarks.episodes_gpu --mode sync --out benchmarks/results`.", ""]
+        return out + ["Not run yet: `python -m benchmarks.async_grpo episodes --mode sync --out benchmarks/results`.", ""]
     e0 = entries[0]
     out += [f"GPU: **{e0['gpu']}**, co-located (`configs/gpu/grpo_w.yaml`'s engines: vLLM generates, HF trains), "
             f"the {e0['model']}, env `{e0['env']}` (3-digit products, calculator tool, up to 3 turns), GRPO on "
@@ -293,7 +293,7 @@ def learning_gpu(r: dict | None, trl: dict | None, link) -> list[str]:
 def healing(r: dict | None) -> list[str]:
     out = ["## Healing: time to recover per role", ""]
     if r is None:
-        return out + ["Not run yet: `python -m benchmarks.healing --out benchmarks/results`.", ""]
+        return out + ["Not run yet: `python -m benchmarks.recovery heal --out benchmarks/results`.", ""]
     out += [f"{r['hardware']}; `{r['command']}`. One PPO run of {r['steps']} steps (tiny model, split layout, "
             f"2 policy ranks, a reward model, checkpoints every step) with a fault every 3 steps at a random point of "
             f"the step; heartbeat timeout {r['heartbeat_timeout_s']:g} s. Final weights bit-identical to the "
@@ -315,7 +315,7 @@ def healing(r: dict | None) -> list[str]:
 
 
 def healing_gpu(g: dict, where: str) -> list[str]:
-    """One GPU scenario of ``benchmarks.healing --gpu``: its sentence and its faults' table."""
+    """One GPU scenario of ``benchmarks.recovery heal --gpu``: its sentence and its faults' table."""
     date = f", {g['date']}" if g.get("date") else ""
     out = ["", f"With vLLM {where} ({g['hardware']}{date}; `{g['command']}`): {g['scenario']}; heartbeat timeout "
            f"{g['heartbeat_timeout_s']:g} s; run finished (exit {g['exit']}) in {g['wall_s_with_faults']:.0f} s with "
