@@ -386,11 +386,12 @@ def learning(args: argparse.Namespace, runs_dir: Path, base: list[str], warm: di
              budget: Budget) -> dict[str, Any]:
     """Every variant x seed (module docstring), the JSON written after each run."""
     kept = load_store(runs_dir)
+    known = kept + load_every(runs_dir)  # what --reuse-runs may take
     new, skipped = [], []
     for variant in args.variant_list:
         for seed in args.seeds:
             overrides = rl_overrides(base, warm, variant, seed, args.rl_set)
-            old = stored(kept + load_every(runs_dir), variant, seed, overrides) if args.reuse_runs else None
+            old = stored(known, variant, seed, overrides) if args.reuse_runs else None
             if old is not None:
                 print(f"{variant} seed {seed}: kept from {old['run_dir']}", flush=True)
                 new.append(judge(old, args.margin))
