@@ -206,17 +206,19 @@ stage_w7plan() {  # what the plan says for W7 on this machine, written down befo
 }
 
 stage_learn() {  # the learning recipe: its warm-up once (~2.5 min), then seeds 0 1 2 (~2 min each)
-  # shellcheck disable=SC2086  # LEARN_RL_SET: RL overrides as words (a learn_sweep candidate's)
+  # shellcheck disable=SC2086  # LEARN_RL_SET: RL overrides as words, or `best` (the learn_sweep winner's)
   TAIL=14 run learn 585 python -m benchmarks.learning_gpu --seeds ${LEARN_SEEDS:-0 1 2} --reuse-runs --budget-s 560 \
     ${LEARN_RL_SET:+--rl-set $LEARN_RL_SET} --out "$OUT/learn"
 }
 
 stage_learn_sweep() {  # recipe candidates, seed 0, from the same warm-up: LEARN_SWEEP="name:k=v k=v;name2:k=v"
-  # the CPU configs that learn sample at 0.7 and take two epochs; a lower lr drifts less; 16 samples a
-  # prompt (1,024 a step) estimate each group's baseline better
-  local spec=${LEARN_SWEEP:-"t07e2:policy.generate.temperature=0.7 algorithm.ppo_epochs=2 trainer.steps=50;\
-t07e2lr5e6:policy.generate.temperature=0.7 algorithm.ppo_epochs=2 policy.train.lr=5e-6 trainer.steps=50;\
-n16:policy.generate.temperature=0.7 trainer.samples_per_prompt=16 algorithm.mini_batch_size=1024 trainer.steps=40"}
+  # At lr 2e-5 the eval fell in the first 5 steps and climbed back after (xrlhf and TRL alike): a fresh
+  # Adam's first steps move every weight by ~lr. So: the lr warmed up over 10 optimizer steps; the same
+  # sampling at 0.7 with two epochs (as the CPU configs that learn); a lower lr with both.
+  local spec=${LEARN_SWEEP:-"w10:policy.train.lr_warmup_steps=10 trainer.steps=50;\
+w20t07e2:policy.generate.temperature=0.7 algorithm.ppo_epochs=2 policy.train.lr_warmup_steps=20 trainer.steps=50;\
+lr5e6w10t07e2:policy.generate.temperature=0.7 algorithm.ppo_epochs=2 policy.train.lr=5e-6 \
+policy.train.lr_warmup_steps=10 trainer.steps=50"}
   local c name left limit=${SWEEP_LIMIT:-230}
   IFS=';' read -ra cands <<< "$spec"
   for c in "${cands[@]}"; do

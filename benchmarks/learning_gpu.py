@@ -72,7 +72,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default=None, help="the policy before the warm-up (default: the recipe's)")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="overrides of every run and the warm-up")
     p.add_argument("--rl-set", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="overrides of the RL runs (and TRL's) only: a recipe candidate that reuses the warm-up")
+                   help="overrides of the RL runs (and TRL's) only: a recipe candidate that reuses the warm-up; "
+                   "`best`: those of the kept seed-0 sync run that rose most (a learn_sweep's winner)")
     p.add_argument("--margin", type=float, default=MARGIN)
     p.add_argument("--reuse-runs", action="store_true", help="a run kept in the runs directory for the same variant, "
                    "seed and overrides is not run again (a cut call goes on where it stopped)")
@@ -259,6 +260,17 @@ def keep_run(runs_dir: Path, run: dict[str, Any]) -> None:
         f.write(json.dumps(run) + "\n")
 
 
+def best_rl_set(runs: list[dict[str, Any]]) -> list[str]:
+    """``--rl-set best``: the RL overrides of the finished seed-0 sync run whose eval rose most
+    (ties: the later run); ``[]`` (the recipe as written) when none was kept."""
+    done = [r for r in runs if (r["variant"], r["seed"]) == ("sync", 0) and not r.get("error")
+            and r.get("rise") is not None]
+    if not done:
+        return []
+    win = max(reversed(done), key=lambda r: r["rise"])
+    return list(win.get("rl_set") or [])
+
+
 def merge(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``old`` runs not replaced by a ``new`` run of the same variant and seed, then ``new``."""
     key = lambda r: (r["variant"], r["seed"])  # noqa: E731
@@ -401,7 +413,7 @@ def learning(args: argparse.Namespace, runs_dir: Path, base: list[str], warm: di
                 print(f"{variant} seed {seed}: not started, {budget.left():.0f} s left of --budget-s (the last run "
                       f"took {budget.last:.0f} s); run again with --reuse-runs to add it", flush=True)
                 continue
-            r = one_run(args, runs_dir, overrides, variant, seed)
+            r = {**one_run(args, runs_dir, overrides, variant, seed), "rl_set": list(args.rl_set)}
             keep_run(runs_dir, r)
             budget.spent(r["wall_s"])
             new.append(r)
@@ -425,7 +437,7 @@ def beside_trl(args: argparse.Namespace, runs_dir: Path, base: list[str], warm: 
     trl = run_trl(args, warm, overrides, Path(args.out), min(args.trl_timeout, left))
     same_call = x is None
     if x is None:
-        x = one_run(args, runs_dir, overrides, "sync", seed)
+        x = {**one_run(args, runs_dir, overrides, "sync", seed), "rl_set": list(args.rl_set)}
         keep_run(runs_dir, x)
     verdict = trl_verdict(x.get("curve") or [], trl["curve"])
     data = {"gpu": gpu_label(), "config": CONFIG, "seed": seed, "warmup": warm, **verdict,
@@ -470,6 +482,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     runs_dir.mkdir(parents=True, exist_ok=True)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     base = base_overrides(args, runs_dir)
+    if args.rl_set == ["best"]:
+        args.rl_set = best_rl_set(load_every(runs_dir))
+        print(f"--rl-set best: {' '.join(args.rl_set) or '(the recipe as written)'}", flush=True)
     if args.dry_run:
         return dry_run(args, runs_dir, base)
     if not args.cpu_smoke:

@@ -343,6 +343,8 @@ def learn_config(args: argparse.Namespace, cfg, out: Path, cuda: bool):
     if mini % args.micro_batch or batch % mini:
         sys.exit(f"the recipe's mini-batch {mini} must divide prompts_per_step x samples_per_prompt = {batch} "
                  f"and divide by --micro-batch {args.micro_batch}")
+    if cfg.policy.train.lr_schedule != "constant":
+        sys.exit(f"policy.train.lr_schedule={cfg.policy.train.lr_schedule}: only the constant schedule is mirrored")
     extra = g.engine_fields()  # the chosen backend's own options too (vLLM's)
     return GRPOConfig(
         output_dir=str(out / "trainer"),
@@ -364,7 +366,9 @@ def learn_config(args: argparse.Namespace, cfg, out: Path, cuda: bool):
         num_iterations=epochs,
         beta=cfg.algorithm.options().get("kl_coef", 0.0),
         learning_rate=cfg.policy.train.lr,
-        lr_scheduler_type="constant",
+        # xrlhf's schedule: constant after a linear warm-up of lr_warmup_steps optimizer steps
+        lr_scheduler_type="constant_with_warmup" if cfg.policy.train.lr_warmup_steps else "constant",
+        warmup_steps=cfg.policy.train.lr_warmup_steps,
         shuffle_dataset=False,
         seed=cfg.seed,
         max_steps=t.steps * (batch // mini) * epochs,

@@ -124,6 +124,23 @@ def test_a_candidate_replaced_in_the_table_stays_reusable(tmp_path):
     assert learning_gpu.stored(every, "sync", 0, ["lr=3"]) is None and learning_gpu.load_store(tmp_path) == []
 
 
+def test_best_takes_the_sweep_winner_and_the_dry_run_validates_it(bpe_model, data, tmp_path):
+    """``--rl-set best``: the RL overrides of the kept seed-0 sync run that rose most (a tie goes
+    to the later run; an errored run or another seed never wins); none kept: the recipe as written."""
+    run = lambda rl, rise, **kw: {"variant": "sync", "seed": 0, "rl_set": rl, "rise": rise, "error": None, **kw}  # noqa: E731
+    runs = [run(["policy.train.lr=1e-5"], 0.02), run(["policy.train.lr_warmup_steps=10"], 0.06),
+            run(["policy.train.lr=1e-4"], 0.3, error="died"), run(["trainer.steps=3"], 0.5, seed=1),
+            run(["policy.generate.temperature=0.7"], 0.06)]
+    assert learning_gpu.best_rl_set(runs) == ["policy.generate.temperature=0.7"]
+    assert learning_gpu.best_rl_set([]) == []
+    (tmp_path / "r").mkdir()
+    for r in runs:
+        learning_gpu.keep_run(tmp_path / "r", r)
+    out = learning_gpu.main(["--dry-run", "--model", bpe_model, "--set", f"env.options.dataset={data}", "--rl-set",
+                             "best", "--runs-dir", str(tmp_path / "r"), "--out", str(tmp_path)])
+    assert out["configs"]["sync"].policy.generate.temperature == 0.7
+
+
 def test_the_report_section(tmp_path):
     text = "\n".join(report.learning_gpu(None, None, str))
     assert "Not run yet: `python -m benchmarks.learning_gpu --out benchmarks/results`" in text
