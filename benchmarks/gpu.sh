@@ -63,10 +63,12 @@ run() {  # run NAME LIMIT CMD...: under timeout, logged to $OUT/NAME.log, the ta
 stage_install() {  # the stack alone (what needs no model)
   if [ ! -d /root/site/vllm ]; then
     log "installing the stack"
-    if [ "$(cd /root/wc && cat $(ls p* | sort -V) | head -c 6 | od -An -tx1 | tr -d ' ')" = "fd377a585a00" ]; then
-      # the stack installed here beforehand (benchmarks/stage_site.sh: `site/` as xz, ~2x smaller than its wheels)
+    local magic
+    magic=$(cd /root/wc && cat $(ls p* | sort -V) | head -c 6 | od -An -tx1 | tr -d ' ')
+    if [ "$magic" = "fd377a585a00" ] || [ "${magic:0:4}" = "1f8b" ]; then
+      # the stack installed here beforehand (benchmarks/stage_site.sh: `site/` as xz or gzip, smaller than its wheels)
       (cd /root/wc && cat $(ls p* | sort -V) | python3 -c "import sys, tarfile; tarfile.open(fileobj=sys.stdin.buffer, \
-        mode='r|xz').extractall('/root', filter='fully_trusted')" && rm -f p* && \
+        mode='r|*').extractall('/root', filter='fully_trusted')" && rm -f p* && \
         grep -l '^#!.*python' /root/site/bin/* | xargs sed -i '1s|^#!.*python.*|#!/usr/bin/env python3|' && \
         echo installed) 2>&1 | tail -2
     else
@@ -76,9 +78,14 @@ stage_install() {  # the stack alone (what needs no model)
     fi
     log "installed"
   fi
-  if ls /root/wcn/p* >/dev/null 2>&1; then  # a second xz stream of site/ (torch's nvidia libraries), unpacked over it
-    (cd /root/wcn && cat $(ls p* | sort -V) | python3 -c "import sys, tarfile; tarfile.open(fileobj=sys.stdin.buffer, \
-      mode='r|xz').extractall('/root', filter='fully_trusted')" && rm -f p* && echo "libraries installed") 2>&1 | tail -2
+  if ls /root/wcn/p* >/dev/null 2>&1; then  # a second stream: torch's nvidia libraries, installed over site/
+    if [ "$(cd /root/wcn && cat $(ls p* | sort -V) | head -c 6 | od -An -tx1 | tr -d ' ')" = "fd377a585a00" ]; then
+      (cd /root/wcn && cat $(ls p* | sort -V) | python3 -c "import sys, tarfile; tarfile.open(fileobj=sys.stdin.buffer, \
+        mode='r|xz').extractall('/root', filter='fully_trusted')" && rm -f p* && echo "libraries installed") 2>&1 | tail -2
+    else  # a tar of their wheels (benchmarks/stage_stack.sh)
+      (cd /root/wcn && cat $(ls p* | sort -V) | tar xf - && rm -f p* && python3 -m pip install -q --no-index --no-deps \
+        --no-compile --upgrade --target /root/site nvidia/*.whl && rm -rf nvidia && echo "libraries installed") 2>&1 | tail -2
+    fi
   fi
   # Byte-compiled like any installed stack (pip --no-compile above), and the image's packages too
   # (the top of this file says why): `import vllm` reads .pyc, not source, in every start-up measured after
@@ -213,13 +220,12 @@ stage_learn() {  # the learning recipe: its warm-up once (~2.5 min), then seeds 
 
 stage_learn_sweep() {  # recipe candidates, seed 0, from the same warm-up: LEARN_SWEEP="name:k=v k=v;name2:k=v"
   # At lr 2e-5 the eval fell in the first 5 steps and climbed back after (xrlhf and TRL alike): a fresh
-  # Adam's first steps move every weight by ~lr. So: the lr warmed up over 10 optimizer steps; the same
-  # sampling at 0.7 with two epochs (as the CPU configs that learn); a lower lr with both.
-  local spec=${LEARN_SWEEP:-"w10:policy.train.lr_warmup_steps=10 trainer.steps=50;\
-w20t07e2:policy.generate.temperature=0.7 algorithm.ppo_epochs=2 policy.train.lr_warmup_steps=20 trainer.steps=50;\
-lr5e6w10t07e2:policy.generate.temperature=0.7 algorithm.ppo_epochs=2 policy.train.lr=5e-6 \
-policy.train.lr_warmup_steps=10 trainer.steps=50"}
-  local c name left limit=${SWEEP_LIMIT:-230}
+  # Adam's first steps move every weight by ~lr. So the lr warms up (over 10 RL steps), with sampling at
+  # 0.7 and two epochs (as the CPU configs that learn); the same at lr 5e-6; the warm-up alone.
+  local spec=${LEARN_SWEEP:-"w20t07e2:policy.generate.temperature=0.7 algorithm.ppo_epochs=2 policy.train.lr_warmup_steps=20 \
+trainer.steps=50;lr5e6w10t07e2:policy.generate.temperature=0.7 algorithm.ppo_epochs=2 policy.train.lr=5e-6 \
+policy.train.lr_warmup_steps=10 trainer.steps=50;w10:policy.train.lr_warmup_steps=10 trainer.steps=50"}
+  local c name left limit=${SWEEP_LIMIT:-250}  # the first candidate holds the warm-up (~55 s)
   IFS=';' read -ra cands <<< "$spec"
   for c in "${cands[@]}"; do
     name=${c%%:*}

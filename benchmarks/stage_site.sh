@@ -37,7 +37,9 @@ tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
 part=$(( (62 << 20) - tree ))
 rm -rf "$parts"/x-*
 mkdir -p "$parts"
-tar cf - -C "$work" site | xz -T0 "${XZ_LEVEL:--6}" | split -b "$part" -d -a 2 - "$work/p"
+# PACK=gzip: ~25% more parts, at a few minutes of one core instead of ~40 of two (xz -6)
+if [ "${PACK:-xz}" = gzip ]; then pack=(gzip -6); else pack=(xz -T0 "${XZ_LEVEL:--6}"); fi
+tar cf - -C "$work" site | "${pack[@]}" | split -b "$part" -d -a 2 - "$work/p"
 n=0
 for f in "$work"/p??; do mkdir -p "$parts/x-$n"; mv "$f" "$parts/x-$n/p"; n=$((n + 1)); done
 bytes=$(du -cb "$parts"/x-*/p | tail -1 | cut -f1)
