@@ -84,6 +84,7 @@ def group_estimator(o: CriticFreeConfig, algorithm: str) -> GroupEstimator:
 
 
 def critic_free_errors(cfg: XConfig, o: CriticFreeConfig) -> list[str]:
+    """The policy-gradient checks and the estimator's."""
     return policy_gradient_errors(cfg, o) + estimator_errors(cfg, o)
 
 

@@ -245,6 +245,7 @@ class KTOOnline(KTOMixin):
 
 
 def kto_online_errors(cfg: XConfig, o: KTOOnlineConfig) -> list[str]:
+    """Online KTO's checks besides ``common_errors``: the mini-batch, a reference, two prompts per step."""
     errors = check_mini_batch(cfg, o.mini_batch_size)
     if cfg.reference is None:
         errors.append("reference: kto_online needs a frozen reference model (reference: {} uses the "
@@ -256,6 +257,7 @@ def kto_online_errors(cfg: XConfig, o: KTOOnlineConfig) -> list[str]:
 
 
 def kto_online_steps(cfg: XConfig, o: KTOOnlineConfig) -> dict[str, int]:
+    """``epochs`` x mini-batches per step, for the policy."""
     batch = cfg.trainer.prompts_per_step * cfg.trainer.samples_per_prompt
     return {"policy": cfg.trainer.steps * o.epochs * (batch // o.mini_batch_size)}
 
