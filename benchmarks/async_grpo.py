@@ -63,10 +63,11 @@ import tempfile
 import time
 import traceback
 from contextlib import contextmanager, nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from xrlhf.algorithms.critic_free import CriticFreeTrainer
+from xrlhf.algorithms import ALGORITHMS, RLTrainer
 
 CONFIG = "configs/gpu/grpo_w.yaml"
 DEFAULT_VARIANTS = "sync-colocated,async-colocated,sync-split,async-split"
@@ -82,8 +83,8 @@ SPLIT = ["ray.num_gpus=2", "policy.generate.resources.ranks=1", "policy.generate
 engine process, as it was measured on two GPUs (the in-process default has not run there yet)."""
 
 
-class BusyGRPO(CriticFreeTrainer):
-    """GRPO whose every step also reports each sampled GPU's busy share and peak memory
+class BusyLoop(RLTrainer):
+    """The online loop whose every step also reports each sampled GPU's busy share and peak memory
     (``gpu<i>/busy``, ``gpu<i>/peak_gib``), the samplers reset at the step's start."""
 
     samplers: list = []  # DeviceMemorySampler per GPU used, set by main() on the imported module
@@ -99,6 +100,10 @@ class BusyGRPO(CriticFreeTrainer):
             metrics[f"gpu{i}/peak_gib"] = s.peak()
         return metrics
 
+
+
+BusyGRPO = replace(ALGORITHMS.get("grpo"), loop=BusyLoop)
+"""GRPO run by ``BusyLoop`` (``algorithm.name: benchmarks.async_grpo:BusyGRPO``)."""
 
 # -- variants and their configs ---------------------------------------------------------------
 def parse_variant(name: str) -> tuple[str, int]:
@@ -324,7 +329,7 @@ def run_variant(name: str, cfg, overrides: list[str], args: argparse.Namespace,
 
     layout, k = parse_variant(name)
     used = machine[:2 if layout == "split" else 1]
-    this.BusyGRPO.samplers = samplers = [DeviceMemorySampler(gpu=g["index"]) for g in used]
+    this.BusyLoop.samplers = samplers = [DeviceMemorySampler(gpu=g["index"]) for g in used]
     run_dir = Path(tempfile.mkdtemp(prefix=f"async_grpo-{name}-"))
     t0 = time.time()
     error = None
@@ -336,7 +341,7 @@ def run_variant(name: str, cfg, overrides: list[str], args: argparse.Namespace,
     finally:
         for s in samplers:
             s.close()
-        this.BusyGRPO.samplers = []
+        this.BusyLoop.samplers = []
     wall = round(time.time() - t0, 1)
     rows = read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
     entry = {"variant": name, "gpu": used[0]["name"] if used else "none",

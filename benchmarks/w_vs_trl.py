@@ -142,7 +142,7 @@ def _run_xrlhf(name: str, overrides: list[str], env: dict[str, str], model: str,
 
     cfg = load_config(Path(args.config), all_overrides)
     used = machine[:2 if "ray.num_gpus=2" in overrides else 1]  # the split layout samples both GPUs
-    ag.BusyGRPO.samplers = samplers = [DeviceMemorySampler(gpu=g["index"]) for g in used]
+    ag.BusyLoop.samplers = samplers = [DeviceMemorySampler(gpu=g["index"]) for g in used]
     run_dir = Path(tempfile.mkdtemp(prefix=f"w_vs_trl-{name}-"))
     t0, error = time.time(), None
     try:
@@ -153,7 +153,7 @@ def _run_xrlhf(name: str, overrides: list[str], env: dict[str, str], model: str,
     finally:
         for s in samplers:
             s.close()
-        ag.BusyGRPO.samplers = []
+        ag.BusyLoop.samplers = []
     rows = read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
     keep = Path(args.out) / f"xrlhf-{name}"  # the run's own log and metrics beside the figures
     keep.mkdir(parents=True, exist_ok=True)

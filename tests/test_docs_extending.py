@@ -74,7 +74,7 @@ def test_engine_owns_a_validated_option_and_reports_the_same_loss(mypkg, tiny_mo
 
 
 def test_algorithm_validates_its_options_and_updates(mypkg, tiny_model):
-    algo = {"name": "mypkg.algos:BaselineTrainer", "baseline": 0.3, "kl_coef": 0, "mini_batch_size": 8}
+    algo = {"name": "mypkg.algos:BASELINE_PG", "baseline": 0.3, "kl_coef": 0, "mini_batch_size": 8}
     cfg = validate_dict(config(tiny_model, algorithm=algo, trainer={"prompts_per_step": 4, "samples_per_prompt": 2}))
     assert algorithm_options(cfg).baseline == 0.3
     assert errors(config(tiny_model, algorithm={**algo, "baselin": 0.3}))[0].startswith("algorithm.baselin: unknown key")

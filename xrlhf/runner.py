@@ -350,12 +350,12 @@ def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resu
     tokenizer = load_tokenizer(cfg.policy.model)
     ckpt, state, model_dir, extra, t_start = _start_point(cfg, out, tracker, stop, resume, env, tokenizer)
     _stop_before_rl(stop, out)
-    trainer_cls = ALGORITHMS.get(cfg.algorithm.name)
+    algorithm = ALGORITHMS.get(cfg.algorithm.name)
     options = algorithm_options(cfg)
     # compiled kernels go under the run (a worker restarted elsewhere finds them), unless the user chose
     cache = None if os.environ.get("TORCHINDUCTOR_CACHE_DIR") else str(out / "cache")
-    plan = topology(cfg, model_dir, trainer_cls.train_steps(cfg, options), policy_head=trainer_cls.policy_head,
-                    generate=trainer_cls.uses_generation, concurrent_generate=episode_calls(cfg, env), cache_dir=cache)
+    plan = topology(cfg, model_dir, algorithm.train_steps(cfg, options), policy_head=algorithm.policy_head,
+                    generate=algorithm.uses_generation, concurrent_generate=episode_calls(cfg, env), cache_dir=cache)
     # the one interface through which the run's parts call back into this shell
     hooks = RunHooks(log=tracker, transcripts=lambda step, trajs: write_transcripts(out, step, trajs, tokenizer),
                      workers=lambda pids: write_pids(out, pids))
@@ -371,7 +371,7 @@ def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resu
         _stop_before_rl(stop, out)
         stop.doing = "the current step, then checkpoint and exit"
         trainer = build_trainer(cfg, options, coord, env, tokenizer, build_reward(cfg, env, coord), hooks,
-                                cls=trainer_cls)
+                                algorithm=algorithm)
         hooks.running_step = lambda: trainer.step_idx + 1
         if state is not None:
             restore_handles(ckpt, coord.handles)

@@ -11,7 +11,7 @@ the same engines:
   logprobs from the hidden states chunk by chunk, no entropy (no loss term or metric needs it).
 
 For each: seconds per train step (one optimizer step over the batch), seconds per logprob
-phase (the old policy's and the reference's forward, as ``PolicyGradientTrainer`` runs them)
+phase (the old policy's and the reference's forward, as ``PolicyGradient`` runs them)
 and the device's peak memory during each. Then a longer workload (prompts of 32-512 tokens,
 responses of 1-1024), where padding costs most, reports the packed path's speed-up as a ratio.
 Both paths' logprobs on the same weights are compared (``max_abs_logprob_diff``).

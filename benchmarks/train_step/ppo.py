@@ -20,15 +20,16 @@ import argparse
 import json
 import statistics
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
-from xrlhf.algorithms.ppo import PPOTrainer
+from xrlhf.algorithms import ALGORITHMS, RLTrainer
 
 SAMPLER = None  # the DeviceMemorySampler of this run, set by main() on the imported module
 
 
-class MemoryPPO(PPOTrainer):
-    """PPO whose every step also reports its peak GPU memory (``mem/...`` metrics)."""
+class MemoryLoop(RLTrainer):
+    """The online loop whose every step also reports its peak GPU memory (``mem/...`` metrics)."""
 
     def step(self) -> dict[str, float]:
         if SAMPLER is not None:
@@ -44,6 +45,10 @@ class MemoryPPO(PPOTrainer):
             metrics["mem/device_peak_gb"] = SAMPLER.peak()
         return metrics
 
+
+
+MemoryPPO = replace(ALGORITHMS.get("ppo"), loop=MemoryLoop)
+"""PPO run by ``MemoryLoop`` (``algorithm.name: benchmarks.train_step.ppo:MemoryPPO``)."""
 
 KEYS = {"generate_s": "time/generate_s", "infer_s": "time/infer_s", "train_s": "time/train_s",
         "sync_s": "time/sync_s", "sleep_s": "time/sleep_s", "step_s": "time/step_s",

@@ -78,7 +78,7 @@ def test_advantages_are_the_teacher_log_ratio_on_model_tokens_only(models, diver
     masks = [[1.0, 0.0, 1.0, 1.0][: 2 + i % 3] for i in range(8)]  # the second token is the environment's
     r = rollout(masks)
     mask = r.batch["response_mask"]
-    student, teacher = infer(trainer.policy, r.batch), infer(trainer.teacher, r.batch)
+    student, teacher = infer(trainer.policy, r.batch), infer(trainer.handles.teacher, r.batch)
     ratio = -(student - teacher) * mask
     if divergence == "reverse_kl":
         want = ratio

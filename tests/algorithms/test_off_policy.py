@@ -5,7 +5,6 @@ token and sequence level against hand-computed numbers, their stats, the stalene
 
 import math
 import pickle
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,7 +12,7 @@ import torch
 from xrlhf.algorithms import functional as F
 from xrlhf.algorithms.losses import PolicyLoss
 from xrlhf.algorithms.off_policy import MAX_LOG_WEIGHT, OffPolicy, is_weights, staleness_metrics
-from xrlhf.algorithms.ppo import PolicyGradientTrainer
+from xrlhf.algorithms.policy_update import policy_loss
 from xrlhf.data.batch import Batch
 from xrlhf.engines.base import ForwardOutput
 from xrlhf.engines.training import loss_units
@@ -245,10 +244,9 @@ def test_off_policy_block_defaults_and_reaches_the_loss(model):
         ("tis", "token", 2.0, (0.5, 2.0))
     o = algorithm_options(validate_dict(config(model, {"off_policy": {"correction": "mis", "level": "sequence",
                                                                       "bounds": [0.25, 4]}})))
-    trainer = SimpleNamespace(options=o, kl_ctl=F.FixedKLController(0.0))
-    assert PolicyGradientTrainer.policy_loss(trainer).off_policy == OffPolicy("mis", "sequence", 2.0, (0.25, 4.0))
+    assert policy_loss(o, 0.0).off_policy == OffPolicy("mis", "sequence", 2.0, (0.25, 4.0))
     o = algorithm_options(validate_dict(config(model, {"tis_cap": 3.0})))
-    loss_fn = PolicyGradientTrainer.policy_loss(SimpleNamespace(options=o, kl_ctl=F.FixedKLController(0.0)))
+    loss_fn = policy_loss(o, 0.0)
     assert (loss_fn.tis_cap, loss_fn.off_policy) == (3.0, None)
 
 

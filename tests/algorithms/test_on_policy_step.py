@@ -1,5 +1,5 @@
 """One on-policy step (``ppo_epochs: 1``, one mini-batch, no dropout, the KL a loss term) skips the
-policy's old-logprob forward (``PolicyGradientTrainer.reuses_train_forward``): GRPO and PPO update
+policy's old-logprob forward (``PolicyGradient.reuses_train_forward``): GRPO and PPO update
 the weights as when the forward runs, and report the same metrics, from the train step."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def make_trainer(model: str, algorithm: dict, skip: bool, monkeypatch):
     trainer = build_trainer(cfg, algorithm_options(cfg), handles, build_env("reasoning", {}, 0), load_tokenizer(model),
                             reward=None, hooks=RunHooks())
     if not skip:
-        monkeypatch.setattr(trainer, "reuses_train_forward", lambda batch: False)
+        monkeypatch.setattr(trainer.update, "reuses_train_forward", lambda batch: False)
     return trainer
 
 
@@ -85,6 +85,6 @@ def test_no_skip_where_the_old_policy_is_not_the_trained_one(tiny_model, monkeyp
     for algorithm in ({"name": "grpo", "ppo_epochs": 2}, {"name": "grpo", "mini_batch_size": ROWS // 2},
                       {"name": "grpo", "kl_in_reward": True, "advantage_estimator": "reinforce_pp"},
                       {"name": "ppo", "kl_in_reward": True}):
-        assert not make_trainer(tiny_model, algorithm, True, monkeypatch).reuses_train_forward(batch), algorithm
+        assert not make_trainer(tiny_model, algorithm, True, monkeypatch).update.reuses_train_forward(batch), algorithm
     assert make_trainer(tiny_model, {"name": "ppo", "kl_in_reward": True, "kl_coef": 0.0}, True,
-                        monkeypatch).reuses_train_forward(batch)
+                        monkeypatch).update.reuses_train_forward(batch)

@@ -81,7 +81,7 @@ def test_logprobs_are_asked_for_only_where_read_or_free(tiny_model):
     """vLLM's per-token logprobs cost throughput: a rollout asks for them only when the update
     weighs by them (truncated IS, an off-policy correction); the Transformers engine's are free
     and kept for the mismatch metric. An evaluation never asks."""
-    from xrlhf.algorithms.critic_free import CriticFreeTrainer
+    from xrlhf.algorithms import ALGORITHMS
     from xrlhf.algorithms.rollout.build import rollout_sampling
     from xrlhf.config.schema import XConfig
 
@@ -90,7 +90,7 @@ def test_logprobs_are_asked_for_only_where_read_or_free(tiny_model):
                                       "policy": {"model": tiny_model, "generate": {"engine": engine}},
                                       "algorithm": {"name": "grpo", "kl_coef": 0.0, **algorithm}})
         options = algorithm_options(cfg)
-        return rollout_sampling(cfg, CriticFreeTrainer.reads_behaviour_logprobs(cfg, options)).params.logprobs
+        return rollout_sampling(cfg, ALGORITHMS.get("grpo").reads_behaviour_logprobs(cfg, options)).params.logprobs
 
     assert not sampled("vllm") and sampled("vllm", tis_cap=2.0) and sampled("vllm", off_policy={"correction": "none"})
     assert sampled("hf")

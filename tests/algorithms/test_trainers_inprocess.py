@@ -67,14 +67,14 @@ def test_online_kto_reference_point_is_policy_kl_on_mismatched_pairs(model_dir):
     for _ in range(3):  # make the policy like the mismatched completions more than the reference does
         policy.train_step(mism, SFTLoss())
 
-    train, kl = trainer.kto_batches(prompts, completions, torch.tensor([True, False, True, False]), groups)
+    train, kl = trainer.update.kto_batches(prompts, completions, torch.tensor([True, False, True, False]), groups)
     pol, ref = seq_logps(policy, mism), seq_logps(reference, mism)
     want = float((pol - ref).mean().clamp(min=0))
     assert want > 0.01
     assert torch.allclose(kl["ref_logps"], ref, atol=1e-5)
     assert torch.allclose(train["ref_logps"], seq_logps(reference, build_sequences(prompts, completions, 0)), atol=1e-5)
 
-    metrics = trainer.kto_step(train, kl)
+    metrics = trainer.update.kto_step(train, kl)
     assert torch.allclose(train["z_ref"], torch.full((4,), want), atol=1e-5)
     assert metrics["kto/kl"] == pytest.approx(want, abs=1e-5)
     assert metrics["kto/desirable_fraction"] == 0.5
@@ -86,18 +86,18 @@ def test_kto_balanced_weights_are_set_from_all_the_rows_of_an_update(model_dir):
     labels = torch.tensor([True, False, False, False, True, True, True, False])
     groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
     fixed = make_trainer(model_dir, {"name": "kto_online", "mini_batch_size": 8, "desirable_weight": 1.5})
-    assert fixed.kto_batches(prompts, completions, labels, groups)[0]["desirable_weight"].tolist() == [1.5] * 8
+    assert fixed.update.kto_batches(prompts, completions, labels, groups)[0]["desirable_weight"].tolist() == [1.5] * 8
     # one ratio over the 8 rows: n_d = n_u = 4 -> w_d = 4/3 * 1 * 4 / 4
     batch = make_trainer(model_dir, {"name": "kto_online", "mini_batch_size": 8, "balance_ratio": 4 / 3})
-    assert batch.kto_batches(prompts, completions, labels, groups)[0]["desirable_weight"].tolist() == \
+    assert batch.update.kto_batches(prompts, completions, labels, groups)[0]["desirable_weight"].tolist() == \
         pytest.approx([4 / 3] * 8)
     # per prompt: prompt 0 has 1 desirable, 3 not -> 4/3 * 3 = 4; prompt 1 has 3 and 1 -> 4/3 / 3 = 4/9
     per = make_trainer(model_dir, {"name": "kto_online", "mini_batch_size": 8, "balance_ratio": 4 / 3,
                                    "balance_per_prompt": True})
-    train, kl = per.kto_batches(prompts, completions, labels, groups)
+    train, kl = per.update.kto_batches(prompts, completions, labels, groups)
     assert train["desirable_weight"].tolist() == pytest.approx([4.0] * 4 + [4 / 9] * 4)
     # a mini-batch keeps its rows' weights (no recount on part of a prompt's samples)
-    metrics = per.kto_step(train.index(torch.tensor([0, 1, 4, 7])), kl.index(torch.tensor([0, 1, 4, 7])))
+    metrics = per.update.kto_step(train.index(torch.tensor([0, 1, 4, 7])), kl.index(torch.tensor([0, 1, 4, 7])))
     assert metrics["kto/desirable_weight"] == pytest.approx((4.0 + 4 / 9) / 2)
 
 
@@ -125,7 +125,7 @@ GROUP_LOOP = {
 def test_critic_free_advantages_match_reference_loop(model_dir, name):
     trainer = make_trainer(model_dir, {"name": name, "mini_batch_size": 8}, {"reference": None})
     scores, groups, lengths = [1.0, 0.0, 0.5, 1.0, 0.0, 0.0, 2.0, 1.0], [0, 0, 0, 0, 1, 1, 1, 1], [2, 3, 1, 3, 3, 2, 1, 2]
-    adv = trainer.advantages(rollout_for(trainer, scores, groups, lengths))
+    adv = trainer.update.advantages(rollout_for(trainer, scores, groups, lengths))
     for i, n in enumerate(lengths):
         group = [scores[k] for k in range(8) if groups[k] == groups[i]]
         want = GROUP_LOOP[name](group, scores[i])
@@ -150,13 +150,13 @@ def test_reinforce_pp_puts_the_kl_in_the_reward(model_dir):
                 out[t] = g
         returns.append(out)
     want = masked_whiten(torch.tensor(returns), mask)
-    assert torch.allclose(trainer.advantages(rollout), want, atol=1e-5)
+    assert torch.allclose(trainer.update.advantages(rollout), want, atol=1e-5)
 
 
 def test_custom_estimator_registered_in_a_test_module_is_used(model_dir):
     trainer = make_trainer(model_dir, {"name": "critic_free", "advantage_estimator": "test_row_score",
                                        "mini_batch_size": 8}, {"reference": None})
-    adv = trainer.advantages(rollout_for(trainer, [3.0, -1.0] * 4, [0, 0, 1, 1, 2, 2, 3, 3], [1, 2] * 4))
+    adv = trainer.update.advantages(rollout_for(trainer, [3.0, -1.0] * 4, [0, 0, 1, 1, 2, 2, 3, 3], [1, 2] * 4))
     assert adv[0].tolist() == [3.0, 0.0] and adv[1].tolist() == [-1.0, -1.0]
     metrics = trainer.update(rollout_for(trainer, [3.0, -1.0] * 4, [0, 0, 1, 1, 2, 2, 3, 3], [1, 2] * 4), {})
     assert "policy/loss" in metrics and metrics["advantages/abs_mean"] > 0
@@ -186,7 +186,7 @@ def test_online_kto_keeps_all_rows_or_only_mixed_groups(model_dir):
     labels = torch.tensor([True, False, True, True, False, False, True, False])
     groups = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
     plain = make_trainer(model_dir, {"name": "kto_online", "mini_batch_size": 8})
-    assert plain.kept_rows(labels, groups).tolist() == list(range(8))
+    assert plain.update.kept_rows(labels, groups).tolist() == list(range(8))
     mixed = make_trainer(model_dir, {"name": "kto_online", "mini_batch_size": 8, "filter_uniform_groups": True})
-    assert mixed.kept_rows(labels, groups).tolist() == [0, 1, 6, 7]  # prompts 0 and 3 got both labels
-    assert mixed.kept_rows(torch.tensor([True, False, True, True]), torch.tensor([0, 0, 1, 1])).tolist() == []
+    assert mixed.update.kept_rows(labels, groups).tolist() == [0, 1, 6, 7]  # prompts 0 and 3 got both labels
+    assert mixed.update.kept_rows(torch.tensor([True, False, True, True]), torch.tensor([0, 0, 1, 1])).tolist() == []

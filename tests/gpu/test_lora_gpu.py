@@ -122,26 +122,35 @@ def test_vllm_samples_from_the_adapted_policy(bf16_model, prompts, sync, transpo
 
 
 W_SMALL = ["trainer.steps=3", "trainer.eval_size=32", "algorithm.name=tests.gpu.test_lora_gpu:MemoryGRPO",
-           "algorithm.advantage_estimator=grpo"]  # a trainer given by import path names no estimator
+           "algorithm.advantage_estimator=grpo"]  # an algorithm given by import path names no estimator
+
+
+class _MeasuredUpdate:
+    """An update that also reports the policy workers' peak allocated GPU memory during it
+    (``mem/policy_peak_gib``: logprobs, the reference from the base, the train step; vLLM sleeps
+    meanwhile), the peak reset as the update starts; the rest is the inner update's."""
+
+    def __init__(self, inner, policy):
+        self.inner, self.policy = inner, policy
+
+    def __call__(self, rollout, timings):
+        self.policy.memory_stats(reset=True)
+        metrics = self.inner(rollout, timings)
+        stats = self.policy.memory_stats()
+        metrics["mem/policy_peak_gib"] = max(s.get("max_allocated_gb", 0.0) for s in stats)
+        return metrics
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
 
 
 def _memory_grpo():
-    from xrlhf.algorithms.critic_free import CriticFreeTrainer
+    from dataclasses import replace
 
-    class MemoryGRPO(CriticFreeTrainer):
-        """GRPO whose every step also reports the policy workers' peak allocated GPU memory during
-        the update (``mem/policy_peak_gib``: logprobs, the reference from the base, the train
-        step; vLLM sleeps meanwhile), the peak reset as the update starts."""
+    from xrlhf.algorithms import ALGORITHMS
 
-        def update(self, rollout, timings):
-            self.policy.memory_stats(reset=True)
-            metrics = super().update(rollout, timings)
-            stats = self.policy.memory_stats()
-            metrics["mem/policy_peak_gib"] = max(s.get("max_allocated_gb", 0.0) for s in stats)
-            return metrics
-
-    MemoryGRPO.__module__, MemoryGRPO.__qualname__ = __name__, "MemoryGRPO"
-    return MemoryGRPO
+    grpo = ALGORITHMS.get("grpo")
+    return replace(grpo, parts=lambda options, loop: _MeasuredUpdate(grpo.parts(options, loop), loop.policy))
 
 
 MemoryGRPO = _memory_grpo()

@@ -1,11 +1,11 @@
 """The trainer loops: ``Trainer`` (what every algorithm shares) and ``RLTrainer`` (online).
 
 ``Trainer`` is the outer loop of every algorithm: evaluate, ``steps`` x ``step()``, evaluate;
-the trainer state for exact resume; the one progress line (a declarative ``progress_keys``
-per class). Two siblings fill in ``step``: ``RLTrainer`` here (rollout -> reward -> ``update``
--> weight sync; PPO, GRPO & co, online KTO implement ``update``) and ``OfflineTrainer``
-(``algorithms/offline.py``: the next rows of a dataset -> ``train_on``; DPO, offline KTO, the
-reward model). An algorithm declares its options as a pydantic ``Config``.
+the trainer state for exact resume; the one progress line. ``RLTrainer`` here is the one online
+loop (rollout -> reward -> its ``update`` part -> weight sync); an online algorithm is a
+registration (``algorithms/spec.py:Algorithm``) that says which ``update`` it builds. The
+sibling ``OfflineTrainer`` (``algorithms/offline.py``: the next rows of a dataset ->
+``train_on``; DPO, offline KTO, the reward model) is still subclassed per algorithm.
 
 Trainers talk to the models through the typed seam of ``algorithms/handles.py`` only
 (``self.policy.generate``, ``.infer``, ``.train_step``), never to Ray or to engines, and pass
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Protocol
 
 import torch
 from loguru import logger
@@ -38,17 +38,22 @@ from xrlhf.utils.registry import Registry
 from xrlhf.utils.timeline import Timeline
 from xrlhf.utils.run_hooks import RunHooks
 
-ALGORITHMS: Registry[type] = Registry("algorithm")
+ALGORITHMS: Registry[Any] = Registry("algorithm")
+"""Name -> an ``Algorithm`` (online) or an ``OfflineTrainer`` subclass (offline)."""
 
 EPISODE_KEYS = (("episode/turns_mean", "turns"), ("episode/tool_calls_mean", "tool_calls"),
                 ("episode/tool_errors_mean", "tool_errors"), ("episode/tool_timeouts_mean", "tool_timeouts"),
                 ("episode/step_timeouts_mean", "step_timeouts"), ("episode/truncated_frac", "truncated"))
 """What the progress line shows of an episode env's rollout, when its metrics have it."""
 
+RL_PROGRESS = (("reward/mean", "reward"), ("kl/mean", "kl"), ("policy/loss", "pg_loss"),
+               ("critic/loss", "vf_loss"), ("policy/entropy", "entropy"))
+"""The progress line's keys of an online step (an ``Algorithm``'s default ``progress_keys``)."""
 
 
 def register_algorithm(name: str):
-    """Decorator registering a ``Trainer`` subclass under ``algorithm.name: <name>``."""
+    """Decorator registering an ``Algorithm`` (or an ``OfflineTrainer`` subclass) under
+    ``algorithm.name: <name>``; ``register_algorithm(name)(obj)`` registers an object."""
     return ALGORITHMS.register(name)
 
 
@@ -114,16 +119,7 @@ class Trainer(ABC):
     @classmethod
     def check_config(cls, cfg: XConfig, options: BaseModel) -> list[str]:
         """Cross-section checks; each returned line names the YAML path and the fix."""
-        errors = []
-        if cls.needs_critic and cfg.critic is None:
-            errors.append(f"critic: algorithm {cfg.algorithm.name!r} needs a critic section (critic: {{}} "
-                          f"uses the policy's model with a new value head)")
-        if cfg.teacher is not None and not cls.uses_teacher:
-            errors.append(f"teacher: algorithm {cfg.algorithm.name!r} uses no teacher (algorithm distill does); "
-                          f"remove the section")
-        errors += _check_reward_source(cfg)
-        errors += _check_rollout(cls, cfg)
-        return errors
+        return common_errors(cls, cfg)
 
     @classmethod
     def train_steps(cls, cfg: XConfig, options: BaseModel) -> dict[str, int]:
@@ -242,32 +238,35 @@ class Trainer(ABC):
 
 class RLTrainer(Trainer):
     """Online RL: each ``step`` takes batch ``s`` from the producer, runs ``update`` (the
-    algorithm) and publishes version ``s`` to the generators (``algorithms/rollout``).
+    algorithm's part, built by its ``Algorithm.parts``) and publishes version ``s`` to the
+    generators (``algorithms/rollout``).
 
     ``rollout.max_staleness`` only changes when the producer may start a batch: 0 is the
     synchronous loop (generate, train, sync), above 0 generation runs ahead of training.
+
+    Args (besides ``Trainer``'s):
+        algorithm: the registration (``algorithms/spec.py:Algorithm``): its ``parts(options,
+            trainer)`` builds ``update``; its ``progress_keys`` are the progress line's.
     """
 
-    progress_keys = (("reward/mean", "reward"), ("kl/mean", "kl"), ("policy/loss", "pg_loss"),
-                     ("critic/loss", "vf_loss"), ("policy/entropy", "entropy"))
-    learns_off_policy = False
-
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, algorithm, **kwargs):
         super().__init__(*args, **kwargs)
+        self.algorithm = algorithm
+        self.progress_keys = algorithm.progress_keys
         self.collector = self.parts.collector(self.gen_handle, self.group_filter, self.timeline, self.episodes)
         self.producer: Producer | None = None
         self._producer_state: dict[str, Any] | None = None
-
-    @classmethod
-    def reads_behaviour_logprobs(cls, cfg: XConfig, options: BaseModel) -> bool:
-        """Whether the update reads the sampler's logprobs (``rollout_logprobs``: an importance
-        weight); else a generator whose logprobs cost throughput (vLLM) returns none."""
-        return False
+        self.update: Update = algorithm.parts(self.options, self)
+        """The algorithm: from a scored rollout to updated policy (and critic) weights."""
 
     def group_filter(self, scores: torch.Tensor) -> bool:
-        """A refill policy's judgement of a group of ``n`` samples (``scores`` ``[n]``): keep it
-        only if their rewards differ (equal rewards give a group-relative estimator no signal)."""
-        return bool(scores.max() > scores.min())
+        """A refill policy's judgement of a group of ``n`` samples (``scores`` ``[n]``): the
+        update's ``keeps_group``."""
+        return self.update.keeps_group(scores)
+
+    def evaluate(self) -> dict[str, float]:
+        """The generator's evaluation, and what the update adds to it (distillation: the teacher's)."""
+        return {**super().evaluate(), **self.update.evaluation()}
 
     def step(self) -> dict[str, float]:
         """One RL step: batch ``s``, the algorithm's update, then version ``s`` published.
@@ -349,7 +348,7 @@ class RLTrainer(Trainer):
                 self.producer.stop(timeout=0.5 if STOPPING.is_set() else 5.0)
 
     def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()
+        state = {**super().state_dict(), **self.update.state_dict()}
         if self.producer is not None:  # the queued batches and where the producer goes on
             state["producer"] = self.producer.state_dict(self.step_idx)
             state["data_pos"] = state["producer"]["data_pos"]
@@ -359,6 +358,7 @@ class RLTrainer(Trainer):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
+        self.update.load_state_dict(state)
         self._producer_state = state.get("producer")
 
     def _bad_step(self, s: int, what: str, metrics: dict[str, float]) -> dict[str, float]:
@@ -370,15 +370,28 @@ class RLTrainer(Trainer):
                                  f"(fault_tolerance.max_bad_steps = {limit})")
         return {**metrics, "skipped_step": 1.0}
 
-    @abstractmethod
-    def update(self, rollout: Rollout, timings: dict[str, float]) -> dict[str, float]:
-        """The algorithm: from a scored rollout to updated policy (and critic) weights."""
 
-    def minibatches(self, batch: Batch, size: int) -> list[Batch]:
-        """A seeded shuffle of ``batch`` cut into mini-batches of ``size`` rows."""
-        perm = torch.randperm(len(batch), generator=self.generator)
-        shuffled = batch.index(perm)
-        return list(shuffled.chunks(size))
+class Update(Protocol):
+    """An online algorithm's update, the part ``RLTrainer`` holds: ``update(rollout, timings)``
+    trains on a scored rollout and returns its metrics; ``keeps_group(scores)`` judges a group
+    for a refill policy; ``evaluation()`` adds to every evaluation; ``state_dict`` keys are
+    merged into the trainer's."""
+
+    def __call__(self, rollout: Rollout, timings: dict[str, float]) -> dict[str, float]: ...
+
+    def keeps_group(self, scores: torch.Tensor) -> bool: ...
+
+    def evaluation(self) -> dict[str, float]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def differing_rewards(scores: torch.Tensor) -> bool:
+    """The default ``keeps_group``: keep a group only if its rewards differ (equal rewards give a
+    group-relative estimator no signal)."""
+    return bool(scores.max() > scores.min())
 
 
 def staleness(batch: Batch, version: int) -> dict[str, float]:
@@ -402,7 +415,22 @@ def check_mini_batch(cfg: XConfig, mini_batch_size: int) -> list[str]:
     return errors
 
 
-def _check_rollout(cls: type[Trainer], cfg: XConfig) -> list[str]:
+def common_errors(spec: Any, cfg: XConfig) -> list[str]:
+    """The checks every algorithm shares (``spec``: an ``Algorithm`` or a ``Trainer`` subclass,
+    read for ``needs_critic``, ``uses_teacher`` and the rollout's flags)."""
+    errors = []
+    if spec.needs_critic and cfg.critic is None:
+        errors.append(f"critic: algorithm {cfg.algorithm.name!r} needs a critic section (critic: {{}} "
+                      f"uses the policy's model with a new value head)")
+    if cfg.teacher is not None and not spec.uses_teacher:
+        errors.append(f"teacher: algorithm {cfg.algorithm.name!r} uses no teacher (algorithm distill does); "
+                      f"remove the section")
+    errors += _check_reward_source(cfg)
+    errors += _check_rollout(spec, cfg)
+    return errors
+
+
+def _check_rollout(cls: Any, cfg: XConfig) -> list[str]:
     """The ``rollout`` section against the algorithm (each line: the path and the fix)."""
     r, errors = cfg.rollout, []
     if r.max_staleness > 0 and not cls.learns_off_policy:
@@ -423,7 +451,7 @@ def _check_rollout(cls: type[Trainer], cfg: XConfig) -> list[str]:
         if cfg.trainer.samples_per_prompt < need:
             errors.append(f"rollout.refill: {refill['name']!r} judges the samples of a prompt together, so it needs "
                           f"trainer.samples_per_prompt >= {need}, got {cfg.trainer.samples_per_prompt}")
-        if not cls.uses_generation or not issubclass(cls, RLTrainer):
+        if not cls.uses_generation or not issubclass(getattr(cls, "loop", cls), RLTrainer):
             errors.append(f"rollout.refill: algorithm {cfg.algorithm.name!r} does not generate")
     return errors
 

@@ -9,7 +9,7 @@ what a trainer depends on is visible in its arguments (STYLE 19). The validation
 from __future__ import annotations
 
 from functools import partial
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from pydantic import BaseModel
@@ -38,21 +38,24 @@ def run_spec(cfg: XConfig) -> RunSpec:
 
 def build_trainer(cfg: XConfig, options: BaseModel, handles: Handles, env: Env, tokenizer,
                   reward: Callable[[list[Prompt], list[str], Batch], tuple[torch.Tensor, dict]] | None,
-                  hooks: RunHooks, cls: type | None = None):
-    """The trainer of ``cfg.algorithm.name`` (or ``cls``), with its options, run spec and parts."""
-    cls = cls or ALGORITHMS.get(cfg.algorithm.name)
+                  hooks: RunHooks, algorithm: Any = None):
+    """The trainer of ``cfg.algorithm.name`` (or of ``algorithm``: an ``Algorithm``, or an
+    ``OfflineTrainer`` subclass), with its options, run spec and parts."""
+    spec = algorithm or ALGORITHMS.get(cfg.algorithm.name)
     t = cfg.trainer
     runner_for = partial(episode_runner, cfg, env, tokenizer) if is_episode_env(env) else None
     evaluator = Evaluator(partial(sampling_params, cfg, t.eval_temperature, logprobs=False), t.eval_size, cfg.seed,
                           env, tokenizer, reward, runner_for)
     parts = TrainerParts(StepThroughput(_matmul_shape(cfg.policy.model), getattr(cfg.algorithm, "ppo_epochs", 1)),
                          evaluator)
-    if issubclass(cls, RLTrainer):  # an online trainer: the rollout's parts
-        logprobs = cls.reads_behaviour_logprobs(cfg, options)
-        parts.collector = lambda generator, keep, timeline, runner: build_collector(
-            cfg, env, tokenizer, generator, reward, keep, timeline, runner, logprobs=logprobs)
-        parts.producer = partial(build_producer, cfg)
-    return cls(run_spec(cfg), options, parts, handles, env, tokenizer, reward=reward, hooks=hooks)
+    loop = getattr(spec, "loop", None)
+    if loop is None or not issubclass(loop, RLTrainer):  # an offline trainer class
+        return spec(run_spec(cfg), options, parts, handles, env, tokenizer, reward=reward, hooks=hooks)
+    logprobs = spec.reads_behaviour_logprobs(cfg, options)  # an online algorithm: the rollout's parts
+    parts.collector = lambda generator, keep, timeline, runner: build_collector(
+        cfg, env, tokenizer, generator, reward, keep, timeline, runner, logprobs=logprobs)
+    parts.producer = partial(build_producer, cfg)
+    return loop(run_spec(cfg), options, parts, handles, env, tokenizer, reward=reward, hooks=hooks, algorithm=spec)
 
 
 def _matmul_shape(model: str) -> MatmulShape | None:

@@ -3,7 +3,7 @@
 These differ from PPO only in where the advantage comes from: instead of a learned critic and
 GAE, an estimator turns the scores of ``n`` samples per prompt into per-token advantages
 (``xrlhf.algorithms.estimators``). Everything else, the clipped policy loss, the KL to the
-reference, mini-batch epochs, is PPO's machinery (``PolicyGradientTrainer``). One update::
+reference, mini-batch epochs, is PPO's machinery (``PolicyGradient``). One update::
 
     old logprobs, reference logprobs  <- policy, reference (in parallel)
     advantages = estimator(scores, response_mask, group_ids [, token rewards with the KL])
@@ -11,24 +11,24 @@ reference, mini-batch epochs, is PPO's machinery (``PolicyGradientTrainer``). On
 
 The estimator is ``algorithm.advantage_estimator``: a registered name or an import path
 ``pkg.mod:fn``. The algorithm names ``grpo``, ``dr_grpo``, ``rloo``, ``reinforce_pp`` and
-``reinforce_pp_baseline`` all run this trainer and default the estimator to their own name;
+``reinforce_pp_baseline`` all register this ``Algorithm`` and default the estimator to their own name;
 ``critic_free`` runs it with the estimator given explicitly. Register your own with
 ``@ADVANTAGE_ESTIMATORS.register("name")`` (signature in the estimators module).
 """
 
 from __future__ import annotations
 
-import time
 from typing import Literal
 
-import torch
 from pydantic import Field
 
-from xrlhf.algorithms import functional as F
 from xrlhf.algorithms.advantage import GroupEstimator
-from xrlhf.algorithms.base import Rollout, register_algorithm
+from xrlhf.algorithms.base import register_algorithm
 from xrlhf.algorithms.estimators import ADVANTAGE_ESTIMATORS
-from xrlhf.algorithms.ppo import PolicyGradientConfig, PolicyGradientTrainer
+from xrlhf.algorithms.policy_gradient import PolicyGradient, advantage_step
+from xrlhf.algorithms.ppo import (PolicyGradientConfig, policy_gradient_errors, policy_gradient_steps,
+                                  reads_rollout_logprobs)
+from xrlhf.algorithms.spec import Algorithm
 from xrlhf.config.schema import XConfig
 
 GROUP_ESTIMATORS = {"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"}
@@ -83,39 +83,18 @@ def group_estimator(o: CriticFreeConfig, algorithm: str) -> GroupEstimator:
     return GroupEstimator(estimator_name(o, algorithm), o.gamma, o.kl_in_reward, o.whiten_advantages)
 
 
-@register_algorithm("critic_free")
-@register_algorithm("grpo")
-@register_algorithm("dr_grpo")
-@register_algorithm("rloo")
-@register_algorithm("reinforce_pp")
-@register_algorithm("reinforce_pp_baseline")
-class CriticFreeTrainer(PolicyGradientTrainer):
-    """Policy gradient with advantages from a registered estimator (``advantage``, a
-    ``GroupEstimator``); no critic."""
+def critic_free_errors(cfg: XConfig, o: CriticFreeConfig) -> list[str]:
+    """The policy-gradient checks and the estimator's."""
+    return policy_gradient_errors(cfg, o) + estimator_errors(cfg, o)
 
-    Config = CriticFreeConfig
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.advantage = group_estimator(self.options, self.run.algorithm)
+def critic_free_parts(o: CriticFreeConfig, loop) -> PolicyGradient:
+    """Policy gradient with advantages from a registered estimator (a ``GroupEstimator``); no critic."""
+    return PolicyGradient(loop, o, group_estimator(o, loop.run.algorithm), advantage_step)
 
-    @classmethod
-    def check_config(cls, cfg: XConfig, o: CriticFreeConfig) -> list[str]:
-        return super().check_config(cfg, o) + estimator_errors(cfg, o)
 
-    def advantages(self, rollout: Rollout) -> torch.Tensor:
-        """``[B, R]`` advantages of the rollout (``old_logprobs`` / ``kl`` already in its batch)."""
-        return self.advantage.compute(rollout.batch, self.kl_ctl.value)["advantages"]
-
-    def update(self, rollout: Rollout, timings: dict[str, float]) -> dict[str, float]:
-        batch = rollout.batch
-        metrics = self.score_logprobs(batch, timings, with_values=False)
-        batch["advantages"] = self.advantages(rollout)
-        mask = batch["response_mask"]
-        metrics["advantages/mean"] = float(F.masked_mean(batch["advantages"], mask))
-        metrics["advantages/abs_mean"] = float(F.masked_mean(batch["advantages"].abs(), mask))
-        t0 = time.time()
-        metrics.update(self.train_epochs(batch, with_critic=False))
-        timings["time/train_s"] = time.time() - t0
-        self.kl_ctl.update(metrics.get("kl/mean", 0.0), len(batch))
-        return metrics
+CRITIC_FREE = Algorithm(CriticFreeConfig, critic_free_parts, checks=critic_free_errors, steps=policy_gradient_steps,
+                        behaviour_logprobs=reads_rollout_logprobs, learns_off_policy=True)
+"""The critic-free estimators; each name defaults the estimator to itself (``RunSpec.algorithm``)."""
+for _name in ("critic_free", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"):
+    register_algorithm(_name)(CRITIC_FREE)

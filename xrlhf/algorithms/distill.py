@@ -23,8 +23,7 @@ evaluation row carries its reward beside the student's (``eval/teacher_reward_me
 
 from __future__ import annotations
 
-import time
-from typing import ClassVar, Literal
+from typing import Literal
 
 import torch
 from pydantic import Field
@@ -34,11 +33,11 @@ from xrlhf.algorithms.advantage import DistillAdvantage
 from xrlhf.algorithms.functional import masked_mean
 from xrlhf.algorithms.base import Rollout, register_algorithm
 from xrlhf.algorithms.critic_free import CriticFreeConfig, estimator_errors, group_estimator
-from xrlhf.algorithms.policy_update import PolicyUpdate
-from xrlhf.algorithms.ppo import PolicyGradientTrainer
-from xrlhf.config.schema import XConfig
+from xrlhf.algorithms.policy_gradient import PolicyGradient
+from xrlhf.algorithms.ppo import policy_gradient_errors, policy_gradient_steps, reads_rollout_logprobs
+from xrlhf.algorithms.spec import Algorithm
 from xrlhf.algorithms.teacher import OfflineRows, Teacher
-from xrlhf.data.batch import Batch
+from xrlhf.config.schema import XConfig
 from xrlhf.data.datasets import COMPLETIONS, DatasetPath
 from xrlhf.envs.episode import is_episode_env
 
@@ -96,138 +95,93 @@ def teacher_errors(cfg: XConfig) -> list[str]:
     return []
 
 
-@register_algorithm("distill")
-class DistillTrainer(PolicyGradientTrainer):
-    """On-policy distillation (module docstring): the GRPO family's update with per-token
-    advantages from the teacher's logprobs. Parts: ``teacher_part`` (``Teacher``), ``offline``
-    (``OfflineRows`` or ``None``), ``advantage`` (``DistillAdvantage``, holding the task reward's
-    ``GroupEstimator`` when ``task_reward_weight > 0``), and the policy-gradient parts with the
-    loss's ``topk_coef``."""
+def distill_errors(cfg: XConfig, o: DistillConfig) -> list[str]:
+    """The policy-gradient checks, the distillation options' and the teacher's."""
+    errors = policy_gradient_errors(cfg, o)
+    if o.task_reward_weight > 0:  # the task reward's estimator, checked only when it is used
+        errors += estimator_errors(cfg, o)
+    if o.task_reward_weight == 0 and "advantage_estimator" in o.model_fields_set:
+        errors.append("algorithm.advantage_estimator: only used with algorithm.task_reward_weight > 0; remove it")
+    if "jsd_beta" in o.model_fields_set and o.divergence != "jsd":
+        errors.append("algorithm.jsd_beta: only used with algorithm.divergence: jsd; remove it")
+    if (o.offline_dataset is None) != (o.offline_fraction == 0):
+        errors.append("algorithm.offline_fraction: set offline_dataset and offline_fraction > 0 together (the "
+                      "share of each update's rows that are teacher completions)")
+    if o.offline_dataset is not None and _episode_env_name(cfg.env.name):
+        errors.append("algorithm.offline_dataset: teacher completions are one-turn rows; env "
+                      f"{cfg.env.name!r} runs episodes: remove it")
+    topk = cfg.teacher.infer.engine_fields().get("topk_logprobs", 0) if cfg.teacher is not None else 0
+    if o.topk_coef > 0 and not topk:
+        errors.append("algorithm.topk_coef: needs the teacher's top-k tokens: set teacher.infer.topk_logprobs "
+                      "(e.g. 32)")
+    if topk and o.topk_coef == 0:
+        errors.append("teacher.infer.topk_logprobs: only used with algorithm.topk_coef > 0; set it or remove "
+                      "topk_logprobs")
+    return errors + teacher_errors(cfg)
 
-    Config = DistillConfig
-    uses_teacher: ClassVar[bool] = True
-    schema = COMPLETIONS
-    progress_keys = (("distill/reverse_kl", "rkl"), ("reward/mean", "reward"), ("policy/loss", "pg_loss"))
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        o = self.options
-        self.teacher = self.handles.teacher
-        self.teacher_part = Teacher(self.teacher, self.timeline)
-        self.teacher_eval: dict[str, float] | None = None
-        self.offline = (OfflineRows(o.offline_dataset, o.offline_fraction, self.run.seed, self.tok)
-                        if o.offline_dataset else None)
-        task = group_estimator(o, self.run.algorithm) if o.task_reward_weight > 0 else None
-        self.advantage = DistillAdvantage(o.divergence, o.jsd_beta, task, o.task_reward_weight, o.whiten_advantages)
-        self.policy_update = PolicyUpdate(self.policy, self.critic, o, self.kl_ctl, self.generator,
-                                          topk_coef=o.topk_coef)
+def distill_parts(o: DistillConfig, loop) -> PolicyGradient:
+    """The GRPO family's update with per-token advantages from the teacher's logprobs: a
+    ``Teacher``, ``OfflineRows`` (with ``offline_dataset``), a ``DistillAdvantage`` (holding the
+    task reward's ``GroupEstimator`` when ``task_reward_weight > 0``) and the loss's ``topk_coef``."""
+    rows = OfflineRows(o.offline_dataset, o.offline_fraction, loop.run.seed, loop.tok) if o.offline_dataset else None
+    task = group_estimator(o, loop.run.algorithm) if o.task_reward_weight > 0 else None
+    advantage = DistillAdvantage(o.divergence, o.jsd_beta, task, o.task_reward_weight, o.whiten_advantages)
+    return PolicyGradient(loop, o, advantage, distill_step, teacher=Teacher(loop.handles.teacher, loop.timeline),
+                          rows=rows, topk_coef=o.topk_coef)
 
-    @classmethod
-    def check_config(cls, cfg: XConfig, o: DistillConfig) -> list[str]:
-        errors = super().check_config(cfg, o)
-        if o.task_reward_weight > 0:  # the task reward's estimator, checked only when it is used
-            errors += estimator_errors(cfg, o)
-        if o.task_reward_weight == 0 and "advantage_estimator" in o.model_fields_set:
-            errors.append("algorithm.advantage_estimator: only used with algorithm.task_reward_weight > 0; remove it")
-        if "jsd_beta" in o.model_fields_set and o.divergence != "jsd":
-            errors.append("algorithm.jsd_beta: only used with algorithm.divergence: jsd; remove it")
-        if (o.offline_dataset is None) != (o.offline_fraction == 0):
-            errors.append("algorithm.offline_fraction: set offline_dataset and offline_fraction > 0 together (the "
-                          "share of each update's rows that are teacher completions)")
-        if o.offline_dataset is not None and _episode_env_name(cfg.env.name):
-            errors.append("algorithm.offline_dataset: teacher completions are one-turn rows; env "
-                          f"{cfg.env.name!r} runs episodes: remove it")
-        topk = cfg.teacher.infer.engine_fields().get("topk_logprobs", 0) if cfg.teacher is not None else 0
-        if o.topk_coef > 0 and not topk:
-            errors.append("algorithm.topk_coef: needs the teacher's top-k tokens: set teacher.infer.topk_logprobs "
-                          "(e.g. 32)")
-        if topk and o.topk_coef == 0:
-            errors.append("teacher.infer.topk_logprobs: only used with algorithm.topk_coef > 0; set it or remove "
-                          "topk_logprobs")
-        return errors + teacher_errors(cfg)
 
-    def reuses_train_forward(self, batch: Batch) -> bool:
-        """Never: the advantages need the student's logprobs before the update."""
-        return False
+def distill_step(update: PolicyGradient, rollout: Rollout, n_rollout: int) -> dict[str, float]:
+    """The teacher's cost (and the task reward's advantage) as advantages, with ``distill/*`` metrics.
+    Rows past ``n_rollout`` are teacher completions: no behaviour weight, +1 per token."""
+    batch = rollout.batch
+    if n_rollout < len(batch) and "rollout_logprobs" in batch:  # offline rows: no behaviour weight
+        batch["rollout_logprobs"][n_rollout:] = batch["old_logprobs"][n_rollout:]
+    mask = batch["response_mask"]
+    student, teacher = batch["old_logprobs"], batch.tensors.pop("teacher_logprobs")
+    on_policy = (torch.arange(len(batch)) < n_rollout).float().unsqueeze(1) * mask
+    batch["advantages"] = update.advantage.compute(batch, update.kl_ctl.value, teacher, on_policy)["advantages"]
+    metrics = divergence_metrics(update.options, update.loop.env, rollout, student[:n_rollout], teacher[:n_rollout],
+                                 mask[:n_rollout])
+    metrics["advantages/mean"] = float(masked_mean(batch["advantages"], mask))
+    return metrics
 
-    def policy_loss(self, on_policy: bool = False, staleness_bins: tuple[int, ...] = ()):
-        """The GRPO family's loss, plus the top-k reverse KL to the teacher with ``topk_coef``."""
-        return self.policy_update.loss(on_policy, staleness_bins)
 
-    # -- the update -----------------------------------------------------------------------
-    def update(self, rollout: Rollout, timings: dict[str, float]) -> dict[str, float]:
-        batch = rollout.batch
-        n_rollout = len(batch)
-        if self.offline is not None:
-            batch = rollout.batch = self.offline.extend(batch, self.step_idx)
-        metrics = self.teacher_part.score(batch, timings)
-        metrics.update(self.score_logprobs(batch, timings, with_values=False))
-        if n_rollout < len(batch) and "rollout_logprobs" in batch:  # offline rows: no behaviour weight
-            batch["rollout_logprobs"][n_rollout:] = batch["old_logprobs"][n_rollout:]
-        mask = batch["response_mask"]
-        student, teacher = batch["old_logprobs"], batch.tensors.pop("teacher_logprobs")
-        on_policy = (torch.arange(len(batch)) < n_rollout).float().unsqueeze(1) * mask
-        batch["advantages"] = self.advantage.compute(batch, self.kl_ctl.value, teacher, on_policy)["advantages"]
-        metrics.update(self.divergence_metrics(rollout, student[:n_rollout], teacher[:n_rollout],
-                                               mask[:n_rollout]))
-        metrics["advantages/mean"] = float(masked_mean(batch["advantages"], mask))
-        t0 = time.time()
-        metrics.update(self.train_epochs(batch, with_critic=False))
-        timings["time/train_s"] = time.time() - t0
-        self.kl_ctl.update(metrics.get("kl/mean", 0.0), len(batch))
-        return metrics
+DISTILL = register_algorithm("distill")(Algorithm(
+    DistillConfig, distill_parts, checks=distill_errors, steps=policy_gradient_steps,
+    behaviour_logprobs=reads_rollout_logprobs, uses_teacher=True, learns_off_policy=True, schema=COMPLETIONS,
+    progress_keys=(("distill/reverse_kl", "rkl"), ("reward/mean", "reward"), ("policy/loss", "pg_loss"))))
+"""On-policy distillation (module docstring)."""
 
-    def divergence_metrics(self, rollout: Rollout, student: torch.Tensor, teacher: torch.Tensor,
-                           mask: torch.Tensor) -> dict[str, float]:
-        """``distill/reverse_kl`` (per token, k1 estimate) and its split by whether the student's
-        answer was right (``_right`` / ``_wrong``); ``distill/jsd`` with the JSD."""
-        o = self.options
-        correct = self.correct(rollout, len(mask))
-        out = {}
-        names = [("reverse_kl", "reverse_kl")] + ([("jsd", "jsd")] if o.divergence == "jsd" else [])
-        for name, div in names:
-            est = D.divergence_estimate(student, teacher, mask, div, o.jsd_beta)
-            if correct is None:
-                out[f"distill/{name}"] = float(masked_mean(est, mask))
-                continue
-            split = D.split_by_correct(est, mask, correct)
-            out[f"distill/{name}"] = split.pop("mean")
-            out.update({f"distill/{name}_{k}": v for k, v in split.items()})
-        return out
 
-    def correct(self, rollout: Rollout, n: int) -> torch.Tensor | None:
-        """``[n]`` whether each of the rollout's ``n`` samples was right, where the env judges it
-        (one-turn envs with rule rewards); ``None`` elsewhere."""
-        env = self.env
-        judged_here = not is_episode_env(env) and env.reward_source == "rule"
-        if not judged_here or not len(rollout.prompts) == len(rollout.responses) == n:
-            return None
-        judged = [s.correct for s in env.score(rollout.prompts, rollout.responses)]
-        if any(c is None for c in judged):
-            return None
-        return torch.tensor(judged)
+def divergence_metrics(o: DistillConfig, env, rollout: Rollout, student: torch.Tensor, teacher: torch.Tensor,
+                       mask: torch.Tensor) -> dict[str, float]:
+    """``distill/reverse_kl`` (per token, k1 estimate) and its split by whether the student's
+    answer was right (``_right`` / ``_wrong``); ``distill/jsd`` with the JSD."""
+    correct = correct_answers(env, rollout, len(mask))
+    out = {}
+    names = [("reverse_kl", "reverse_kl")] + ([("jsd", "jsd")] if o.divergence == "jsd" else [])
+    for name, div in names:
+        est = D.divergence_estimate(student, teacher, mask, div, o.jsd_beta)
+        if correct is None:
+            out[f"distill/{name}"] = float(masked_mean(est, mask))
+            continue
+        split = D.split_by_correct(est, mask, correct)
+        out[f"distill/{name}"] = split.pop("mean")
+        out.update({f"distill/{name}_{k}": v for k, v in split.items()})
+    return out
 
-    # -- evaluation -------------------------------------------------------------------------
-    def evaluate(self) -> dict[str, float]:
-        """The student's evaluation, and the teacher's beside it (computed once: its weights
-        never change) as ``eval/teacher_*``."""
-        metrics = super().evaluate()
-        if self.teacher_eval is None and self.teacher is not None and self.run.teacher_evaluates:
-            self.teacher_eval = self.evaluate_teacher()
-        return {**metrics, **(self.teacher_eval or {})}
 
-    def evaluate_teacher(self) -> dict[str, float]:
-        """The teacher's answers, scored as the student's (``eval/teacher_*``)."""
-        runner_for = self.evaluator.runner_for
-        m = self.evaluator.evaluate(self.teacher, runner_for(self.teacher) if self.episodes is not None else None)
-        return {k.replace("eval/", "eval/teacher_", 1): v for k, v in m.items()}
-
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "teacher_eval": self.teacher_eval}
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self.teacher_eval = state.get("teacher_eval")
+def correct_answers(env, rollout: Rollout, n: int) -> torch.Tensor | None:
+    """``[n]`` whether each of the rollout's ``n`` samples was right, where the env judges it
+    (one-turn envs with rule rewards); ``None`` elsewhere."""
+    judged_here = not is_episode_env(env) and env.reward_source == "rule"
+    if not judged_here or not len(rollout.prompts) == len(rollout.responses) == n:
+        return None
+    judged = [s.correct for s in env.score(rollout.prompts, rollout.responses)]
+    if any(c is None for c in judged):
+        return None
+    return torch.tensor(judged)
 
 
 def _episode_env_name(name: str) -> bool:

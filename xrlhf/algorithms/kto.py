@@ -37,9 +37,10 @@ import torch
 from pydantic import Field
 
 from xrlhf.algorithms import functional as F
-from xrlhf.algorithms.base import RLTrainer, Rollout, check_mini_batch, register_algorithm
+from xrlhf.algorithms.base import RL_PROGRESS, Rollout, check_mini_batch, register_algorithm
 from xrlhf.algorithms.losses import KTOLoss
 from xrlhf.algorithms.offline import OfflineConfig, OfflineTrainer, prefixed, sequence_logps
+from xrlhf.algorithms.spec import Algorithm
 from xrlhf.config.schema import Strict, XConfig
 from xrlhf.data.batch import Batch, build_sequences, response_loss_masks, unpack_sequences
 from xrlhf.data.datasets import KTO
@@ -116,7 +117,8 @@ def mismatch_index(group_ids: torch.Tensor) -> torch.Tensor:
 
 
 class KTOMixin:
-    """The KTO update shared by the offline and online trainers (needs ``policy``, ``reference``)."""
+    """The KTO update shared by offline KTO's trainer and online KTO's update (needs ``policy``,
+    ``reference``, ``tok``, ``options``)."""
 
     def kto_batches(self, prompts: list[list[int]], completions: list[list[int]], labels: torch.Tensor,
                     group_ids: torch.Tensor, masks: list[list[float]] | None = None) -> tuple[Batch, Batch]:
@@ -178,38 +180,21 @@ class KTOTrainer(KTOMixin, OfflineTrainer):
         return self.kto_step(train, kl)
 
 
-@register_algorithm("kto_online")
-class OnlineKTOTrainer(KTOMixin, RLTrainer):
-    """Online KTO: the policy's samples, labelled by reward >= threshold, trained with KTO."""
+class KTOOnline(KTOMixin):
+    """Online KTO's update: the policy's samples, labelled by reward >= threshold, trained with
+    KTO (``epochs`` passes of mini-batch steps, the trainer's generator shuffling them)."""
 
-    Config = KTOOnlineConfig
-    progress_keys = (("kto/kl", "z_ref"), ("kto/desirable_fraction", "desirable"), *RLTrainer.progress_keys)
-    learns_off_policy = True  # KTO's loss never uses the sampler's logprobs: any labelled sample teaches it
+    def __init__(self, options: KTOOnlineConfig, loop):
+        self.options, self.loop = options, loop
+        self.policy, self.reference, self.tok, self.generator = loop.policy, loop.reference, loop.tok, loop.generator
 
-    def group_filter(self, scores: torch.Tensor) -> bool:
+    def keeps_group(self, scores: torch.Tensor) -> bool:
         """Dynamic sampling keeps a prompt whose samples got both labels (``filter_uniform_groups``'
         rule, applied while generating instead of after)."""
         labels = scores >= self.options.threshold
         return bool(labels.any() and not labels.all())
 
-    @classmethod
-    def check_config(cls, cfg: XConfig, o: KTOOnlineConfig) -> list[str]:
-        errors = super().check_config(cfg, o)
-        errors += check_mini_batch(cfg, o.mini_batch_size)
-        if cfg.reference is None:
-            errors.append("reference: kto_online needs a frozen reference model (reference: {} uses the "
-                          "policy's initial model)")
-        if cfg.trainer.prompts_per_step < 2:
-            errors.append("trainer.prompts_per_step: KTO's reference point needs completions of at least 2 "
-                          "prompts per step")
-        return errors + o.kto_errors()
-
-    @classmethod
-    def train_steps(cls, cfg: XConfig, o: KTOOnlineConfig) -> dict[str, int]:
-        batch = cfg.trainer.prompts_per_step * cfg.trainer.samples_per_prompt
-        return {"policy": cfg.trainer.steps * o.epochs * (batch // o.mini_batch_size)}
-
-    def update(self, rollout: Rollout, timings: dict[str, float]) -> dict[str, float]:
+    def __call__(self, rollout: Rollout, timings: dict[str, float]) -> dict[str, float]:
         t0 = time.time()
         batch = rollout.batch
         labels = batch["scores"] >= self.options.threshold
@@ -222,7 +207,7 @@ class OnlineKTOTrainer(KTOMixin, RLTrainer):
         prompts, completions = unpack_sequences(batch)
         train, kl = self.kto_batches(prompts, completions, labels[keep], batch["group_ids"], response_loss_masks(batch))
         timings["time/infer_s"] = time.time() - t0
-        self.mark_memory("infer")
+        self.loop.mark_memory("infer")
         t0 = time.time()
         sums: dict[str, float] = {}
         n = 0
@@ -248,3 +233,37 @@ class OnlineKTOTrainer(KTOMixin, RLTrainer):
             if len(group_ids[rows].unique()) < 2:
                 return rows[:0]
         return rows
+
+    def evaluation(self) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+def kto_online_errors(cfg: XConfig, o: KTOOnlineConfig) -> list[str]:
+    """Online KTO's checks besides ``common_errors``: the mini-batch, a reference, two prompts per step."""
+    errors = check_mini_batch(cfg, o.mini_batch_size)
+    if cfg.reference is None:
+        errors.append("reference: kto_online needs a frozen reference model (reference: {} uses the "
+                      "policy's initial model)")
+    if cfg.trainer.prompts_per_step < 2:
+        errors.append("trainer.prompts_per_step: KTO's reference point needs completions of at least 2 "
+                      "prompts per step")
+    return errors + o.kto_errors()
+
+
+def kto_online_steps(cfg: XConfig, o: KTOOnlineConfig) -> dict[str, int]:
+    """``epochs`` x mini-batches per step, for the policy."""
+    batch = cfg.trainer.prompts_per_step * cfg.trainer.samples_per_prompt
+    return {"policy": cfg.trainer.steps * o.epochs * (batch // o.mini_batch_size)}
+
+
+KTO_ONLINE = register_algorithm("kto_online")(Algorithm(
+    KTOOnlineConfig, KTOOnline, checks=kto_online_errors, steps=kto_online_steps,
+    learns_off_policy=True,  # KTO's loss never uses the sampler's logprobs: any labelled sample teaches it
+    progress_keys=(("kto/kl", "z_ref"), ("kto/desirable_fraction", "desirable"), *RL_PROGRESS)))
+"""Online KTO: the policy's samples, labelled by reward >= threshold, trained with KTO."""

@@ -47,7 +47,7 @@ class PolicyLoss:
     ``on_policy``: the update is one on-policy step (one epoch, one mini-batch: the "old" policy
     is the one being trained), so ``old_logprobs`` are not read but are the forward's own,
     detached: the ratio is exactly 1 and the gradient the one a separate old-logprob forward
-    gives (``PolicyGradientTrainer.reuses_train_forward``). The TIS / off-policy weight then
+    gives (``PolicyGradient.reuses_train_forward``). The TIS / off-policy weight then
     compares them with ``rollout_logprobs``, and the loss reports what that forward's caller
     reported (``on_policy_metrics``): the mismatch to the rollout, and by staleness for the
     ``staleness_bins`` (read from the batch's ``staleness`` ``[B, R]``).
@@ -133,7 +133,7 @@ def on_policy_metrics(logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, ma
         ``_max``; per ``d`` of ``bins``, ``mismatch/abs_diff_sum_s{d}`` (the sum of the differences
         over the tokens of staleness ``d``) and ``mismatch/tokens_s{d}`` (their count), both divided
         by the micro-batch's tokens, so their token-weighted means over micro-batches and ranks
-        divide into the batch's mean at staleness ``d`` (``PolicyGradientTrainer`` does).
+        divide into the batch's mean at staleness ``d`` (``PolicyGradient`` does).
     """
     diff = (logprobs - rollout_logprobs).abs() * mask
     tokens = mask.sum().clamp(min=1)

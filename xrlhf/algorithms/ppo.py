@@ -10,20 +10,16 @@ One update, as in the paper's pseudocode::
 
 from __future__ import annotations
 
-import time
 from typing import Literal
 
 from pydantic import Field, field_validator
 
-from xrlhf.algorithms import functional as F
 from xrlhf.algorithms.advantage import GAE
-from xrlhf.algorithms.base import RLTrainer, Rollout, check_mini_batch, register_algorithm
-from xrlhf.algorithms.losses import PolicyLoss
+from xrlhf.algorithms.base import check_mini_batch, register_algorithm
 from xrlhf.algorithms.off_policy import OffPolicy
-from xrlhf.algorithms.policy_update import PolicyUpdate, policy_loss
-from xrlhf.algorithms.scoring import Scoring
+from xrlhf.algorithms.policy_gradient import PolicyGradient, gae_step
+from xrlhf.algorithms.spec import Algorithm
 from xrlhf.config.schema import Strict, XConfig
-from xrlhf.data.batch import Batch
 
 
 class OffPolicyConfig(Strict):
@@ -101,104 +97,34 @@ def off_policy_errors(cfg: XConfig, o: PolicyGradientConfig) -> list[str]:
     return errors
 
 
-class PolicyGradientTrainer(RLTrainer):
-    """The machinery PPO and the critic-free estimators share, as parts: ``scoring`` (old and
-    reference logprobs, KL, values), ``policy_update`` (mini-batch epochs of the loss) and the
-    KL controller ``kl_ctl``; a subclass sets ``advantage`` and writes ``update``."""
-
-    Config = PolicyGradientConfig
-    learns_off_policy = True  # behaviour logprobs are the rollout's; the update corrects for them
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        o = self.options
-        self.kl_ctl = (F.AdaptiveKLController(o.kl_coef, o.kl_target, o.kl_horizon) if o.kl_target
-                       else F.FixedKLController(o.kl_coef))
-        self.scoring = Scoring(self.policy, self.reference if o.kl_coef > 0 else None, self.critic, o.kl_estimator)
-        self.policy_update = PolicyUpdate(self.policy, self.critic, o, self.kl_ctl, self.generator)
-
-    @classmethod
-    def reads_behaviour_logprobs(cls, cfg: XConfig, options: PolicyGradientConfig) -> bool:
-        """Truncated importance sampling and the off-policy corrections weigh by them."""
-        return options.tis_cap is not None or options.off_policy is not None
-
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "kl_ctl": self.kl_ctl.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self.kl_ctl.load_state_dict(state["kl_ctl"])
-
-    @classmethod
-    def check_config(cls, cfg: XConfig, o) -> list[str]:
-        errors = super().check_config(cfg, o)
-        errors += check_mini_batch(cfg, o.mini_batch_size)
-        if o.kl_coef > 0 and cfg.reference is None:
-            errors.append("reference: algorithm.kl_coef > 0 needs a reference section (reference: {} uses the "
-                          "policy's initial model); or set algorithm.kl_coef: 0")
-        return errors + off_policy_errors(cfg, o)
-
-    @classmethod
-    def train_steps(cls, cfg: XConfig, o) -> dict[str, int]:
-        batch = cfg.trainer.prompts_per_step * cfg.trainer.samples_per_prompt
-        n = cfg.trainer.steps * o.ppo_epochs * (batch // o.mini_batch_size)
-        return {"policy": n, "critic": n}
-
-    def policy_loss(self, on_policy: bool = False, staleness_bins: tuple[int, ...] = ()) -> PolicyLoss:
-        """The policy's loss (``policy_update.policy_loss``); ``on_policy``: the old logprobs are
-        the train forward's own (``reuses_train_forward``), with the mismatch reported by
-        ``staleness_bins``."""
-        return policy_loss(self.options, self.kl_ctl.value, on_policy, staleness_bins)
-
-    def reuses_train_forward(self, batch: Batch) -> bool:
-        """Whether the update of ``batch`` is one on-policy step: one epoch over one mini-batch,
-        no dropout, and no KL needed before the advantages (``kl_in_reward`` off or ``kl_coef``
-        0). The "old" policy is then the one the train step starts from, so no forward computes
-        its logprobs: the loss takes the train forward's own (``PolicyLoss.on_policy``; the same
-        loss and gradient) and reports the mismatch metrics that forward's caller would have. TRL
-        and verl skip it there too. The reference's and a critic's forwards still run."""
-        o = self.options
-        return (o.ppo_epochs == 1 and o.mini_batch_size >= len(batch) and not self.run.policy_dropout
-                and (not o.kl_in_reward or o.kl_coef == 0))
-
-    def score_logprobs(self, batch: Batch, timings: dict[str, float], with_values: bool) -> dict[str, float]:
-        """Old logprobs (unless ``reuses_train_forward``), reference logprobs (and critic values)
-        for ``batch``, in parallel (``Scoring``); then ``kl/coef``."""
-        with self.timeline.span("trainer", "infer"):
-            metrics = self.scoring.score(batch, self.step_idx, timings, self.reuses_train_forward(batch), with_values)
-            self.mark_memory("infer")
-            metrics["kl/coef"] = self.kl_ctl.value
-            return metrics
-
-    def train_epochs(self, batch: Batch, with_critic: bool) -> dict[str, float]:
-        """``ppo_epochs`` passes of mini-batch steps; policy and critic step side by side (``PolicyUpdate``)."""
-        with self.timeline.span("trainer", "train"):
-            return self.policy_update.train(batch, self.step_idx, with_critic)
+def policy_gradient_errors(cfg: XConfig, o: PolicyGradientConfig) -> list[str]:
+    """The checks PPO, the critic-free estimators and distillation share (besides ``common_errors``)."""
+    errors = check_mini_batch(cfg, o.mini_batch_size)
+    if o.kl_coef > 0 and cfg.reference is None:
+        errors.append("reference: algorithm.kl_coef > 0 needs a reference section (reference: {} uses the "
+                      "policy's initial model); or set algorithm.kl_coef: 0")
+    return errors + off_policy_errors(cfg, o)
 
 
-@register_algorithm("ppo")
-class PPOTrainer(PolicyGradientTrainer):
-    """PPO with a learned critic and GAE."""
+def policy_gradient_steps(cfg: XConfig, o: PolicyGradientConfig) -> dict[str, int]:
+    """``ppo_epochs`` x mini-batches per step, for the policy and a critic."""
+    batch = cfg.trainer.prompts_per_step * cfg.trainer.samples_per_prompt
+    n = cfg.trainer.steps * o.ppo_epochs * (batch // o.mini_batch_size)
+    return {"policy": n, "critic": n}
 
-    Config = PPOConfig
-    needs_critic = True
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        o = self.options
-        self.advantage = GAE(o.gamma, o.lam, o.whiten_advantages, o.kl_in_reward)
+def reads_rollout_logprobs(o: PolicyGradientConfig) -> bool:
+    """Truncated importance sampling and the off-policy corrections weigh by the sampler's logprobs."""
+    return o.tis_cap is not None or o.off_policy is not None
 
-    def update(self, rollout: Rollout, timings: dict[str, float]) -> dict[str, float]:
-        batch = rollout.batch
-        metrics = self.score_logprobs(batch, timings, with_values=True)
-        mask = batch["response_mask"]
-        out = self.advantage.compute(batch, self.kl_ctl.value)
-        batch["advantages"], batch["returns"] = out["advantages"], out["returns"]
-        t0 = time.time()
-        metrics.update(self.train_epochs(batch, with_critic=True))
-        timings["time/train_s"] = time.time() - t0
-        self.kl_ctl.update(metrics.get("kl/mean", 0.0), len(batch))
-        metrics["critic/return_mean"] = float(F.masked_mean(out["returns"], mask))
-        metrics["policy/loss"] = metrics.get("policy/loss", 0.0)
-        metrics["critic/loss"] = metrics.get("critic/loss", 0.0)
-        return metrics
+
+def ppo_parts(o: PPOConfig, loop) -> PolicyGradient:
+    """PPO's update: GAE over the critic's values; the critic trained beside the policy."""
+    return PolicyGradient(loop, o, GAE(o.gamma, o.lam, o.whiten_advantages, o.kl_in_reward), gae_step,
+                          with_critic=True)
+
+
+PPO = register_algorithm("ppo")(Algorithm(
+    PPOConfig, ppo_parts, checks=policy_gradient_errors, steps=policy_gradient_steps,
+    behaviour_logprobs=reads_rollout_logprobs, needs_critic=True, learns_off_policy=True))
+"""PPO with a learned critic and GAE (behaviour logprobs are the rollout's; the update corrects for them)."""

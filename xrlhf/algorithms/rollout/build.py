@@ -62,7 +62,7 @@ def episode_calls(cfg: XConfig, env: Env) -> int:
 def build_collector(cfg: XConfig, env: Env, tokenizer, generator, reward: Reward, keep: GroupFilter,
                     timeline: Timeline, runner: EpisodeRunner | None = None, logprobs: bool = True) -> Collector:
     """The run's collector: episodes or one-turn samples, with the ``rollout.refill`` policy;
-    ``logprobs``: the algorithm reads the sampler's logprobs (``RLTrainer.reads_behaviour_logprobs``)."""
+    ``logprobs``: the algorithm reads the sampler's logprobs (``Algorithm.reads_behaviour_logprobs``)."""
     sampling = rollout_sampling(cfg, logprobs)
     if is_episode_env(env):
         runner = runner or episode_runner(cfg, env, tokenizer, generator)
