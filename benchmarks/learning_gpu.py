@@ -74,6 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rl-set", nargs="*", default=[], metavar="KEY=VALUE",
                    help="overrides of the RL runs (and TRL's) only: a recipe candidate that reuses the warm-up; "
                    "`best`: those of the kept seed-0 sync run that rose most (a learn_sweep's winner)")
+    p.add_argument("--xrlhf-set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="with --trl: overrides of xrlhf's run only (trainer.steps=90: room to reach TRL's last eval)")
     p.add_argument("--margin", type=float, default=MARGIN)
     p.add_argument("--reuse-runs", action="store_true", help="a run kept in the runs directory for the same variant, "
                    "seed and overrides is not run again (a cut call goes on where it stopped)")
@@ -432,12 +434,13 @@ def beside_trl(args: argparse.Namespace, runs_dir: Path, base: list[str], warm: 
     instead (then not from this call: ``xrlhf_same_call`` false)."""
     seed = args.seeds[0]
     overrides = rl_overrides(base, warm, "sync", seed, args.rl_set)
-    x = stored(load_store(runs_dir) + load_every(runs_dir), "sync", seed, overrides) if args.reuse_runs else None
+    mine = overrides + list(args.xrlhf_set)
+    x = stored(load_store(runs_dir) + load_every(runs_dir), "sync", seed, mine) if args.reuse_runs else None
     left = budget.left() - (0 if x else budget.last)
     trl = run_trl(args, warm, overrides, Path(args.out), min(args.trl_timeout, left))
     same_call = x is None
     if x is None:
-        x = {**one_run(args, runs_dir, overrides, "sync", seed), "rl_set": list(args.rl_set)}
+        x = {**one_run(args, runs_dir, mine, "sync", seed), "rl_set": list(args.rl_set) + list(args.xrlhf_set)}
         keep_run(runs_dir, x)
     verdict = trl_verdict(x.get("curve") or [], trl["curve"])
     data = {"gpu": gpu_label(), "config": CONFIG, "seed": seed, "warmup": warm, **verdict,

@@ -44,7 +44,11 @@ def test_the_recipe_and_its_variants_validate(bpe_model, data, tmp_path):
     s = c["sync"]
     assert s.warmup.steps == 0 and s.policy.generate.engine == "vllm" and s.rollout.max_staleness == 0
     t = s.trainer
-    assert (t.steps, t.eval_every, t.prompts_per_step, t.samples_per_prompt) == (30, 5, 64, 8)
+    assert (t.steps, t.eval_every, t.prompts_per_step, t.samples_per_prompt) == (50, 5, 64, 8)
+    # the RL the sweep chose: lr 5e-6 warmed up over 10 optimizer steps, sampling at 0.7, two epochs
+    tr = s.policy.train
+    assert (tr.lr, tr.lr_warmup_steps, s.policy.generate.temperature) == (5e-6, 10, 0.7)
+    assert s.algorithm.options()["ppo_epochs"] == 2 and w.warmup.lr == 2e-4
     # every GPU default left to the engine: compiled layers, mixed precision, derived token budgets
     assert s.policy.train.dtype == "bfloat16" and not {"compile", "mixed_precision"} & set(s.policy.train.model_extra)
     assert "micro_batch_size" not in s.policy.train.model_fields_set
@@ -59,11 +63,11 @@ def test_rl_set_changes_the_rl_runs_and_not_the_warm_up(bpe_model, data, tmp_pat
     from benchmarks.trl_grpo import batch_shape
 
     out = learning_gpu.main(["--dry-run", "--model", bpe_model, "--set", f"env.options.dataset={data}", "--rl-set",
-                             "policy.generate.temperature=0.7", "algorithm.ppo_epochs=2", "algorithm.mini_batch_size=256",
+                             "policy.generate.temperature=0.9", "algorithm.ppo_epochs=3", "algorithm.mini_batch_size=256",
                              "--runs-dir", str(tmp_path / "r"), "--out", str(tmp_path)])
     w, s = out["configs"]["warmup"], out["configs"]["sync"]
-    assert s.policy.generate.temperature == 0.7 and w.policy.generate.temperature == 1.0
-    assert batch_shape(s) == (512, 256, 2) and batch_shape(w) == (512, 512, 1)
+    assert s.policy.generate.temperature == 0.9 and w.policy.generate.temperature == 1.0  # its own generate: HF
+    assert batch_shape(s) == (512, 256, 3) and batch_shape(w) == (512, 512, 2)
 
 
 def test_the_sizes_the_recipe_states(bpe_model, data):
@@ -130,15 +134,15 @@ def test_best_takes_the_sweep_winner_and_the_dry_run_validates_it(bpe_model, dat
     run = lambda rl, rise, **kw: {"variant": "sync", "seed": 0, "rl_set": rl, "rise": rise, "error": None, **kw}  # noqa: E731
     runs = [run(["policy.train.lr=1e-5"], 0.02), run(["policy.train.lr_warmup_steps=10"], 0.06),
             run(["policy.train.lr=1e-4"], 0.3, error="died"), run(["trainer.steps=3"], 0.5, seed=1),
-            run(["policy.generate.temperature=0.7"], 0.06)]
-    assert learning_gpu.best_rl_set(runs) == ["policy.generate.temperature=0.7"]
+            run(["policy.generate.temperature=0.9"], 0.06)]
+    assert learning_gpu.best_rl_set(runs) == ["policy.generate.temperature=0.9"]
     assert learning_gpu.best_rl_set([]) == []
     (tmp_path / "r").mkdir()
     for r in runs:
         learning_gpu.keep_run(tmp_path / "r", r)
     out = learning_gpu.main(["--dry-run", "--model", bpe_model, "--set", f"env.options.dataset={data}", "--rl-set",
                              "best", "--runs-dir", str(tmp_path / "r"), "--out", str(tmp_path)])
-    assert out["configs"]["sync"].policy.generate.temperature == 0.7
+    assert out["configs"]["sync"].policy.generate.temperature == 0.9
 
 
 def test_the_report_section(tmp_path):

@@ -275,19 +275,32 @@ def learning_gpu(r: dict | None, trl: dict | None, link) -> list[str]:
         notes += [f"* {r['note']}"] if r.get("note") else []
         out += [""] + (notes + [""] if notes else [])
         out += [f"![eval reward against the RL clock]({link(r['png'])})", ""] if r.get("png") else []
+        out += _sweep(r.get("sweep") or [])
     if trl is None:
         return out + ["Beside TRL: not run yet: `python -m benchmarks.learning_gpu --trl --out benchmarks/results` "
                       "(`bash benchmarks/gpu.sh trl_learn`).", ""]
     t = trl["trl"]
     out += [f"Beside TRL ({trl['gpu']}, seed {trl['seed']}, the same warmed model, data and verifier; TRL "
             f"{(t.get('summary') or {}).get('trl', '?')}, exit {t['rc']}; xrlhf's run "
-            f"{'in the same call' if trl.get('xrlhf_same_call') else 'from an earlier call on this machine'}): TRL's "
+            f"{'in the same call' if trl.get('xrlhf_same_call') else 'from another call of the same lease'}): TRL's "
             f"last eval reward {fmt(trl.get('target'))} (from {fmt(trl.get('trl_first'))}), first reached at "
             f"{fmt(trl.get('trl_s'), 1)} s of its training (evaluations left out); xrlhf reaches it at "
             f"{fmt(trl.get('xrlhf_s'), 1)} s: ratio **{fmt(trl.get('ratio'))}** (target ≤ {trl['target_ratio']}: "
             f"{_met(trl.get('met'))}{'; ' + trl['note'] if trl.get('note') else ''}). `{trl.get('command', '')}`.", "",
             f"![xrlhf beside TRL]({link(trl['png'])})", ""]
     return out
+
+
+def _sweep(rows: list[dict]) -> list[str]:
+    """``learn_sweep``'s candidates (seed 0, one warm-up): what each changed and how far the eval rose."""
+    if not rows:
+        return []
+    out = ["The candidates of `bash benchmarks/gpu.sh learn_sweep` (seed 0, the same warm-up; the winner is "
+           "what `--rl-set best` takes):", "", "| candidate | RL overrides | eval before RL | last eval | rise | RL s |",
+           "|---|---|---|---|---|---|"]
+    out += [f"| {x['name']} | `{' '.join(x.get('rl_set') or [])}` | {fmt(x.get('eval_before_rl'))} "
+            f"| {fmt(x.get('eval_last'))} | {fmt(x.get('rise'))} | {fmt(x.get('rl_s'), 1)} |" for x in rows]
+    return out + [""]
 
 
 def healing(r: dict | None) -> list[str]:
