@@ -186,3 +186,32 @@ def test_cpu_smoke_beside_trl(tmp_path):
     assert data["xrlhf_same_call"] and [p["step"] for p in data["xrlhf"]["curve"]] == [0, 1, 2]
     assert data["trl"]["summary"]["num_generations"] == 4 and data["trl"]["summary"]["beta"] == 0.04
     assert (tmp_path / "out" / "learning_vs_trl.png").is_file()
+
+
+def test_xrlhf_set_reaches_xrlhf_alone(monkeypatch, tmp_path):
+    """``--trl --xrlhf-set trainer.steps=90``: xrlhf's run takes the extra overrides (room to reach
+    TRL's last eval), TRL's does not; the kept run records them, so ``--reuse-runs`` finds it again.
+    Control flow only: both runs stood in for (the real pair: ``test_cpu_smoke_beside_trl``)."""
+    seen = {}
+    curve = [{"step": 0, "eval_reward": 0.2, "rl_s": 0.0}, {"step": 5, "eval_reward": 0.4, "rl_s": 10.0}]
+
+    def trl(args, warm, overrides, out, timeout):
+        seen["trl"] = overrides
+        return {"rc": 0, "curve": curve[:1] + [{**curve[1], "rl_s": 30.0}]}
+
+    def xrlhf(args, runs_dir, overrides, variant, seed):
+        seen["xrlhf"] = overrides
+        return {"variant": variant, "seed": seed, "overrides": overrides, "curve": curve, "error": None, "run_dir": "x"}
+
+    monkeypatch.setattr(learning_gpu, "run_trl", trl)
+    monkeypatch.setattr(learning_gpu, "one_run", xrlhf)
+    monkeypatch.setattr(learning_gpu, "plot", lambda *a, **k: None)
+    args = learning_gpu.parse_args(["--trl", "--seeds", "0", "--rl-set", "policy.train.lr=5e-6", "--xrlhf-set",
+                                    "trainer.steps=90", "--out", str(tmp_path), "--reuse-runs"])
+    base, warm = ["env.options.dataset=d"], {"model": "w"}
+    data = learning_gpu.beside_trl(args, tmp_path, base, warm, learning_gpu.Budget(0, 1))
+    assert seen["xrlhf"] == seen["trl"] + ["trainer.steps=90"] and "trainer.steps=90" not in seen["trl"]
+    assert data["ratio"] == round(10 / 30, 3) and data["met"] and data["xrlhf_same_call"]
+    assert learning_gpu.load_every(tmp_path)[0]["rl_set"] == ["policy.train.lr=5e-6", "trainer.steps=90"]
+    again = learning_gpu.beside_trl(args, tmp_path, base, warm, learning_gpu.Budget(0, 1))
+    assert not again["xrlhf_same_call"]
