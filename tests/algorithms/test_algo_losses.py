@@ -115,7 +115,7 @@ def test_unpack_sequences_inverts_build_sequences():
 
 
 def test_kto_reference_point_is_from_the_mismatched_rows():
-    """The pieces of ``KTOMixin.kto_step``: z_ref = max(0, mean(policy - ref)) over rows
+    """The pieces of ``KTOPairs.step``: z_ref = max(0, mean(policy - ref)) over rows
     ``(x_i, y_j(i))``, computed by hand for an online batch of 2 prompts x 2 samples."""
     from xrlhf.algorithms.functional import kto_reference_point
 

@@ -67,14 +67,14 @@ def test_online_kto_reference_point_is_policy_kl_on_mismatched_pairs(model_dir):
     for _ in range(3):  # make the policy like the mismatched completions more than the reference does
         policy.train_step(mism, SFTLoss())
 
-    train, kl = trainer.update.kto_batches(prompts, completions, torch.tensor([True, False, True, False]), groups)
+    train, kl = trainer.update.pairs.batches(prompts, completions, torch.tensor([True, False, True, False]), groups)
     pol, ref = seq_logps(policy, mism), seq_logps(reference, mism)
     want = float((pol - ref).mean().clamp(min=0))
     assert want > 0.01
     assert torch.allclose(kl["ref_logps"], ref, atol=1e-5)
     assert torch.allclose(train["ref_logps"], seq_logps(reference, build_sequences(prompts, completions, 0)), atol=1e-5)
 
-    metrics = trainer.update.kto_step(train, kl)
+    metrics = trainer.update.pairs.step(train, kl)
     assert torch.allclose(train["z_ref"], torch.full((4,), want), atol=1e-5)
     assert metrics["kto/kl"] == pytest.approx(want, abs=1e-5)
     assert metrics["kto/desirable_fraction"] == 0.5
@@ -86,18 +86,18 @@ def test_kto_balanced_weights_are_set_from_all_the_rows_of_an_update(model_dir):
     labels = torch.tensor([True, False, False, False, True, True, True, False])
     groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
     fixed = make_trainer(model_dir, {"name": "kto_online", "mini_batch_size": 8, "desirable_weight": 1.5})
-    assert fixed.update.kto_batches(prompts, completions, labels, groups)[0]["desirable_weight"].tolist() == [1.5] * 8
+    assert fixed.update.pairs.batches(prompts, completions, labels, groups)[0]["desirable_weight"].tolist() == [1.5] * 8
     # one ratio over the 8 rows: n_d = n_u = 4 -> w_d = 4/3 * 1 * 4 / 4
     batch = make_trainer(model_dir, {"name": "kto_online", "mini_batch_size": 8, "balance_ratio": 4 / 3})
-    assert batch.update.kto_batches(prompts, completions, labels, groups)[0]["desirable_weight"].tolist() == \
+    assert batch.update.pairs.batches(prompts, completions, labels, groups)[0]["desirable_weight"].tolist() == \
         pytest.approx([4 / 3] * 8)
     # per prompt: prompt 0 has 1 desirable, 3 not -> 4/3 * 3 = 4; prompt 1 has 3 and 1 -> 4/3 / 3 = 4/9
     per = make_trainer(model_dir, {"name": "kto_online", "mini_batch_size": 8, "balance_ratio": 4 / 3,
                                    "balance_per_prompt": True})
-    train, kl = per.update.kto_batches(prompts, completions, labels, groups)
+    train, kl = per.update.pairs.batches(prompts, completions, labels, groups)
     assert train["desirable_weight"].tolist() == pytest.approx([4.0] * 4 + [4 / 9] * 4)
     # a mini-batch keeps its rows' weights (no recount on part of a prompt's samples)
-    metrics = per.update.kto_step(train.index(torch.tensor([0, 1, 4, 7])), kl.index(torch.tensor([0, 1, 4, 7])))
+    metrics = per.update.pairs.step(train.index(torch.tensor([0, 1, 4, 7])), kl.index(torch.tensor([0, 1, 4, 7])))
     assert metrics["kto/desirable_weight"] == pytest.approx((4.0 + 4 / 9) / 2)
 
 

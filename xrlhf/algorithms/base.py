@@ -4,8 +4,8 @@
 the trainer state for exact resume; the one progress line. ``RLTrainer`` here is the one online
 loop (rollout -> reward -> its ``update`` part -> weight sync); an online algorithm is a
 registration (``algorithms/spec.py:Algorithm``) that says which ``update`` it builds. The
-sibling ``OfflineTrainer`` (``algorithms/offline.py``: the next rows of a dataset ->
-``train_on``; DPO, offline KTO, the reward model) is still subclassed per algorithm.
+sibling ``OfflineTrainer`` (``algorithms/offline.py``: the next rows of a dataset -> its step
+part; DPO, offline KTO, the reward model) is the loop of the offline registrations.
 
 Trainers talk to the models through the typed seam of ``algorithms/handles.py`` only
 (``self.policy.generate``, ``.infer``, ``.train_step``), never to Ray or to engines, and pass
@@ -39,7 +39,7 @@ from xrlhf.utils.timeline import Timeline
 from xrlhf.utils.run_hooks import RunHooks
 
 ALGORITHMS: Registry[Any] = Registry("algorithm")
-"""Name -> an ``Algorithm`` (online) or an ``OfflineTrainer`` subclass (offline)."""
+"""Name -> an ``Algorithm`` (``algorithms/spec.py``; its ``loop`` runs it)."""
 
 EPISODE_KEYS = (("episode/turns_mean", "turns"), ("episode/tool_calls_mean", "tool_calls"),
                 ("episode/tool_errors_mean", "tool_errors"), ("episode/tool_timeouts_mean", "tool_timeouts"),
@@ -52,8 +52,8 @@ RL_PROGRESS = (("reward/mean", "reward"), ("kl/mean", "kl"), ("policy/loss", "pg
 
 
 def register_algorithm(name: str):
-    """Decorator registering an ``Algorithm`` (or an ``OfflineTrainer`` subclass) under
-    ``algorithm.name: <name>``; ``register_algorithm(name)(obj)`` registers an object."""
+    """Decorator registering an ``Algorithm`` under ``algorithm.name: <name>``;
+    ``register_algorithm(name)(obj)`` registers an object."""
     return ALGORITHMS.register(name)
 
 

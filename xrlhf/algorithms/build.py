@@ -39,8 +39,8 @@ def run_spec(cfg: XConfig) -> RunSpec:
 def build_trainer(cfg: XConfig, options: BaseModel, handles: Handles, env: Env, tokenizer,
                   reward: Callable[[list[Prompt], list[str], Batch], tuple[torch.Tensor, dict]] | None,
                   hooks: RunHooks, algorithm: Any = None):
-    """The trainer of ``cfg.algorithm.name`` (or of ``algorithm``: an ``Algorithm``, or an
-    ``OfflineTrainer`` subclass), with its options, run spec and parts."""
+    """The trainer of ``cfg.algorithm.name`` (or of ``algorithm``, an ``Algorithm``): its loop
+    with its options, run spec and parts."""
     spec = algorithm or ALGORITHMS.get(cfg.algorithm.name)
     t = cfg.trainer
     runner_for = partial(episode_runner, cfg, env, tokenizer) if is_episode_env(env) else None
@@ -48,14 +48,15 @@ def build_trainer(cfg: XConfig, options: BaseModel, handles: Handles, env: Env, 
                           env, tokenizer, reward, runner_for)
     parts = TrainerParts(StepThroughput(_matmul_shape(cfg.policy.model), getattr(cfg.algorithm, "ppo_epochs", 1)),
                          evaluator)
-    loop = getattr(spec, "loop", None)
-    if loop is None or not issubclass(loop, RLTrainer):  # an offline trainer class
-        return spec(run_spec(cfg), options, parts, handles, env, tokenizer, reward=reward, hooks=hooks)
+    if not issubclass(spec.loop, RLTrainer):  # an offline loop: a dataset, no rollout
+        return spec.loop(run_spec(cfg), options, parts, handles, env, tokenizer, reward=reward, hooks=hooks,
+                         algorithm=spec)
     logprobs = spec.reads_behaviour_logprobs(cfg, options)  # an online algorithm: the rollout's parts
     parts.collector = lambda generator, keep, timeline, runner: build_collector(
         cfg, env, tokenizer, generator, reward, keep, timeline, runner, logprobs=logprobs)
     parts.producer = partial(build_producer, cfg)
-    return loop(run_spec(cfg), options, parts, handles, env, tokenizer, reward=reward, hooks=hooks, algorithm=spec)
+    return spec.loop(run_spec(cfg), options, parts, handles, env, tokenizer, reward=reward, hooks=hooks,
+                     algorithm=spec)
 
 
 def _matmul_shape(model: str) -> MatmulShape | None:

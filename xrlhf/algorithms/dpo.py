@@ -19,7 +19,10 @@ from pydantic import Field
 
 from xrlhf.algorithms.base import register_algorithm
 from xrlhf.algorithms.losses import DPOLoss
-from xrlhf.algorithms.offline import OfflineConfig, OfflineTrainer, pair_batch, prefixed, sequence_logps
+from xrlhf.algorithms.offline import (OfflineConfig, OfflineTrainer, RowStep, offline_errors, offline_steps, pair_batch,
+                                      prefixed, sequence_logps)
+from xrlhf.algorithms.spec import Algorithm
+from xrlhf.config.schema import XConfig
 from xrlhf.data.datasets import PREFERENCE
 
 
@@ -32,17 +35,13 @@ class DPOConfig(OfflineConfig):
                                                      "(0: plain DPO)")
 
 
-@register_algorithm("dpo")
-class DPOTrainer(OfflineTrainer):
-    """DPO with the sigmoid loss on ``{prompt, chosen, rejected}`` rows."""
+class DPOStep(RowStep):
+    """DPO's step: the sigmoid loss on ``{prompt, chosen, rejected}`` rows."""
 
-    Config = DPOConfig
     schema = PREFERENCE
     rows_per_item = 2
-    progress_keys = (("policy/loss", "loss"), ("dpo/reward_accuracy", "acc"), ("dpo/reward_margin", "margin"),
-                     ("dpo/chosen_logp_change", "d_chosen"), ("dpo/rejected_logp_change", "d_rejected"))
 
-    def encode_row(self, row: dict[str, Any]) -> tuple[list[int], list[int], list[int]]:
+    def encode(self, row: dict[str, Any]) -> tuple[list[int], list[int], list[int]]:
         return (self.encode_prompt(row["prompt"]), self.encode_response(row["chosen"]),
                 self.encode_response(row["rejected"]))
 
@@ -51,3 +50,15 @@ class DPOTrainer(OfflineTrainer):
         batch = pair_batch(prompts, chosen, rejected, self.tok.pad_token_id)
         batch["ref_logps"] = sequence_logps(self.reference, batch)
         return prefixed(self.policy.train_step(batch, DPOLoss(self.options.beta, self.options.nll_weight)))
+
+
+def dpo_errors(cfg: XConfig, o: DPOConfig) -> list[str]:
+    """DPO's checks besides ``common_errors``: whole pairs, a reference."""
+    return offline_errors(cfg, o, DPOStep, reference=True)
+
+
+DPO = register_algorithm("dpo")(Algorithm(
+    DPOConfig, DPOStep, checks=dpo_errors, steps=offline_steps, schema=DPOStep.schema, loop=OfflineTrainer,
+    progress_keys=(("policy/loss", "loss"), ("dpo/reward_accuracy", "acc"), ("dpo/reward_margin", "margin"),
+                   ("dpo/chosen_logp_change", "d_chosen"), ("dpo/rejected_logp_change", "d_rejected"))))
+"""DPO on ``{prompt, chosen, rejected}`` rows: an ``OfflineTrainer`` with a ``DPOStep``."""

@@ -39,7 +39,8 @@ from pydantic import Field
 from xrlhf.algorithms import functional as F
 from xrlhf.algorithms.base import RL_PROGRESS, Rollout, check_mini_batch, register_algorithm
 from xrlhf.algorithms.losses import KTOLoss
-from xrlhf.algorithms.offline import OfflineConfig, OfflineTrainer, prefixed, sequence_logps
+from xrlhf.algorithms.offline import (OfflineConfig, OfflineTrainer, RowStep, offline_errors, offline_steps, prefixed,
+                                      sequence_logps)
 from xrlhf.algorithms.spec import Algorithm
 from xrlhf.config.schema import Strict, XConfig
 from xrlhf.data.batch import Batch, build_sequences, response_loss_masks, unpack_sequences
@@ -116,18 +117,21 @@ def mismatch_index(group_ids: torch.Tensor) -> torch.Tensor:
     return (rows + 1) % max(b, 1)
 
 
-class KTOMixin:
-    """The KTO update shared by offline KTO's trainer and online KTO's update (needs ``policy``,
-    ``reference``, ``tok``, ``options``)."""
+class KTOPairs:
+    """The KTO update shared by offline KTO's step and online KTO's update: the mismatched pairs
+    with their reference log-probs, and one optimizer step."""
 
-    def kto_batches(self, prompts: list[list[int]], completions: list[list[int]], labels: torch.Tensor,
-                    group_ids: torch.Tensor, masks: list[list[float]] | None = None) -> tuple[Batch, Batch]:
+    def __init__(self, policy, reference, options: KTOOptions, pad_id: int):
+        self.policy, self.reference, self.options, self.pad_id = policy, reference, options, pad_id
+
+    def batches(self, prompts: list[list[int]], completions: list[list[int]], labels: torch.Tensor,
+                group_ids: torch.Tensor, masks: list[list[float]] | None = None) -> tuple[Batch, Batch]:
         """The training rows ``(x_i, y_i)`` and the mismatched rows ``(x_i, y_j(i))``, each with
         its reference sequence log-probs ``ref_logps`` ``[B]`` (one reference call for both).
         ``masks``: the completions' loss masks (an episode's observations are 0)."""
         b = len(prompts)
         j = mismatch_index(group_ids).tolist()
-        full = build_sequences(prompts + prompts, completions + [completions[k] for k in j], self.tok.pad_token_id,
+        full = build_sequences(prompts + prompts, completions + [completions[k] for k in j], self.pad_id,
                                response_masks=None if masks is None else masks + [masks[k] for k in j])
         ref = sequence_logps(self.reference, full)
         train, kl = full.index(slice(0, b)), full.index(slice(b, 2 * b))
@@ -139,7 +143,7 @@ class KTOMixin:
                                                     dtype=torch.float32).expand(b).clone()
         return train, kl
 
-    def kto_step(self, train: Batch, kl: Batch) -> dict[str, float]:
+    def step(self, train: Batch, kl: Batch) -> dict[str, float]:
         """One optimizer step on ``train``, with ``z_ref`` from the current policy on ``kl``."""
         z = F.kto_reference_point(sequence_logps(self.policy, kl), kl["ref_logps"])
         train["z_ref"] = z.expand(len(train)).clone()
@@ -152,41 +156,50 @@ class KTOMixin:
         return metrics
 
 
-@register_algorithm("kto")
-class KTOTrainer(KTOMixin, OfflineTrainer):
-    """Offline KTO on ``{prompt, completion, label}`` rows."""
+class KTOStep(RowStep):
+    """Offline KTO's step on ``{prompt, completion, label}`` rows (``KTOPairs``)."""
 
-    Config = KTOConfig
     schema = KTO
-    progress_keys = [("policy/loss", "loss"), ("kto/kl", "z_ref"), ("kto/rewards_chosen", "r_des"),
-                     ("kto/rewards_rejected", "r_undes")]
 
-    @classmethod
-    def check_config(cls, cfg: XConfig, o: KTOConfig) -> list[str]:
-        return super().check_config(cfg, o) + o.kto_errors()
+    def __init__(self, options: KTOConfig, trainer):
+        super().__init__(options, trainer)
+        self.pairs = KTOPairs(self.policy, self.reference, options, self.tok.pad_token_id)
 
-    def encode_row(self, row: dict[str, Any]) -> tuple[list[int], list[int], bool, int]:
+    def encode(self, row: dict[str, Any]) -> tuple[list[int], list[int], bool, int]:
         # the prompt's hash is its group id: two rows of one prompt are never each other's mismatch
         return (self.encode_prompt(row["prompt"]), self.encode_response(row["completion"]), row["label"],
                 zlib.crc32(row["prompt"].encode()))
 
-    def response_ids(self, item: Any) -> list[list[int]]:
+    def responses(self, item: Any) -> list[list[int]]:
         return [item[1]]
 
     def train_on(self, items: list[tuple[list[int], list[int], bool, int]]) -> dict[str, float]:
         prompts, completions, labels, groups = zip(*items)
-        train, kl = self.kto_batches(list(prompts), list(completions), torch.tensor(labels),
-                                     torch.tensor(groups, dtype=torch.long))
-        return self.kto_step(train, kl)
+        train, kl = self.pairs.batches(list(prompts), list(completions), torch.tensor(labels),
+                                       torch.tensor(groups, dtype=torch.long))
+        return self.pairs.step(train, kl)
 
 
-class KTOOnline(KTOMixin):
+def kto_errors(cfg: XConfig, o: KTOConfig) -> list[str]:
+    """Offline KTO's checks besides ``common_errors``: whole rows per rank, a reference, the options."""
+    return offline_errors(cfg, o, KTOStep, reference=True) + o.kto_errors()
+
+
+KTO_OFFLINE = register_algorithm("kto")(Algorithm(
+    KTOConfig, KTOStep, checks=kto_errors, steps=offline_steps, schema=KTOStep.schema, loop=OfflineTrainer,
+    progress_keys=(("policy/loss", "loss"), ("kto/kl", "z_ref"), ("kto/rewards_chosen", "r_des"),
+                   ("kto/rewards_rejected", "r_undes"))))
+"""Offline KTO: an ``OfflineTrainer`` with a ``KTOStep``."""
+
+
+class KTOOnline:
     """Online KTO's update: the policy's samples, labelled by reward >= threshold, trained with
     KTO (``epochs`` passes of mini-batch steps, the trainer's generator shuffling them)."""
 
     def __init__(self, options: KTOOnlineConfig, loop):
         self.options, self.loop = options, loop
-        self.policy, self.reference, self.tok, self.generator = loop.policy, loop.reference, loop.tok, loop.generator
+        self.generator = loop.generator
+        self.pairs = KTOPairs(loop.policy, loop.reference, options, loop.tok.pad_token_id)
 
     def keeps_group(self, scores: torch.Tensor) -> bool:
         """Dynamic sampling keeps a prompt whose samples got both labels (``filter_uniform_groups``'
@@ -205,7 +218,8 @@ class KTOOnline(KTOMixin):
             return metrics
         batch = batch.index(keep)
         prompts, completions = unpack_sequences(batch)
-        train, kl = self.kto_batches(prompts, completions, labels[keep], batch["group_ids"], response_loss_masks(batch))
+        train, kl = self.pairs.batches(prompts, completions, labels[keep], batch["group_ids"],
+                                       response_loss_masks(batch))
         timings["time/infer_s"] = time.time() - t0
         self.loop.mark_memory("infer")
         t0 = time.time()
@@ -214,7 +228,7 @@ class KTOOnline(KTOMixin):
         for _ in range(self.options.epochs):
             perm = torch.randperm(len(train), generator=self.generator)
             for idx in perm.split(self.options.mini_batch_size):
-                for k, v in self.kto_step(train.index(idx), kl.index(idx)).items():
+                for k, v in self.pairs.step(train.index(idx), kl.index(idx)).items():
                     sums[k] = sums.get(k, 0.0) + v
                 n += 1
         timings["time/train_s"] = time.time() - t0

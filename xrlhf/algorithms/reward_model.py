@@ -24,9 +24,11 @@ from pydantic import Field, model_validator
 
 from xrlhf.algorithms.base import register_algorithm
 from xrlhf.algorithms.losses import PairwiseRewardLoss
-from xrlhf.algorithms.offline import OfflineConfig, OfflineTrainer, pair_batch, prefixed
+from xrlhf.algorithms.offline import (OfflineConfig, OfflineTrainer, RowStep, offline_errors, offline_steps, pair_batch,
+                                      prefixed)
+from xrlhf.algorithms.spec import Algorithm
 from xrlhf.config.schema import XConfig
-from xrlhf.data.datasets import PREFERENCE, DatasetPath, load_rows, split_held_out
+from xrlhf.data.datasets import PREFERENCE, DatasetPath, Rows, load_rows, split_held_out
 
 
 class RewardModelConfig(OfflineConfig):
@@ -45,55 +47,21 @@ class RewardModelConfig(OfflineConfig):
         return self
 
 
-@register_algorithm("rm")
-class RewardModelTrainer(OfflineTrainer):
-    """Bradley-Terry reward model on ``{prompt, chosen, rejected}`` rows."""
+class PairAccuracy:
+    """The reward model's evaluation: pairwise accuracy and mean margin of its scores on held-out
+    pairs (encoded items), and the run summary's ``eval_accuracy``."""
 
-    Config = RewardModelConfig
-    schema = PREFERENCE
-    rows_per_item = 2
-    needs_reference = False
-    policy_head = "score"
-    uses_generation = False
-    progress_keys = (("policy/loss", "loss"), ("rm/accuracy", "acc"), ("rm/margin", "margin"),
-                     ("eval/accuracy", "eval_acc"))
+    def __init__(self, policy, pad_id: int, items: list[tuple[list[int], list[int], list[int]]]):
+        self.policy, self.pad_id, self.items = policy, pad_id, items
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        o = self.options
-        if o.eval_dataset is not None:
-            eval_rows = load_rows(o.eval_dataset, PREFERENCE)
-            self.eval_items = [self.encode_row(r) for r in eval_rows.rows]
-        else:
-            self.items, self.eval_items = split_held_out(self.items, [row["prompt"] for row in self.rows.rows],
-                                                         o.eval_fraction, path=self.rows.path, section="algorithm",
-                                                         noun="pairs")
-        self.eval_items = self.eval_items[:o.eval_size]
-
-    @classmethod
-    def check_config(cls, cfg: XConfig, o: RewardModelConfig) -> list[str]:
-        errors = super().check_config(cfg, o)
-        if cfg.reference is not None:
-            errors.append("reference: a reward model is trained without a reference model; set reference: null")
-        if cfg.critic is not None:
-            errors.append("critic: a reward model is trained without a critic; remove the critic section")
-        return errors
-
-    def encode_row(self, row: dict[str, Any]) -> tuple[list[int], list[int], list[int]]:
-        return (self.encode_prompt(row["prompt"]), self.encode_response(row["chosen"]),
-                self.encode_response(row["rejected"]))
-
-    def train_on(self, items: list[tuple[list[int], list[int], list[int]]]) -> dict[str, float]:
-        batch = pair_batch(*zip(*items), self.tok.pad_token_id)
-        return prefixed(self.policy.train_step(batch, PairwiseRewardLoss()))
-
-    def evaluate(self) -> dict[str, float]:
-        """Pairwise accuracy and mean margin on the held-out pairs (``eval/reward_mean`` = accuracy)."""
+    def evaluate(self, handle=None, runner=None, keep=None) -> dict[str, float]:
+        """``eval/accuracy``, ``eval/margin``, ``eval/chosen_score_mean`` of the policy's scores
+        (``eval/reward_mean`` = accuracy); ``handle`` is unused (a reward model does not generate)."""
         chosen, rejected = [], []
         size = 64 * self.policy.world_size  # pairs per call: bounds the padded width of a batch
-        for start in range(0, len(self.eval_items), size):
-            part = self.eval_items[start:start + size]
-            scores = self.policy.infer(pair_batch(*zip(*part), self.tok.pad_token_id))["scores"]
+        for start in range(0, len(self.items), size):
+            part = self.items[start:start + size]
+            scores = self.policy.infer(pair_batch(*zip(*part), self.pad_id))["scores"]
             chosen.append(scores[0::2])
             rejected.append(scores[1::2])
         diff = torch.cat(chosen) - torch.cat(rejected)
@@ -101,11 +69,50 @@ class RewardModelTrainer(OfflineTrainer):
         return {"eval/reward_mean": acc, "eval/accuracy": acc, "eval/margin": float(diff.mean()),
                 "eval/chosen_score_mean": float(torch.cat(chosen).mean())}
 
-    def fit(self) -> dict[str, Any] | None:
-        result = super().fit()
-        if result is None:  # stopped early (a signal): the runner checkpoints
-            return None
-        result["summary"] = {"eval_accuracy": result["eval_final"]["eval/accuracy"],
-                             "eval_accuracy_initial": result["eval_initial"]["eval/accuracy"],
-                             "eval_pairs": len(self.eval_items)}
-        return result
+    def summary(self, result: dict[str, Any]) -> dict[str, Any]:
+        """``summary.json``'s accuracies before and after, and the number of pairs."""
+        return {"eval_accuracy": result["eval_final"]["eval/accuracy"],
+                "eval_accuracy_initial": result["eval_initial"]["eval/accuracy"], "eval_pairs": len(self.items)}
+
+
+class PairwiseStep(RowStep):
+    """The Bradley-Terry step on ``{prompt, chosen, rejected}`` rows; its held-out pairs are
+    ``eval_dataset``'s or a split of the dataset's prompts."""
+
+    schema = PREFERENCE
+    rows_per_item = 2
+
+    def encode(self, row: dict[str, Any]) -> tuple[list[int], list[int], list[int]]:
+        return (self.encode_prompt(row["prompt"]), self.encode_response(row["chosen"]),
+                self.encode_response(row["rejected"]))
+
+    def train_on(self, items: list[tuple[list[int], list[int], list[int]]]) -> dict[str, float]:
+        batch = pair_batch(*zip(*items), self.tok.pad_token_id)
+        return prefixed(self.policy.train_step(batch, PairwiseRewardLoss()))
+
+    def held_out(self, items: list[Any], rows: Rows) -> tuple[list[Any], PairAccuracy]:
+        o = self.options
+        if o.eval_dataset is not None:
+            eval_items = [self.encode(r) for r in load_rows(o.eval_dataset, PREFERENCE).rows]
+        else:
+            items, eval_items = split_held_out(items, [row["prompt"] for row in rows.rows], o.eval_fraction,
+                                               path=rows.path, section="algorithm", noun="pairs")
+        return items, PairAccuracy(self.policy, self.tok.pad_token_id, eval_items[:o.eval_size])
+
+
+def rm_errors(cfg: XConfig, o: RewardModelConfig) -> list[str]:
+    """The reward model's checks besides ``common_errors``: whole pairs, no reference, no critic."""
+    errors = offline_errors(cfg, o, PairwiseStep, reference=False)
+    if cfg.reference is not None:
+        errors.append("reference: a reward model is trained without a reference model; set reference: null")
+    if cfg.critic is not None:
+        errors.append("critic: a reward model is trained without a critic; remove the critic section")
+    return errors
+
+
+RM = register_algorithm("rm")(Algorithm(
+    RewardModelConfig, PairwiseStep, checks=rm_errors, steps=offline_steps, uses_generation=False,
+    policy_head="score", schema=PairwiseStep.schema, loop=OfflineTrainer,
+    progress_keys=(("policy/loss", "loss"), ("rm/accuracy", "acc"), ("rm/margin", "margin"),
+                   ("eval/accuracy", "eval_acc"))))
+"""A Bradley-Terry reward model: an ``OfflineTrainer`` with a ``PairwiseStep`` and ``PairAccuracy``."""
