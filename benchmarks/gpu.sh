@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one entry point of the GPU benchmarks on the device machine: stages run in turn, each under
 # a time limit, logs and tables packed into one archive in $OUT. From the repository root, with the
-# stack shipped to /root/wc as parts p0, p1, ... (docs/testing.md: benchmarks/stage_site.sh) and,
+# stack shipped to /root/wc as parts p0, p1, ... (docs/testing.md: benchmarks/stage_stack.sh) and,
 # for TRL, its wheels in .whl (carried; `setup` installs them):
 #
 #   bash benchmarks/gpu.sh setup versions tests      # install; what is installed; the GPU tests of vLLM and the hooks
@@ -66,7 +66,7 @@ stage_install() {  # the stack alone (what needs no model)
     local magic
     magic=$(cd /root/wc && cat $(ls p* | sort -V) | head -c 6 | od -An -tx1 | tr -d ' ')
     if [ "$magic" = "fd377a585a00" ] || [ "${magic:0:4}" = "1f8b" ]; then
-      # the stack installed here beforehand (benchmarks/stage_site.sh: `site/` as xz or gzip, smaller than its wheels)
+      # the stack installed here beforehand (benchmarks/stage_stack.sh: `site/` as xz or gzip, smaller than its wheels)
       (cd /root/wc && cat $(ls p* | sort -V) | python3 -c "import sys, tarfile; tarfile.open(fileobj=sys.stdin.buffer, \
         mode='r|*').extractall('/root', filter='fully_trusted')" && rm -f p* && \
         grep -l '^#!.*python' /root/site/bin/* | xargs sed -i '1s|^#!.*python.*|#!/usr/bin/env python3|' && \

@@ -1,18 +1,64 @@
 #!/usr/bin/env bash
-# Everything the device machine needs for the vLLM 0.33 stack, built from nothing on this box
-# (docs/testing.md, "The stack for vLLM 0.33"): the wheels of benchmarks/gpu_stack.lock
-# downloaded (DeepSpeed built as a pure-Python wheel), installed for CPython 3.12 and packed by
-# stage_site.sh into .gpu33/x-K/p; torch's own NVIDIA libraries that the GPU image's are too old
-# for, as a second stream (a tar of their wheels) in .gpu33n/x-K/p; TRL and what it adds in .whl. All three are ignored by git.
+# The GPU stack for the device machine, built on this box (docs/testing.md, "The stack for vLLM
+# 0.33"), as parts of one call each (a call carries 64 MiB with the tracked tree):
+#   .gpu33/x-K/p   the wheels of benchmarks/gpu_stack.lock (DeepSpeed built as a pure-Python wheel),
+#                  installed for CPython 3.12 and packed as `site/` (gzip; PACK=xz: ~25% fewer
+#                  parts at ~40 minutes of two cores);
+#   .gpu33n/x-K/p  torch's own NVIDIA libraries that the GPU image's are too old for: a tar of
+#                  their wheels (xz packs them only ~10% smaller than their zip);
+#   .whl           TRL and what it adds, carried by `gpu.sh setup`.
+# All are ignored by git.
 #
-#   bash benchmarks/stage_stack.sh            # ~2 GB of downloads (cached in ~/.cache/gpu-wheels33)
-#
-# Ship: one call per part, carrying the part's folder,
+#   bash benchmarks/stage_stack.sh                     # ~2.6 GB of downloads, cached in ~/.cache/gpu-wheels33
+#   bash benchmarks/stage_stack.sh site WHEELS PARTS   # one wheel folder as `site/` parts (e.g. the 0.25.1
+#                                                      # stack of ../shared/gpu/stage: its cache's selected/wheels)
+# Ship one call per part, carrying the part's folder, then `gpu.sh setup` (its stage_install
+# unpacks either stream, xz or gzip, and pip-installs a tar of wheels):
 #   mkdir -p /root/wc  && mv .gpu33/x-K/p  /root/wc/pK
 #   mkdir -p /root/wcn && mv .gpu33n/x-K/p /root/wcn/pK
-# then `bash benchmarks/gpu.sh setup ...` carrying .whl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# A transfer holds 64 MiB with the tracked tree: each part is what is left, less 2 MiB of slack.
+tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+part=$(( (62 << 20) - tree ))
+
+split_parts() {  # split_parts DIR: stdin as DIR/x-0/p, DIR/x-1/p, ...
+  local dir=$1 n=0 f
+  rm -rf "$dir" && mkdir -p "$dir"
+  split -b "$part" -d -a 2 - "$dir/p"
+  for f in "$dir"/p??; do mkdir -p "$dir/x-$n"; mv "$f" "$dir/x-$n/p"; n=$((n + 1)); done
+  echo "staged $(( $(du -cb "$dir"/x-*/p | tail -1 | cut -f1) >> 20 )) MiB as $n parts of at most $((part >> 20)) MiB:" \
+    "$dir/x-0 .. $dir/x-$((n - 1))"
+}
+
+pack_site() {  # pack_site WHEELS PARTS: the wheels installed for CPython 3.12 x86-64, less what nothing loads
+  local wheels=$1 parts=$2 i pack
+  [ -d "$wheels" ] || { echo "no wheels in $wheels" >&2; exit 2; }
+  work=$(mktemp -d)  # global: the EXIT trap reads it
+  trap 'rm -rf "$work"' EXIT
+  # Every manylinux tag up to glibc 2.35 (the GPU machine has 2.39): nvidia-nccl-cu13 2.30.7 is manylinux_2_18 only.
+  local plat=(--platform linux_x86_64 --platform manylinux1_x86_64 --platform manylinux2010_x86_64
+              --platform manylinux2014_x86_64)
+  for i in $(seq 5 35); do plat+=(--platform "manylinux_2_${i}_x86_64"); done
+  python3 -m pip install -q --no-index --no-deps --no-compile --only-binary=:all: --python-version 3.12 \
+    --implementation cp "${plat[@]}" --target "$work/site" "$wheels"/*.whl
+  rm -rf "$work/site/xgrammar/lib/libxgrammar.a" "$work/site/vllm/vllm-rs" "$work/site/ray/jars"
+  if [ -d "$work/site/ray/dashboard" ]; then find "$work/site/ray/dashboard" -name '*.map' -delete; fi
+  # vLLM (0.25.1 and 0.33.0): FlashAttention 2 (308 MB) is imported only if present (vllm_flash_attn/flash_attn_interface.py,
+  # try/except ImportError) and chosen on Hopper only for ALiBi, VLLM_BATCH_INVARIANT or MLA; a plain Llama/Qwen2
+  # decoder on SM90 runs FA3 (_vllm_fa3_C, kept). Triton: static archives nothing links at run time, and the
+  # Blackwell (sm_100+) ptxas and profiler libraries; the GPU machine is Hopper.
+  rm -rf "$work/site/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" "$work/site/triton/backends/nvidia/bin/ptxas-blackwell" \
+    "$work/site/triton/backends/nvidia/lib/cupti-blackwell" "$work/site/triton/backends/nvidia/lib/cupti/"*_static.a
+  if [ "${PACK:-gzip}" = xz ]; then pack=(xz -T0 -6); else pack=(gzip -6); fi
+  tar cf - -C "$work" site | "${pack[@]}" | split_parts "$parts"
+}
+
+if [ "${1:-}" = site ]; then
+  pack_site "${2:?WHEELS}" "${3:?PARTS}"
+  exit 0
+fi
+
 cache=${GPU_WHEEL_CACHE:-$HOME/.cache/gpu-wheels33}
 mkdir -p "$cache/wheels" "$cache/nvidia" "$cache/trl"
 plat=(--only-binary=:all: --python-version 3.12 --implementation cp --platform linux_x86_64)
@@ -41,13 +87,5 @@ dl "$cache/nvidia" $NVIDIA
 dl "$cache/trl" $TRL
 mkdir -p .whl && cp "$cache/trl"/*.whl .whl/
 
-export PACK=${PACK:-gzip}  # xz packs ~25% smaller (fewer parts to ship) at ~40 minutes of two cores
-GPU_WHEELS="$cache/wheels" GPU_PARTS=.gpu33 bash benchmarks/stage_site.sh
-# The NVIDIA wheels go as they are (a tar of them, split): xz packs their libraries only ~10% smaller
-# than the wheels' own zip, at ~40 minutes of two cores. gpu.sh's stage_install pip-installs them.
-tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
-rm -rf .gpu33n && mkdir -p .gpu33n
-tar cf - -C "$cache" nvidia | split -b $(( (62 << 20) - tree )) -d -a 2 - .gpu33n/p
-n=0
-for f in .gpu33n/p??; do mkdir -p ".gpu33n/x-$n"; mv "$f" ".gpu33n/x-$n/p"; n=$((n + 1)); done
-echo "staged the NVIDIA wheels as $n parts: .gpu33n/x-0 .. .gpu33n/x-$((n - 1))"
+tar cf - -C "$cache" nvidia | split_parts .gpu33n
+pack_site "$cache/wheels" .gpu33
