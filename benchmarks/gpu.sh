@@ -219,9 +219,9 @@ stage_learn() {  # the learning recipe: its warm-up once (~2.5 min), then seeds 
 }
 
 stage_learn_sweep() {  # recipe candidates, seed 0, from the same warm-up: LEARN_SWEEP="name:k=v k=v;name2:k=v"
-  # At lr 2e-5 the eval fell in the first 5 steps and climbed back after (xrlhf and TRL alike): a fresh
-  # Adam's first steps move every weight by ~lr. So the lr warms up (over 10 RL steps), with sampling at
-  # 0.7 and two epochs (as the CPU configs that learn); the same at lr 5e-6; the warm-up alone.
+  # The default: the candidates that chose the recipe's RL (docs/benchmarks.md has their figures; the
+  # second is configs/gpu/grpo_learn.yaml's now): lr 2e-5 warmed up with sampling at 0.7 and two epochs;
+  # the same at lr 5e-6; the lr warm-up alone.
   local spec=${LEARN_SWEEP:-"w20t07e2:policy.generate.temperature=0.7 algorithm.ppo_epochs=2 policy.train.lr_warmup_steps=20 \
 trainer.steps=50;lr5e6w10t07e2:policy.generate.temperature=0.7 algorithm.ppo_epochs=2 policy.train.lr=5e-6 \
 policy.train.lr_warmup_steps=10 trainer.steps=50;w10:policy.train.lr_warmup_steps=10 trainer.steps=50"}
