@@ -13,17 +13,14 @@ The policy is evaluated like every trainer: greedy answers on the env's held-out
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field
 
 from xrlhf.algorithms.base import register_algorithm
 from xrlhf.algorithms.losses import DPOLoss
-from xrlhf.algorithms.offline import (OfflineConfig, OfflineTrainer, RowStep, offline_errors, offline_steps, pair_batch,
+from xrlhf.algorithms.offline import (OfflineConfig, OfflineTrainer, PairStep, offline_errors, offline_steps, pair_batch,
                                       prefixed, sequence_logps)
 from xrlhf.algorithms.spec import Algorithm
 from xrlhf.config.schema import XConfig
-from xrlhf.data.datasets import PREFERENCE
 
 
 class DPOConfig(OfflineConfig):
@@ -35,15 +32,8 @@ class DPOConfig(OfflineConfig):
                                                      "(0: plain DPO)")
 
 
-class DPOStep(RowStep):
+class DPOStep(PairStep):
     """DPO's step: the sigmoid loss on ``{prompt, chosen, rejected}`` rows."""
-
-    schema = PREFERENCE
-    rows_per_item = 2
-
-    def encode(self, row: dict[str, Any]) -> tuple[list[int], list[int], list[int]]:
-        return (self.encode_prompt(row["prompt"]), self.encode_response(row["chosen"]),
-                self.encode_response(row["rejected"]))
 
     def train_on(self, items: list[tuple[list[int], list[int], list[int]]]) -> dict[str, float]:
         prompts, chosen, rejected = zip(*items)

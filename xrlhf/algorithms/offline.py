@@ -27,7 +27,7 @@ from xrlhf.algorithms import functional as F
 from xrlhf.algorithms.base import Trainer
 from xrlhf.config.schema import Strict, XConfig
 from xrlhf.data.batch import Batch, build_sequences
-from xrlhf.data.datasets import DatasetPath, EpochOrder, RowSchema, Rows, load_rows
+from xrlhf.data.datasets import PREFERENCE, DatasetPath, EpochOrder, RowSchema, Rows, load_rows
 from xrlhf.data.text import encode_prompt, encode_target
 from xrlhf.utils.errors import UserError
 
@@ -92,6 +92,18 @@ class RowStep:
 
     def encode_response(self, text: str) -> list[int]:
         return encode_target(self.tok, text)
+
+
+class PairStep(RowStep):
+    """A step on ``{prompt, chosen, rejected}`` rows (DPO's, the reward model's): an item is
+    ``(prompt ids, chosen ids, rejected ids)``."""
+
+    schema = PREFERENCE
+    rows_per_item = 2
+
+    def encode(self, row: dict[str, Any]) -> tuple[list[int], list[int], list[int]]:
+        return (self.encode_prompt(row["prompt"]), self.encode_response(row["chosen"]),
+                self.encode_response(row["rejected"]))
 
 
 class OfflineTrainer(Trainer):

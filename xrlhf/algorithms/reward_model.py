@@ -24,7 +24,7 @@ from pydantic import Field, model_validator
 
 from xrlhf.algorithms.base import register_algorithm
 from xrlhf.algorithms.losses import PairwiseRewardLoss
-from xrlhf.algorithms.offline import (OfflineConfig, OfflineTrainer, RowStep, offline_errors, offline_steps, pair_batch,
+from xrlhf.algorithms.offline import (OfflineConfig, OfflineTrainer, PairStep, offline_errors, offline_steps, pair_batch,
                                       prefixed)
 from xrlhf.algorithms.spec import Algorithm
 from xrlhf.config.schema import XConfig
@@ -75,16 +75,9 @@ class PairAccuracy:
                 "eval_accuracy_initial": result["eval_initial"]["eval/accuracy"], "eval_pairs": len(self.items)}
 
 
-class PairwiseStep(RowStep):
+class PairwiseStep(PairStep):
     """The Bradley-Terry step on ``{prompt, chosen, rejected}`` rows; its held-out pairs are
     ``eval_dataset``'s or a split of the dataset's prompts."""
-
-    schema = PREFERENCE
-    rows_per_item = 2
-
-    def encode(self, row: dict[str, Any]) -> tuple[list[int], list[int], list[int]]:
-        return (self.encode_prompt(row["prompt"]), self.encode_response(row["chosen"]),
-                self.encode_response(row["rejected"]))
 
     def train_on(self, items: list[tuple[list[int], list[int], list[int]]]) -> dict[str, float]:
         batch = pair_batch(*zip(*items), self.tok.pad_token_id)
