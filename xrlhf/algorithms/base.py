@@ -29,7 +29,6 @@ from xrlhf.algorithms.rollout import Producer, Rollout
 from xrlhf.algorithms.rollout.refill import REFILLS, refill_errors
 from xrlhf.config.schema import XConfig
 from xrlhf.data.batch import Batch
-from xrlhf.engines.base import Head
 from xrlhf.envs import Env, Prompt
 from xrlhf.utils.bounded import STOPPING, UserCodeAborted
 from xrlhf.utils.errors import NonFiniteError
@@ -75,17 +74,6 @@ class Trainer(ABC):
             the end of each step, transcripts of evaluated episodes).
     """
 
-    Config: ClassVar[type[BaseModel]]
-    needs_critic: ClassVar[bool] = False
-    policy_head: ClassVar[Head] = "causal_lm"
-    """The head of the trained model (``"score"`` for a reward model), read by the coordinator."""
-    uses_generation: ClassVar[bool] = True
-    """Whether the policy handle needs a generate engine (not for a reward model)."""
-    uses_teacher: ClassVar[bool] = False
-    """Whether the algorithm scores with a ``teacher`` handle (the ``teacher`` section); others refuse one."""
-    learns_off_policy: ClassVar[bool] = False
-    """Whether the algorithm can train on samples of older policies (``rollout.max_staleness``
-    > 0): a subclass opts in once its update is correct off-policy."""
     progress_keys: ClassVar[tuple[tuple[str, str], ...]] = ()
     """``(metric key, short name)`` shown in the progress line when a step's metrics have them
     (then ``eval/reward_mean`` as ``eval``, generation tokens/s and the step time)."""
@@ -114,17 +102,6 @@ class Trainer(ABC):
         runner_for = self.evaluator.runner_for
         self.episodes = runner_for(self.gen_handle) if runner_for is not None and self.gen_handle is not None else None
         """Runs the samples of an episode env (``algorithms.rollout.episodes``); ``None`` for one-turn envs."""
-
-    # -- config hooks -----------------------------------------------------------------------
-    @classmethod
-    def check_config(cls, cfg: XConfig, options: BaseModel) -> list[str]:
-        """Cross-section checks; each returned line names the YAML path and the fix."""
-        return common_errors(cls, cfg)
-
-    @classmethod
-    def train_steps(cls, cfg: XConfig, options: BaseModel) -> dict[str, int]:
-        """Optimizer steps each trainable handle will take (for LR schedules)."""
-        return {"policy": cfg.trainer.steps, "critic": cfg.trainer.steps}
 
     # -- the loop ---------------------------------------------------------------------------
     @abstractmethod
@@ -416,8 +393,8 @@ def check_mini_batch(cfg: XConfig, mini_batch_size: int) -> list[str]:
 
 
 def common_errors(spec: Any, cfg: XConfig) -> list[str]:
-    """The checks every algorithm shares (``spec``: an ``Algorithm`` or a ``Trainer`` subclass,
-    read for ``needs_critic``, ``uses_teacher`` and the rollout's flags)."""
+    """The checks every algorithm shares (``spec``: an ``Algorithm``, read for ``needs_critic``,
+    ``uses_teacher`` and the rollout's flags)."""
     errors = []
     if spec.needs_critic and cfg.critic is None:
         errors.append(f"critic: algorithm {cfg.algorithm.name!r} needs a critic section (critic: {{}} "
@@ -430,10 +407,10 @@ def common_errors(spec: Any, cfg: XConfig) -> list[str]:
     return errors
 
 
-def _check_rollout(cls: Any, cfg: XConfig) -> list[str]:
+def _check_rollout(spec: Any, cfg: XConfig) -> list[str]:
     """The ``rollout`` section against the algorithm (each line: the path and the fix)."""
     r, errors = cfg.rollout, []
-    if r.max_staleness > 0 and not cls.learns_off_policy:
+    if r.max_staleness > 0 and not spec.learns_off_policy:
         errors.append(f"rollout.max_staleness: algorithm {cfg.algorithm.name!r} cannot learn from samples of "
                       f"older policies; set 0")
     if r.freshness == "latest" and r.max_staleness == 0:
@@ -451,7 +428,7 @@ def _check_rollout(cls: Any, cfg: XConfig) -> list[str]:
         if cfg.trainer.samples_per_prompt < need:
             errors.append(f"rollout.refill: {refill['name']!r} judges the samples of a prompt together, so it needs "
                           f"trainer.samples_per_prompt >= {need}, got {cfg.trainer.samples_per_prompt}")
-        if not cls.uses_generation or not issubclass(getattr(cls, "loop", cls), RLTrainer):
+        if not spec.uses_generation or not issubclass(spec.loop, RLTrainer):
             errors.append(f"rollout.refill: algorithm {cfg.algorithm.name!r} does not generate")
     return errors
 
