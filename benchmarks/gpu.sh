@@ -27,7 +27,8 @@
 # Other stages: generation, weight_sync (both: vLLM and the transports on W's model), startup (W's
 # start, cold then warm, interleaved), train (the train step's matrix), sweep (its peak by token
 # budget: the plan's activation model), ppo (PPO's step, co-located), and on two GPUs: deepspeed
-# (ZeRO-2/3/offload), heal (the generator killed and healed), tests2 (the two-GPU tests).
+# (ZeRO-2/3/offload), heal (the generator killed and healed), tests2 (the two-GPU tests), tp (vLLM
+# tensor parallel: tests/gpu/test_vllm_tp.py).
 cd "$(dirname "$0")/.."
 STAGE=gpu
 # The stack of ../shared/gpu/README.md in /root/site, offline.
@@ -164,10 +165,12 @@ stage_hooks_cold() {  # W's first start on vLLM's empty cache (modelinfos, compi
   rm -rf /tmp/w_vs_trl-* "$c"-*
 }
 
-stage_hooks_async() {  # W one step off (where the MPS daemon acts), then with it off
-  local a="rollout.max_staleness=1|policy.generate.sleep_level=0"
-  TAIL=10 run hooks_async 590 python -m benchmarks.w_vs_trl --trl-dtype none --steps 5 --variants \
-    "async=$a;off-process.mps_daemon=$a|env:XRLHF_HOOKS_OFF=process.mps_daemon" \
+stage_hooks_async() {  # W one step off (where the MPS daemon and the pause mid-generation act), then each off
+  local a="rollout.max_staleness=1|policy.generate.sleep_level=0" h v="async=rollout.max_staleness=1|policy.generate.sleep_level=0"
+  for h in ${HOOKS_ASYNC:-process.mps_daemon vllm.pause_mid_generation}; do
+    v="$v;off-$h=$a|env:XRLHF_HOOKS_OFF=$h"
+  done
+  TAIL=12 run hooks_async 590 python -m benchmarks.w_vs_trl --trl-dtype none --steps 5 --variants "$v" \
     --out "$OUT/hooks_async"
   rm -rf /tmp/w_vs_trl-*
 }
@@ -175,7 +178,7 @@ stage_hooks_async() {  # W one step off (where the MPS daemon acts), then with i
 stage_w2() {  # the second workload (configs/gpu/grpo_w2.yaml: 1.5b, 32 x 8, <= 480 tokens) beside TRL's default
   TAIL=8 run w2 590 python -m benchmarks.w_vs_trl --config configs/gpu/grpo_w2.yaml --model artifacts/model-1.5b \
     --preset 1.5b --trl-args "--prompts-per-step 32 --micro-batch 16 --max-new-tokens 480 --gpu-memory-utilization 0.4" \
-    --trl-dtype float32 --trl-timeout 300 --steps 6 --variants default --out "$OUT/w2"
+    --trl-dtype float32 --trl-timeout 300 --steps 6 --variants "${W2_VARIANTS:-default}" --out "$OUT/w2"
   rm -rf /tmp/w_vs_trl-*
 }
 
@@ -298,6 +301,10 @@ stage_deepspeed() {  # 2 GPUs: the 1.5b preset's train step under ZeRO-2, ZeRO-3
 stage_heal() {  # 2 GPUs: the split generator killed mid-step, twice, healed in place (~4 minutes)
   TAIL=30 run heal "${HEAL_LIMIT:-300}" python -m benchmarks.recovery heal --gpu --gpus 2 --timeout "${HEAL_TIMEOUT:-280}" \
     --out "$OUT/heal" --work "$(mktemp -d /tmp/heal-XXXX)"
+}
+
+stage_tp() {  # 2 GPUs: vLLM tensor parallel (TP 2): every transport to every rank by checksum, LoRA, sleep (3 GPUs: NCCL)
+  TAIL=20 run tp "${TP_LIMIT:-400}" python -m pytest -m gpu -q -rA -p no:cacheprovider --durations=0 tests/gpu/test_vllm_tp.py
 }
 
 stage_tests2() {  # 2 GPUs: the split layout's PPO tests (NCCL, in-flight updates), LoRA on ZeRO-3, DeepSpeed's tests;
