@@ -240,9 +240,9 @@ policy.train.lr_warmup_steps=10 trainer.steps=50;w10:policy.train.lr_warmup_step
   done
 }
 
-stage_learn_async() {  # one step off (vLLM awake, MPS as shipped); with two GPUs the split layout too
+stage_learn_async() {  # one step off (vLLM awake, MPS as shipped); with two GPUs on the split layout too
   local v=${LEARN_VARIANTS:-async}
-  [ -z "$LEARN_VARIANTS" ] && [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && v=async,split
+  [ -z "$LEARN_VARIANTS" ] && [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && v=async,async-split
   # shellcheck disable=SC2086
   TAIL=14 run learn_async 585 python -m benchmarks.learning_gpu --variants "$v" --seeds 0 --reuse-runs \
     --budget-s 560 ${LEARN_RL_SET:+--rl-set $LEARN_RL_SET} --out "$OUT/learn_async"
