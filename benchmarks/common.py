@@ -183,6 +183,33 @@ def time_to_reach(points: list[dict[str, Any]], target: float) -> float | None:
     return next((p["rl_s"] for p in points if p["eval_reward"] >= target), None)
 
 
+def compile_excess(curve: list[dict[str, Any]]) -> float:
+    """Seconds by which a curve's first eval interval outlasts its second: the first steps' one-off
+    cost (the first RL run on a machine compiles the trainer's graphs; a later one reads inductor's
+    cache), so that runs in another order compare on the same clock."""
+    if len(curve) < 3:
+        return 0.0
+    a, b, c = (p["rl_s"] for p in curve[:3])
+    return round(max(0.0, (b - a) - (c - b)), 2)
+
+
+def steady(curve: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The curve on the RL clock without its ``compile_excess`` (step 0 stays at 0 s)."""
+    x = compile_excess(curve)
+    return [{**p, "rl_s": round(max(0.0, p["rl_s"] - x), 2)} if i else p for i, p in enumerate(curve)]
+
+
+def at_or_above(curve: list[dict[str, Any]], ref: list[dict[str, Any]]) -> float | None:
+    """The share of ``curve``'s evals after step 0 at or above ``ref``'s latest eval at that clock
+    (both steady): 1.0 is a curve that never falls below the reference's against wall-clock."""
+    pts, ref = steady(curve)[1:], steady(ref)
+    if not pts:
+        return None
+    hits = [p["eval_reward"] >= max((q for q in ref if q["rl_s"] <= p["rl_s"]), key=lambda q: q["rl_s"],
+                                    default=ref[0])["eval_reward"] for p in pts]
+    return round(sum(hits) / len(hits), 3)
+
+
 def stats(xs: list[float]) -> tuple[float | None, float | None]:
     """Mean and sample standard deviation (0 for one value)."""
     if not xs:

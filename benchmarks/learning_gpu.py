@@ -44,7 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.async_grpo import SPLIT
-from benchmarks.common import ROOT, gpu_label, run_one, save_figure, time_to_reach, write_json
+from benchmarks.common import (ROOT, at_or_above, compile_excess, gpu_label, run_one, save_figure, steady,
+                               time_to_reach, write_json)
 
 CONFIG = "configs/gpu/grpo_learn.yaml"
 DATA = "artifacts/data/arithmetic.jsonl"
@@ -292,7 +293,8 @@ def _mean(runs: list[dict[str, Any]], key: str) -> float:
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per variant: seeds, mean eval before RL and last, mean and least rise, all met, RL seconds;
-    for the other variants also the RL time to reach sync's last eval of the same seed over sync's."""
+    for the other variants also, against sync's run of the same seed on the steady clock, the RL
+    time to reach sync's last eval over sync's and the share of evals at or above sync's curve."""
     sync = {r["seed"]: r for r in runs if r["variant"] == "sync" and not r.get("error") and r.get("curve")}
     out = {}
     for variant in dict.fromkeys(r["variant"] for r in runs):
@@ -303,17 +305,19 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         entry = {"seeds": [r["seed"] for r in mine], "eval_before_rl_mean": _mean(mine, "eval_before_rl"),
                  "eval_last_mean": _mean(mine, "eval_last"), "rise_mean": _mean(mine, "rise"),
                  "rise_min": min(r["rise"] for r in mine), "all_met": all(r["met"] for r in mine),
-                 "rl_s_mean": _mean(mine, "rl_s"),
+                 "rl_s_mean": _mean(mine, "rl_s"), "compile_s": [compile_excess(r["curve"]) for r in mine],
                  "s_per_step": round(statistics.mean(r["rl_s"] / r["steps"] for r in mine), 2)}
         if variant != "sync":
-            ratios = []
+            ratios, above = [], []
             for r in mine:
                 s = sync.get(r["seed"])
                 if s:
                     target = s["curve"][-1]["eval_reward"]
-                    t_s, t_v = time_to_reach(s["curve"], target), time_to_reach(r["curve"], target)
+                    t_s, t_v = time_to_reach(steady(s["curve"]), target), time_to_reach(steady(r["curve"]), target)
                     ratios.append(round(t_v / t_s, 3) if t_v is not None and t_s else None)
+                    above.append(at_or_above(r["curve"], s["curve"]))
             entry["time_to_sync_last_ratio"] = ratios
+            entry["at_or_above_sync"] = above
         out[variant] = entry
     return out
 
@@ -365,7 +369,8 @@ def trl_verdict(xrlhf: list[dict[str, Any]], trl: list[dict[str, Any]]) -> dict[
 
 
 # -- figures ------------------------------------------------------------------------------------
-def plot(curves: dict[str, list[dict[str, Any]]], path: Path, title: str, target: float | None = None) -> Path:
+def plot(curves: dict[str, list[dict[str, Any]]], path: Path, title: str, target: float | None = None,
+         xlabel: str = "seconds of RL (start-up excluded)") -> Path:
     """Eval reward against the RL clock, one line per label."""
     import matplotlib
 
@@ -377,7 +382,7 @@ def plot(curves: dict[str, list[dict[str, Any]]], path: Path, title: str, target
         ax.plot([p["rl_s"] for p in pts], [p["eval_reward"] for p in pts], marker="o", ms=3, label=label)
     if target is not None:
         ax.axhline(target, color="grey", ls="--", lw=0.8, label="TRL's last eval")
-    ax.set(title=title, xlabel="seconds of RL (start-up excluded)", ylabel="greedy eval reward")
+    ax.set(title=title, xlabel=xlabel, ylabel="greedy eval reward")
     return save_figure(fig, ax, path)
 
 
@@ -389,8 +394,9 @@ def write_learning(args: argparse.Namespace, out: Path, runs_dir: Path, warm: di
             "runs": slim, "not_run": skipped, "png": "learning_gpu.png" if slim else None}
     write_json(runs_dir, "learning_gpu.json", data)
     if slim:
-        plot({f"{r['variant']} seed {r['seed']}": r["curve"] for r in slim if r.get("curve")},
-             out / "learning_gpu.png", f"GRPO on arithmetic word problems ({Path(args.config).name})")
+        plot({f"{r['variant']} seed {r['seed']}": steady(r["curve"]) for r in slim if r.get("curve")},
+             out / "learning_gpu.png", f"GRPO on arithmetic word problems ({Path(args.config).name})",
+             xlabel="seconds of RL (start-up and the first steps' compile excluded)")
     write_json(out, "learning_gpu.json", data)
     return data
 

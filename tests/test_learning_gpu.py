@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from benchmarks import learning_gpu, report
+from benchmarks import common, learning_gpu, report
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +117,19 @@ def test_verdicts_from_curves():
     assert learning_gpu.merge(old, [new]) == [old[0], new]
 
 
+def test_the_first_steps_compile_leaves_the_clock_that_runs_compare_on():
+    """A run that compiled (its first interval 54 s against 7 s next) is compared from its steady steps."""
+    cold = curve((0, 0.28), (54, 0.27), (61, 0.30), (68, 0.33))
+    assert common.compile_excess(cold) == 47.0
+    assert [p["rl_s"] for p in common.steady(cold)] == [0, 7.0, 14.0, 21.0]
+    assert common.compile_excess(curve((0, 0.3), (8, 0.3), (16, 0.3))) == 0.0
+    assert common.compile_excess(curve((0, 0.3), (5, 0.3), (16, 0.3))) == 0.0  # a slower second: no excess
+    sync = curve((0, 0.28), (13, 0.30), (21, 0.31), (29, 0.32))  # excess 5: steady 8, 16, 24
+    # cold's steady evals at 7, 14, 21 s against sync's latest then (0.28, 0.30, 0.31): 0.27 < 0.28
+    assert common.at_or_above(cold, sync) == round(2 / 3, 3)
+    assert common.at_or_above(curve((0, 0.3)), sync) is None
+
+
 def test_a_candidate_replaced_in_the_table_stays_reusable(tmp_path):
     """``learn_sweep`` runs seed 0 once per candidate: the table keeps the last, ``runs.jsonl`` all."""
     a = {"variant": "sync", "seed": 0, "overrides": ["lr=1"], "run_dir": "a", "error": None}
@@ -152,9 +165,10 @@ def test_the_report_section(tmp_path):
     run = {**learning_gpu.judge({"variant": "async", "seed": 2, "steps": 10, "rl_s": 40.0, "error": None,
                                  "curve": curve((0, 0.30), (40, 0.40))}, 0.05)}
     r = {"config": learning_gpu.CONFIG, "gpu": "H200", "margin": 0.05, "warmup": {"steps": 400}, "runs": [run],
-         "png": "learning_gpu.png", "not_run": ["sync seed 2"]}
+         "png": "learning_gpu.png", "not_run": ["sync seed 2"], "variants": learning_gpu.summarize([run])}
     text = "\n".join(report.learning_gpu(r, None, lambda p: f"../r/{p}"))
-    assert "| async | 2 | 0.300 | 0.400 | 0.100 | yes | 40.0 | 4.00 |" in text
+    assert "| async | 2 | 0.300 | 0.400 | 0.100 | yes | 40.0 | 0.0 | 4.00 |" in text  # 0.0: no first steps' compile
+    assert "* **async** against sync of the same seed, on the steady clock: its evals at or above sync's curve — " in text
     assert "* not run (time): sync seed 2." in text
     assert "![eval reward against the RL clock](../r/learning_gpu.png)" in text
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+from benchmarks.common import compile_excess
+
 RENAMED = {
     "async_learning": ("learning_cpu async", "learning_cpu.py async"),
     "episodes_learning": ("learning_cpu episodes", "learning_cpu.py episodes"),
@@ -265,11 +267,21 @@ def learning_gpu(r: dict | None, trl: dict | None, link) -> list[str]:
                 f"Greedy eval reward on the held-out problems; RL s: the sum of the steps' times (start-up "
                 f"excluded, evaluations included); met: the eval rose by at least {r['margin']}. "
                 f"`{r.get('command', '')}`.", "",
-                "| variant | seed | eval before RL | last eval | rise | met | RL s | s/step |",
-                "|---|---|---|---|---|---|---|---|"]
+                "| variant | seed | eval before RL | last eval | rise | met | RL s | of it the first steps' compile "
+                "| s/step |", "|---|---|---|---|---|---|---|---|---|"]
         out += [f"| {x['variant']} | {x['seed']} | {fmt(x.get('eval_before_rl'))} | {fmt(x.get('eval_last'))} "
                 f"| {fmt(x.get('rise'))} | {_met(x.get('met'))} | {fmt(x.get('rl_s'), 1)} "
+                f"| {fmt(compile_excess(x['curve']) if x.get('curve') else None, 1)} "
                 f"| {fmt(x['rl_s'] / x['steps'] if x.get('rl_s') else None, 2)} |" for x in r["runs"]]
+        out += ["", "The first steps' compile: how much longer the first 5 steps took than the next 5 (the first RL "
+                "run on a machine compiles the trainer's graphs, later runs read inductor's cache); the curves "
+                "and the comparisons with sync leave it out (the steady clock)."]
+        out += [f"* **{v}** against sync of the same seed, on the steady clock: its evals at or above sync's curve "
+                f"{', '.join(fmt(a) for a in e.get('at_or_above_sync') or []) or '—'} of the time; sync's last "
+                f"eval reached in {', '.join(fmt(t) for t in e.get('time_to_sync_last_ratio') or []) or '—'} x "
+                "sync's time (— : not reached)." for v, e in (r.get("variants") or {}).items() if v != "sync"]
+        out += [f"* `{r['command_async']}` ({r.get('gpu_async')}, {r.get('date_async')})."] \
+            if r.get("command_async") else []
         notes = [f"* {x['variant']} seed {x['seed']} failed: `{x['error']}`." for x in r["runs"] if x.get("error")]
         notes += [f"* not run (time): {', '.join(r['not_run'])}."] if r.get("not_run") else []
         notes += [f"* {r['note']}"] if r.get("note") else []
