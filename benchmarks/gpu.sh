@@ -170,7 +170,7 @@ stage_hooks_async() {  # W one step off (where the MPS daemon and the pause mid-
   for h in ${HOOKS_ASYNC:-process.mps_daemon vllm.pause_mid_generation}; do
     v="$v;off-$h=$a|env:XRLHF_HOOKS_OFF=$h"
   done
-  TAIL=12 run hooks_async 590 python -m benchmarks.w_vs_trl --trl-dtype none --steps 5 --variants "$v" \
+  TAIL=12 run hooks_async 590 python -m benchmarks.w_vs_trl --trl-dtype none --steps "${HOOKS_ASYNC_STEPS:-5}" --variants "$v" \
     --out "$OUT/hooks_async"
   rm -rf /tmp/w_vs_trl-*
 }
