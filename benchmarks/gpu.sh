@@ -244,7 +244,7 @@ stage_learn_async() {  # one step off (vLLM awake, MPS as shipped); with two GPU
   local v=${LEARN_VARIANTS:-async}
   [ -z "$LEARN_VARIANTS" ] && [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && v=async,async-split
   # shellcheck disable=SC2086
-  TAIL=14 run learn_async 585 python -m benchmarks.learning_gpu --variants "$v" --seeds 0 --reuse-runs \
+  TAIL=14 run learn_async 585 python -m benchmarks.learning_gpu --variants "$v" --seeds ${LEARN_SEEDS:-0} --reuse-runs \
     --budget-s 560 ${LEARN_RL_SET:+--rl-set $LEARN_RL_SET} --out "$OUT/learn_async"
 }
 
