@@ -21,6 +21,7 @@ import torch
 
 from xrlhf.algorithms import functional as F
 from xrlhf.algorithms.base import Rollout, differing_rewards
+from xrlhf.algorithms.critic import Critic
 from xrlhf.algorithms.policy_update import PolicyUpdate
 from xrlhf.algorithms.scoring import Scoring
 from xrlhf.data.batch import Batch
@@ -38,22 +39,23 @@ class PolicyGradient:
         options: a ``PolicyGradientConfig``.
         advantage: the family's ``Advantage`` part (``self.advantage``).
         step: the ``AdvantageStep`` that applies it (``advantage_step``, ``gae_step``, distill's).
-        with_critic: values scored and the critic trained beside the policy (PPO).
+        critic: the ``Critic`` part (PPO: values scored, the critic trained beside the policy), or
+            ``None``.
         teacher: distillation's ``Teacher`` part (its handle is evaluated once with
             ``run.teacher_evaluates``), or ``None``.
         rows: distillation's ``OfflineRows``, or ``None``.
         topk_coef: the loss's top-k reverse KL weight.
     """
 
-    def __init__(self, loop, options, advantage, step: AdvantageStep, with_critic: bool = False, teacher=None,
+    def __init__(self, loop, options, advantage, step: AdvantageStep, critic: Critic | None = None, teacher=None,
                  rows=None, topk_coef: float = 0.0):
         o = self.options = options
-        self.loop, self.advantage, self.step, self.with_critic = loop, advantage, step, with_critic
+        self.loop, self.advantage, self.step, self.critic = loop, advantage, step, critic
         self.teacher, self.rows, self.teacher_eval = teacher, rows, None
         self.kl_ctl = (F.AdaptiveKLController(o.kl_coef, o.kl_target, o.kl_horizon) if o.kl_target
                        else F.FixedKLController(o.kl_coef))
-        self.scoring = Scoring(loop.policy, loop.reference if o.kl_coef > 0 else None, loop.critic, o.kl_estimator)
-        self.policy_update = PolicyUpdate(loop.policy, loop.critic, o, self.kl_ctl, loop.generator,
+        self.scoring = Scoring(loop.policy, loop.reference if o.kl_coef > 0 else None, critic, o.kl_estimator)
+        self.policy_update = PolicyUpdate(loop.policy, critic, o, self.kl_ctl, loop.generator,
                                           topk_coef=topk_coef)
 
     def __call__(self, rollout: Rollout, timings: dict[str, float]) -> dict[str, float]:
@@ -68,10 +70,8 @@ class PolicyGradient:
         metrics.update(self.train_epochs(batch))
         timings["time/train_s"] = time.time() - t0
         self.kl_ctl.update(metrics.get("kl/mean", 0.0), len(batch))
-        if self.with_critic:
-            metrics["critic/return_mean"] = float(F.masked_mean(batch["returns"], batch["response_mask"]))
-            metrics["policy/loss"] = metrics.get("policy/loss", 0.0)
-            metrics["critic/loss"] = metrics.get("critic/loss", 0.0)
+        if self.critic is not None:
+            metrics.update(self.critic.metrics(batch, metrics))
         return metrics
 
     def reuses_train_forward(self, batch: Batch) -> bool:
@@ -91,8 +91,7 @@ class PolicyGradient:
         for ``batch``, in parallel (``Scoring``); then ``kl/coef``."""
         loop = self.loop
         with loop.timeline.span("trainer", "infer"):
-            metrics = self.scoring.score(batch, loop.step_idx, timings, self.reuses_train_forward(batch),
-                                         self.with_critic)
+            metrics = self.scoring.score(batch, loop.step_idx, timings, self.reuses_train_forward(batch))
             loop.mark_memory("infer")
             metrics["kl/coef"] = self.kl_ctl.value
             return metrics
@@ -100,7 +99,7 @@ class PolicyGradient:
     def train_epochs(self, batch: Batch) -> dict[str, float]:
         """``ppo_epochs`` passes of mini-batch steps; policy and critic step side by side (``PolicyUpdate``)."""
         with self.loop.timeline.span("trainer", "train"):
-            return self.policy_update.train(batch, self.loop.step_idx, self.with_critic)
+            return self.policy_update.train(batch, self.loop.step_idx)
 
     def advantages(self, rollout: Rollout) -> torch.Tensor:
         """``[B, R]`` advantages of the rollout (``old_logprobs`` / ``kl`` already in its batch)."""

@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 from pydantic import BaseModel
 
-from xrlhf.algorithms.losses import PolicyLoss, ValueLoss
+from xrlhf.algorithms.critic import Critic
+from xrlhf.algorithms.losses import PolicyLoss
 from xrlhf.data.batch import Batch
 from xrlhf.engines.handles import Handle
 
@@ -36,16 +37,16 @@ class PolicyUpdate:
 
     Args:
         policy: the policy handle (``train_step``).
-        critic: the critic handle, or ``None``; with ``train(with_critic=True)`` its step is sent
-            before the policy's.
+        critic: the ``Critic`` part, or ``None``; its step on each mini-batch is sent before the
+            policy's.
         options: the algorithm's ``PolicyGradientConfig`` (``ppo_epochs``, ``mini_batch_size``,
-            the loss's options; ``value_clip_eps`` where there is a critic).
+            the loss's options).
         kl: the trainer's KL controller (its ``value`` is read when the loss is built).
         generator: the trainer's generator (the mini-batch shuffle).
         topk_coef: the top-k reverse KL's weight in the loss (distillation).
     """
 
-    def __init__(self, policy: Handle, critic: Handle | None, options: BaseModel, kl, generator: torch.Generator,
+    def __init__(self, policy: Handle, critic: Critic | None, options: BaseModel, kl, generator: torch.Generator,
                  topk_coef: float = 0.0):
         self.policy, self.critic, self.options, self.kl = policy, critic, options, kl
         self.generator, self.topk_coef = generator, topk_coef
@@ -54,7 +55,7 @@ class PolicyUpdate:
         """The policy's loss now (``policy_loss`` with the controller's coefficient)."""
         return policy_loss(self.options, self.kl.value, on_policy, staleness_bins, self.topk_coef)
 
-    def train(self, batch: Batch, step: int, with_critic: bool) -> dict[str, float]:
+    def train(self, batch: Batch, step: int) -> dict[str, float]:
         """Train on ``batch`` (its policy version ``step``: the staleness of an on-policy step);
         returns the steps' metrics averaged over the mini-batches (``sums / n``)."""
         o = self.options
@@ -64,13 +65,12 @@ class PolicyUpdate:
             batch["staleness"] = (step - batch["token_versions"].long()).float()
             bins = tuple(sorted(set(batch["staleness"][batch["response_mask"] != 0].long().tolist())))
         loss = self.loss(on_policy, bins)
-        value_loss = ValueLoss(o.value_clip_eps) if with_critic else None
         sums: dict[str, float] = {}
         n = 0
         keys = [k for k in batch.keys() if k not in DROPPED]
         for _ in range(o.ppo_epochs):
             for mb in self.minibatches(batch.select(*keys), o.mini_batch_size):
-                pending = self.critic.train_step(mb, value_loss, wait=False) if with_critic else None
+                pending = self.critic.train_step(mb) if self.critic is not None else None
                 metrics = self.policy.train_step(mb, loss)
                 metrics = {("policy/" + k if "/" not in k else k): v for k, v in metrics.items()}
                 if pending is not None:

@@ -16,6 +16,7 @@ from pydantic import Field, field_validator
 
 from xrlhf.algorithms.advantage import GAE
 from xrlhf.algorithms.base import check_mini_batch, register_algorithm
+from xrlhf.algorithms.critic import Critic
 from xrlhf.algorithms.off_policy import OffPolicy
 from xrlhf.algorithms.policy_gradient import PolicyGradient, gae_step
 from xrlhf.algorithms.spec import Algorithm
@@ -121,7 +122,7 @@ def reads_rollout_logprobs(o: PolicyGradientConfig) -> bool:
 def ppo_parts(o: PPOConfig, loop) -> PolicyGradient:
     """PPO's update: GAE over the critic's values; the critic trained beside the policy."""
     return PolicyGradient(loop, o, GAE(o.gamma, o.lam, o.whiten_advantages, o.kl_in_reward), gae_step,
-                          with_critic=True)
+                          critic=Critic(loop.critic, o.value_clip_eps))
 
 
 PPO = register_algorithm("ppo")(Algorithm(

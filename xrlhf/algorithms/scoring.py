@@ -12,6 +12,7 @@ import time
 import torch
 
 from xrlhf.algorithms import functional as F
+from xrlhf.algorithms.critic import Critic
 from xrlhf.algorithms.off_policy import staleness_metrics, staleness_stats
 from xrlhf.data.batch import Batch
 from xrlhf.engines.handles import Handle
@@ -23,24 +24,23 @@ class Scoring:
     Args:
         policy: the policy handle (its ``infer`` gives the old logprobs).
         reference: the reference handle, or ``None`` (no KL: ``kl_coef`` 0 or no reference).
-        critic: the critic handle, or ``None`` (read only when ``score`` is asked for values).
+        critic: the ``Critic`` part, or ``None`` (no values: the critic-free families).
         kl_estimator: ``k1`` / ``k2`` / ``k3`` (``functional.kl_estimate``).
     """
 
-    def __init__(self, policy: Handle, reference: Handle | None, critic: Handle | None, kl_estimator: str):
+    def __init__(self, policy: Handle, reference: Handle | None, critic: Critic | None, kl_estimator: str):
         self.policy, self.reference, self.critic, self.kl_estimator = policy, reference, critic, kl_estimator
 
-    def score(self, batch: Batch, step: int, timings: dict[str, float], reuse: bool,
-              values: bool) -> dict[str, float]:
+    def score(self, batch: Batch, step: int, timings: dict[str, float], reuse: bool) -> dict[str, float]:
         """Writes ``old_logprobs`` (unless ``reuse``: the train forward's own are used), ``ref_logprobs``,
-        ``kl`` and (with ``values``) ``old_values``, all ``[B, R]``, into ``batch``; ``step`` is the
+        ``kl`` and (with a critic) ``old_values``, all ``[B, R]``, into ``batch``; ``step`` is the
         policy version the batch trains (for the staleness metrics). Returns the metrics."""
         t0 = time.time()
         old = None
         if not reuse:
             old = self.policy.infer(batch.select("input_ids", "attention_mask", "response_mask"), wait=False)
         ref = self.reference.infer(batch, wait=False) if self.reference is not None else None
-        val = self.critic.infer(batch, wait=False) if values else None
+        val = self.critic.values(batch) if self.critic is not None else None
         mask = batch["response_mask"]
         metrics = {}
         if old is not None:
