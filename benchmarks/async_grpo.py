@@ -257,6 +257,9 @@ def summarize(rows: list[dict[str, Any]], timed_from: int, n_gpus: int) -> dict[
         "eval_reward_last": evals[-1]["eval/reward_mean"] if evals else None,
         "mismatch_mean": median([r["mismatch/logprob_abs_diff_mean"] for r in timed
                                  if r.get("mismatch/logprob_abs_diff_mean") is not None]),
+        "tokens_per_s_per_gpu": median([r["perf/tokens_per_s_per_gpu"] for r in timed
+                                        if r.get("perf/tokens_per_s_per_gpu") is not None]),
+        "train_mfu": median([r["perf/train_mfu"] for r in timed if r.get("perf/train_mfu") is not None]),
         "per_step": [{"step": r["step"], "step_s": round(r["time/step_s"], 3),
                       **{p: round(r[f"time/{p}_s"], 3) for p in PHASES if r.get(f"time/{p}_s") is not None},
                       **{k: r[k] for k in r if k.startswith("gpu") or k.startswith("staleness/")}} for r in steps],

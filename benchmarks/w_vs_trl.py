@@ -169,7 +169,8 @@ def _run_xrlhf(name: str, overrides: list[str], env: dict[str, str], model: str,
     return {"xrlhf_variant": name, "overrides": overrides, "env": env, "xrlhf_step_s": s["step_s_median"],
             "phases": s["phases_median"], "gpu_busy": s["gpu_busy"], "peak_gib": s["peak_gib"],
             "staleness": s["staleness_observed"], "reward_mean_last": s["reward_mean_last"],
-            "mismatch_mean": s["mismatch_mean"], "per_step": s["per_step"], "ready_line": ready[-1] if ready else None,
+            "mismatch_mean": s["mismatch_mean"], "tokens_per_s_per_gpu": s["tokens_per_s_per_gpu"],
+            "train_mfu": s["train_mfu"], "per_step": s["per_step"], "ready_line": ready[-1] if ready else None,
             "xrlhf_wall_s": round(time.time() - t0, 1), "error": error, "run_dir": str(run_dir), "gpus_used": len(used)}
 
 

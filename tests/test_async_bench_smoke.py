@@ -56,7 +56,8 @@ def rows_of(k: int, steps: int = 5) -> list[dict]:
     rows = [{"step": 0, "eval/reward_mean": 0.1}]
     for s in range(1, steps + 1):
         r = {"step": s, "reward/mean": 0.2, "time/step_s": 4.0 + s % 2, "time/generate_s": 3.0, "time/train_s": 1.5,
-             "gpu0/busy": 80.0 + s, "gpu0/peak_gib": 40.0 + s,
+             "gpu0/busy": 80.0 + s, "gpu0/peak_gib": 40.0 + s, "perf/tokens_per_s_per_gpu": 1000.0 * s,
+             "perf/train_mfu": 0.1 * s,
              "timeline": [["trainer", "update", 10.0 * s, 10.0 * s + 2],
                           ["generator", f"b{s + 1}", 10.0 * s, 10.0 * s + 3]]}
         if k:
@@ -69,6 +70,7 @@ def test_figures_of_a_run_and_the_merge(tmp_path):
     sync = async_grpo.summarize(rows_of(0), timed_from=3, n_gpus=1)
     assert sync["timed_steps"] == [3, 4, 5] and sync["step_s_median"] == 5.0
     assert sync["gpu_busy"] == pytest.approx((83 * 5 + 84 * 4 + 85 * 5) / 14, abs=0.1)
+    assert sync["tokens_per_s_per_gpu"] == 4000.0 and sync["train_mfu"] == 0.4  # medians of steps 3-5
     # one step off: the last step, with nothing generated beside it, is no steady-state step
     s = async_grpo.summarize(rows_of(1), timed_from=3, n_gpus=1)
     assert s["timed_steps"] == [3, 4] and s["step_s_median"] == 4.5 and s["steps"] == 5

@@ -328,9 +328,12 @@ def w_vs_trl(entries: list | None, link) -> list[str]:
            "xrlhf's `configs/gpu/grpo_w.yaml` in the same call, steps 3.. medians, 0.5b model, 512 x <= 256 "
            "tokens per step; W2: `configs/gpu/grpo_w2.yaml` (`--config`, `--trl-args`: the 1.5b preset, 256 x <= 480 "
            "tokens, TRL's micro-batch 16). `ratio` = xrlhf / TRL of that call. Phases are xrlhf's step medians (s); busy: "
-           "nvidia-smi's utilisation over the timed steps; peak: the device's.", "",
+           "nvidia-smi's utilisation over the timed steps; peak: the device's; tok/s/GPU: the step's prompt and "
+           "generated tokens over its time and the GPUs; MFU: the train phase's model FLOPs over its time and "
+           "the GPUs' peak bf16 FLOP/s (both step medians, printed by every run on a GPU).", "",
            "| card | call | workload | xrlhf variant | TRL | TRL s/step | xrlhf s/step | ratio | generate | infer | train "
-           "| sync | busy % | peak GiB |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| sync | busy % | peak GiB | tok/s/GPU | train MFU |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for e in entries:
         ph = e.get("phases") or {}
         workload = "W2" if "grpo_w2" in e.get("config", "") else "W"
@@ -338,7 +341,8 @@ def w_vs_trl(entries: list | None, link) -> list[str]:
                    f"{' '.join(e.get('overrides') or [])} "
                    f"| {e.get('trl_dtype') or '-'} | {fmt(e.get('trl_step_s'))} | {fmt(e.get('xrlhf_step_s'))} "
                    f"| {fmt(e.get('ratio'))} | {fmt(ph.get('generate'))} | {fmt(ph.get('infer'))} | {fmt(ph.get('train'))} "
-                   f"| {fmt(ph.get('sync'))} | {fmt(e.get('gpu_busy'))} | {fmt(e.get('peak_gib'))} |")
+                   f"| {fmt(ph.get('sync'))} | {fmt(e.get('gpu_busy'))} | {fmt(e.get('peak_gib'))} "
+                   f"| {fmt(e.get('tokens_per_s_per_gpu'), 0)} | {fmt(e.get('train_mfu'), 2)} |")
     return out + [""]
 
 
