@@ -166,7 +166,8 @@ stage_hooks_cold() {  # W's first start on vLLM's empty cache (modelinfos, compi
 }
 
 stage_hooks_async() {  # W one step off (where the MPS daemon and the pause mid-generation act), then each off
-  local a="rollout.max_staleness=1|policy.generate.sleep_level=0" h v="async=rollout.max_staleness=1|policy.generate.sleep_level=0"
+  local h a="rollout.max_staleness=1|policy.generate.sleep_level=0"
+  local v="async=$a"
   for h in ${HOOKS_ASYNC:-process.mps_daemon vllm.pause_mid_generation}; do
     v="$v;off-$h=$a|env:XRLHF_HOOKS_OFF=$h"
   done
