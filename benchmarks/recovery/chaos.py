@@ -348,11 +348,11 @@ class Job:
     timeout: float
 
     @classmethod
-    def of(cls, name: str, model: str, work: Path, timeout: float) -> Job:
+    def of(cls, name: str, model: str, work: Path, timeout: float, extra: tuple[str, ...] = ()) -> Job:
         from xrlhf.validation import load_config
 
         config, over = CONFIGS[name]
-        overrides = [*over, f"policy.model={model}"]
+        overrides = [*over, *extra, f"policy.model={model}"]
         cfg = load_config(ROOT / config, overrides)
         return cls(name, config, overrides, cfg.trainer.steps, cfg.checkpoint.every, cfg.warmup.steps, work / name,
                    timeout)
@@ -442,11 +442,11 @@ def resume(job: Job, killed: dict[str, Any], ref: dict[str, Any], grace: float) 
 
 
 def chaos(name: str, moments: list[str], work: Path, model: str, seed: int = 0, tries: int = 3,
-          grace: float = 15.0, timeout: float = 900) -> dict[str, Any]:
-    """Config ``name``: its uninterrupted run, then one kill and resume per moment of ``moments``
-    (each tried again up to ``tries`` times while it misses its moment). Returns the reference's
-    figures and each kill's (``resume``'s dict)."""
-    job = Job.of(name, model, work, timeout)
+          grace: float = 15.0, timeout: float = 900, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Config ``name`` (with the overrides ``extra`` after its own): its uninterrupted run, then one
+    kill and resume per moment of ``moments`` (each tried again up to ``tries`` times while it misses
+    its moment). Returns the reference's figures and each kill's (``resume``'s dict)."""
+    job = Job.of(name, model, work, timeout, extra)
     ref_watch, ref = reference(job)
     kills = []
     for moment in moments:

@@ -23,7 +23,9 @@ def engine(model_dir, **options):
                                     options={"micro_batch_size": 5, "lr": 1e-3, **options}))
 
 
-CASES = {"packed": {"max_tokens_per_micro_batch": 30}, "padded": {"packing": "off"},
+# Packed rows with no LoRA are the lora case less PEFT's wrapper (the same varlen kernel, the same
+# tolerance), so they are not a case of their own: each case is a minute of compiling on CI.
+CASES = {"padded": {"packing": "off"},
          "lora": {"max_tokens_per_micro_batch": 30, "lora": {"rank": 4, "alpha": 8, "target_modules": "all-linear"}},
          "mixed_precision": {"max_tokens_per_micro_batch": 30, "dtype": "bfloat16", "mixed_precision": True}}
 TOLERANCE = {"mixed_precision": 1e-3}  # bf16 weights: the fused kernels round at other places
