@@ -8,7 +8,7 @@
 #   bash benchmarks/gpu.sh w                         # W as shipped and on public APIs only, beside TRL's default
 #   bash benchmarks/gpu.sh hooks                     # W with each hook of xrlhf.internals off, beside W as shipped
 #   bash benchmarks/gpu.sh hooks_cold                # W's first start on an empty vLLM cache, inspection in-process or not
-#   bash benchmarks/gpu.sh hooks_async               # W one step off as shipped, then with the MPS daemon off
+#   bash benchmarks/gpu.sh hooks_async               # W one step off as shipped, then with the pause mid-generation off
 #   bash benchmarks/gpu.sh w2                        # the second workload beside TRL's default
 #   bash benchmarks/gpu.sh w7model w7trl             # 4 GPUs: W7's 7B model built here, TRL's ZeRO-3 recipe on it
 #   bash benchmarks/gpu.sh w7plan w7                 # 4 GPUs: the plan, then W7 as planned (layout auto)
@@ -17,7 +17,7 @@
 #   bash benchmarks/gpu.sh learn_sweep               # recipe candidates (LEARN_SWEEP) on seed 0 from the same warm-up
 #   bash benchmarks/gpu.sh learn_async               # the same one step off (two GPUs: the split layout too)
 #   bash benchmarks/gpu.sh trl_learn                 # TRL's GRPOTrainer from the same warm-up beside xrlhf's seed 0
-#   bash benchmarks/gpu.sh numerics                  # W's first steps as shipped against eager, no MPS, fp32 masters
+#   bash benchmarks/gpu.sh numerics                  # W's first steps as shipped against eager, fp32 masters
 #
 # Each stage's figures: $OUT/<stage>/*.json (w_vs_trl.json's rows); docs/benchmarks.md renders them.
 # The learning stages keep their warm-up and runs in runs/learning_gpu (ignored: it stays on a warm
@@ -165,10 +165,10 @@ stage_hooks_cold() {  # W's first start on vLLM's empty cache (modelinfos, compi
   rm -rf /tmp/w_vs_trl-* "$c"-*
 }
 
-stage_hooks_async() {  # W one step off (where the MPS daemon and the pause mid-generation act), then each off
+stage_hooks_async() {  # W one step off (where the pause mid-generation acts), then with each hook of HOOKS_ASYNC off
   local h a="rollout.max_staleness=1|policy.generate.sleep_level=0"
   local v="async=$a"
-  for h in ${HOOKS_ASYNC:-process.mps_daemon vllm.pause_mid_generation}; do
+  for h in ${HOOKS_ASYNC:-vllm.pause_mid_generation}; do
     v="$v;off-$h=$a|env:XRLHF_HOOKS_OFF=$h"
   done
   TAIL=12 run hooks_async 590 python -m benchmarks.w_vs_trl --trl-dtype none --steps "${HOOKS_ASYNC_STEPS:-5}" --variants "$v" \
@@ -241,7 +241,7 @@ policy.train.lr_warmup_steps=10 trainer.steps=50;w10:policy.train.lr_warmup_step
   done
 }
 
-stage_learn_async() {  # one step off (vLLM awake, MPS as shipped); with two GPUs on the split layout too
+stage_learn_async() {  # one step off (vLLM awake); with two GPUs on the split layout too
   local v=${LEARN_VARIANTS:-async}
   [ -z "$LEARN_VARIANTS" ] && [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && v=async,async-split
   # shellcheck disable=SC2086

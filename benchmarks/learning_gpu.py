@@ -7,7 +7,7 @@ a model that answers nothing) and every RL run starts from the model it wrote (`
 seeds vary the RL (sampling, data order) and a second call on the same machine reuses it.
 
 **Learning** (default): the recipe's RL for each ``--variants`` x ``--seeds``: ``sync`` (as
-shipped), ``async`` (one step off, vLLM awake beside the trainer, MPS as shipped), ``split`` and
+shipped), ``async`` (one step off, vLLM awake beside the trainer), ``split`` and
 ``async-split`` (vLLM on a second GPU, ``benchmarks.async_grpo.SPLIT``). Per run: the greedy eval
 reward against step and the RL clock (the sum of the steps' ``time/step_s``: start-up excluded,
 the evaluations included), and whether the eval reward rose from before RL to the last eval by

@@ -10,7 +10,6 @@ Variants (``--variants``; ``name`` or ``name=key.path=value,key.path=value``):
 * ``default``: the config as shipped (our defaults: mixed precision, derived token budgets, ...);
 * ``bf16``: pure bf16 weights and AdamW states (``policy.train.mixed_precision=false``);
 * ``async``: ``rollout.max_staleness=1`` with vLLM awake (``sleep_level=0``) on the same GPU;
-* ``async-nomps``: the same without MPS (``ray.mps=false``: the two processes' CUDA contexts take turns);
 * ``sync-awake``: the synchronous loop with vLLM awake (what ``async`` is compared with);
 * ``sync-split`` / ``async-split``: vLLM on a second GPU of its own (``benchmarks.async_grpo.SPLIT``,
   weights over NCCL), synchronous or one step off (issue 29; needs a machine of two GPUs);
@@ -53,8 +52,7 @@ CONFIG = "configs/gpu/grpo_w.yaml"
 VARIANTS = {
     "default": [],
     "bf16": ["policy.train.mixed_precision=false"],
-    "async": ["rollout.max_staleness=1", "policy.generate.sleep_level=0"],  # MPS on where installed (ray.mps: auto)
-    "async-nomps": ["rollout.max_staleness=1", "policy.generate.sleep_level=0", "ray.mps=false"],
+    "async": ["rollout.max_staleness=1", "policy.generate.sleep_level=0"],
     "sync-awake": ["policy.generate.sleep_level=0"],
     "sync-split": list(SPLIT),
     "async-split": [*SPLIT, "rollout.max_staleness=1"],

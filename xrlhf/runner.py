@@ -225,7 +225,7 @@ def _run_locked(cfg: XConfig, out: Path, lock: RunLock, resume: bool) -> dict[st
         if not ray_was_up and ray.is_initialized():
             from xrlhf.coordinator.coordinator import shutdown_ray
 
-            shutdown_ray()  # and the MPS daemon and the fork server started with it
+            shutdown_ray()  # and the fork server started with it
         elif not ray_was_up:
             from xrlhf.coordinator.forkserver import SERVER
 

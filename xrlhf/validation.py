@@ -65,10 +65,8 @@ def validate_dict(data: dict[str, Any]) -> XConfig:
         lines, parsed[section] = _validate_registered(section, data.get(section))
         errors += lines
     if cfg is not None:
-        from xrlhf.coordinator.mps import mps_option_errors  # imports torch: only once a config parsed
-
         errors += engine_errors(cfg) + _transport_errors(cfg) + _reward_function_errors(cfg)
-        errors += mps_option_errors(cfg.ray.mps, cfg.ray.address) + file_errors(cfg, parsed) + lora_errors(cfg)
+        errors += file_errors(cfg, parsed) + lora_errors(cfg)
     if not errors and cfg is not None:
         errors += _algorithms().get(cfg.algorithm.name).check_config(cfg, parsed["algorithm"])
     if not errors and cfg is not None:

@@ -1,8 +1,8 @@
 """Numerics guard (issue 51, item 4): the first steps of workload W (configs/gpu/grpo_w.yaml) with
 the shipped defaults against the same steps on the conservative path: eager layers (``compile:
-false`` for the policy's trainer and the reference), no MPS (``ray.mps: false``) and fp32 master
-weights (``mixed_precision: true``, stated rather than left to the default). The SM carve-out is
-gone from the code, so it needs no switch. Synchronous W, and W one step off, where MPS acts.
+false`` for the policy's trainer and the reference) and fp32 master weights (``mixed_precision:
+true``, stated rather than left to the default). The SM carve-out and the MPS daemon are gone from
+the code, so they need no switch. Synchronous W, and W one step off.
 
 Both runs have the same seed and initial weights, and vLLM gets a seed per sample
 (``seeded_sampling``: free on its V2 runner), so step 1's rollout is the same in both: vLLM's
@@ -56,8 +56,7 @@ COMMON = [f"trainer.steps={STEPS}", "trainer.eval_size=16", "policy.generate.see
           "reward.source=function", "reward.function=tests.gpu.gpu_helpers:vowel_share"]
 """W's randomly initialised model earns no reward on W's tasks (0 in every group: no gradient at
 all), so the guard scores with a dense reward of the text instead (``vowel_share``)."""
-CONSERVATIVE = ["policy.train.compile=false", "reference.infer.compile=false", "ray.mps=false",
-                "policy.train.mixed_precision=true"]
+CONSERVATIVE = ["policy.train.compile=false", "reference.infer.compile=false", "policy.train.mixed_precision=true"]
 ONE_STEP_OFF = ["rollout.max_staleness=1", "policy.generate.sleep_level=0"]
 KEYS = ("reward/mean", "policy/loss", "policy/pg_loss", "policy/kl_loss", "policy/grad_norm",
         "mismatch/logprob_abs_diff_mean", "advantages/abs_mean")

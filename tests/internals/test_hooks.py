@@ -131,14 +131,6 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in (PUBLIC_ONLY, HOOKS_OFF)}
 
 
-def test_public_only_refuses_an_mps_daemon_and_auto_goes_without(monkeypatch):
-    from xrlhf.coordinator.mps import mps_option_errors
-
-    monkeypatch.setenv(PUBLIC_ONLY, "1")
-    assert "public-only switch" in mps_option_errors(True, None)[0]
-    assert mps_option_errors("auto", None) == [] and mps_option_errors(False, None) == []
-
-
 def test_an_engine_refuses_releases_it_was_not_checked_on(monkeypatch):
     """``Engine.supported``: another release, or a torch other than the one the package pins, is one line."""
     from xrlhf.engines import base

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import psutil, ray
 from xrlhf.coordinator.coordinator import init_ray, shutdown_ray
 
-init_ray(SimpleNamespace(address=None, num_cpus=1, num_gpus=None, log_to_driver=True, mps=False))
+init_ray(SimpleNamespace(address=None, num_cpus=1, num_gpus=None, log_to_driver=True))
 
 @ray.remote
 class Echo:
@@ -105,7 +105,7 @@ def first_start_fails(*args, **kwargs):
 
 
 coordinator.ray.init = first_start_fails
-init_ray(SimpleNamespace(address=None, num_cpus=1, num_gpus=None, log_to_driver=False, mps=False))
+init_ray(SimpleNamespace(address=None, num_cpus=1, num_gpus=None, log_to_driver=False))
 
 
 @ray.remote

@@ -52,10 +52,6 @@ class RayConfig(Strict):
     num_cpus: int | None = Field(None, ge=1, description="CPUs of the local Ray (default: all)")
     num_gpus: int | None = Field(None, ge=0)
     log_to_driver: bool = True
-    mps: bool | Literal["auto"] = Field(
-        "auto", description="NVIDIA MPS for a GPU that a one-step-off rollout shares with the trainer, so their "
-        "kernels run side by side (coordinator/mps.py): auto = where that overlap happens on a local Ray and "
-        "nvidia-cuda-mps-control is installed; true = always on a local Ray; false = never")
     fork_server: bool = Field(
         True, description="a local Ray on Linux starts the workers of handles whose engines import long (vLLM) "
         "from a process that imports them while Ray starts (coordinator/forkserver.py); false: every worker "

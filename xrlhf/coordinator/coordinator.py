@@ -22,7 +22,7 @@ from xrlhf.coordinator.handle import ROLLOUT_GROUPS, ModelHandle
 from xrlhf.coordinator.health import HEALTH_GROUP, Heartbeat
 from xrlhf.coordinator.forkserver import NOTHING, SERVER, base_worker_env, environ, fork_plan, fork_server_works
 from xrlhf.coordinator.forkserver import preloads as _preloads
-from xrlhf.coordinator.mps import DAEMON, sm_limit_warning, wanted
+from xrlhf.coordinator.mps import sm_limit_warning
 from xrlhf.coordinator.resources import Slot, place
 from xrlhf.coordinator.spec import HandleSpec, Topology
 from xrlhf.coordinator.weight_routes import WeightRoutes
@@ -42,11 +42,9 @@ WATCHDOG = Watchdog()
 the processes started since Ray's start die within about a second and a half."""
 
 
-def init_ray(options: RayConfig, mps: bool = False, preload: dict[str, list] | None = None) -> bool:
+def init_ray(options: RayConfig, preload: dict[str, list] | None = None) -> bool:
     """Start a local Ray, or join ``ray.address``; workers see the driver's import path. A local
-    Ray's processes die with this one, however it dies (``WATCHDOG``). ``mps``:
-    a local Ray's processes become the clients of an MPS daemon started here (``coordinator.mps``;
-    ``shutdown_ray`` quits it). ``preload``: the handles' ``forkserver.fork_plan``; where engines
+    Ray's processes die with this one, however it dies (``WATCHDOG``). ``preload``: the handles' ``forkserver.fork_plan``; where engines
     import long (vLLM), a local Ray's fork server imports what every handle needs while Ray starts
     (``coordinator.forkserver``, ``ray.fork_server``; ``shutdown_ray`` stops it).
 
@@ -67,8 +65,6 @@ def init_ray(options: RayConfig, mps: bool = False, preload: dict[str, list] | N
     # machine (ray.init would join it, and refuse num_cpus); joining one is ray.address. Its
     # processes inherit this one's environment, so the variables are set here for the start: a
     # runtime environment would make every worker wait for Ray's runtime-env agent (docs/architecture.md).
-    if mps:
-        env.update(DAEMON.start(required=options.mps is True))
     if (warning := sm_limit_warning()) is not None:
         logger.warning(warning)
     if stale := bytecode.uncompiled():  # the workers are processes of this environment
@@ -120,9 +116,8 @@ def _forks(options: RayConfig) -> bool:
 
 
 def shutdown_ray() -> None:
-    """Stop Ray, then the MPS daemon, the fork server and the watchdog started with it (if any)."""
+    """Stop Ray, then the fork server and the watchdog started with it (if any)."""
     ray.shutdown()
-    DAEMON.stop()
     SERVER.stop()
     WATCHDOG.stop()
 
@@ -200,7 +195,7 @@ class Coordinator(Handles):
         logger.info("starting Ray and the workers (" + ", ".join(f"{s.name} x{s.resources.ranks}" for s in self.specs)
                     + "); this takes 20-40 s on a laptop CPU")
         plan = fork_plan(self.specs)
-        self._owns_ray = init_ray(self.topology.ray, mps=wanted(self.topology), preload=plan)
+        self._owns_ray = init_ray(self.topology.ray, preload=plan)
         if SERVER.running:
             long = ", ".join(sorted({n for n, _, _ in plan["long"]}))
             logger.info(f"fork server (pid {SERVER.proc.pid}): imports what {long} needs beside Ray's start, and "

@@ -1,9 +1,9 @@
 """Process tricks: the fork server's primitives (imports held back, exit handlers run by hand, a
-child that dies with its parent, modules imported again), the run's own MPS daemon, and the
-watchdog that kills what a killed driver left (``internals/watchdog.py``).
+child that dies with its parent, modules imported again) and the watchdog that kills what a killed
+driver left (``internals/watchdog.py``).
 
-The fork server (``coordinator/forkserver.py``) and the MPS daemon (``coordinator/mps.py``) are
-built from public calls apart from what is here; each is one hook, off with the public-only switch.
+The fork server (``coordinator/forkserver.py``) is built from public calls apart from what is here;
+it is one hook, off with the public-only switch.
 """
 
 from __future__ import annotations
@@ -30,14 +30,6 @@ FORK_SERVER = Hook(
          "(ray.fork_server)",
     without="every worker imports its engines after Ray started it",
     probe=lambda: _exit_handlers() or (None if sys.platform.startswith("linux") else "the fork server runs on Linux only"))
-
-MPS_DAEMON = Hook(
-    "process.mps_daemon", "python", ("3.11", "3.12"),
-    buys="a run starts its own CUDA MPS control daemon, so that the trainer's and vLLM's kernels "
-         "overlap on one GPU one step off (ray.mps)",
-    without="no MPS daemon: processes on one GPU take turns (ray.mps: true is refused)",
-    probe=lambda: None if sys.platform.startswith("linux") else "NVIDIA's MPS runs on Linux only")
-
 
 QUICK_EXIT = Hook(
     "process.quick_exit", "python", ("3.11", "3.12"),
