@@ -255,8 +255,8 @@ def test_a_local_ray_forks_the_preloading_handles_workers(tiny_model, tmp_path, 
 
 def test_the_cli_starts_a_server_from_the_raw_config_which_it_validates_itself(tiny_model, tmp_path):
     """``start_early`` (``xrlhf run``'s first step) starts a server only for a config naming an engine
-    that preloads (its class says so, not its name) on a local Ray; the server validates the config
-    and preloads what its handles preload. Given the start-order config (its generator, a user's
+    other than its section's default on a local Ray; the server validates the config, asks the
+    classes and preloads what its handles preload (nothing: it ends). Given the start-order config (its generator, a user's
     class, preloads), the server imports it; given vLLM on this CPU machine (not installed), the
     server reports its failure and ends, and a second one is not tried."""
     import yaml
@@ -293,14 +293,25 @@ def test_the_cli_starts_a_server_from_the_raw_config_which_it_validates_itself(t
         SERVER.stop()
 
 
-def test_the_early_start_asks_the_engine_classes_not_their_names():
-    """``start_early`` reads each section's engine with its role and asks the class whether it
-    preloads: vLLM's does, the Transformers engines do not, an unknown name starts nothing."""
-    from xrlhf.coordinator.forkserver import _engines, _preloads
+def test_the_early_start_reads_no_engine_class_and_the_server_asks_them():
+    """``start_early`` reads each section's engine with its role and starts a server where one is
+    not its section's default, without importing any engine (torch would come first: ~2 s before
+    the server could start); the server then asks the classes (``preloads``): vLLM's preloads, the
+    Transformers engines and DeepSpeed's do not."""
+    import subprocess
+    import sys
+
+    from xrlhf.coordinator.forkserver import _engines, _other_engines, preloads
 
     data = {"policy": {"train": {"engine": "deepspeed"}, "generate": {"engine": "vllm"}},
             "reference": {"infer": {"engine": "hf"}}, "env": {"options": {"engine": "not an engine section"}}}
     assert list(_engines(data)) == [("train", "deepspeed"), ("generate", "vllm"), ("infer", "hf")]
-    assert _preloads("vllm", "generate") and not _preloads("hf", "generate")
-    assert _preloads(f"{MODULE}:AloneGenerator", "generate")
-    assert not _preloads("no-such-engine", "generate") and not _preloads("deepspeed", "train")
+    assert _other_engines(data) == [("train", "deepspeed"), ("generate", "vllm")]
+    assert _other_engines({"policy": {"generate": {"engine": "hf"}}, "critic": {"train": {}}}) == []
+    light = subprocess.run([sys.executable, "-c", "import sys; from xrlhf.coordinator.forkserver import _other_engines; "
+                            "_other_engines({'policy': {'generate': {'engine': 'vllm'}}}); print('torch' in sys.modules)"],
+                           capture_output=True, text=True, timeout=300, check=True)
+    assert light.stdout.strip() == "False", light.stderr[-2000:]
+    assert preloads({"generate": ("vllm", None)}) and not preloads({"generate": ("hf", None)})
+    assert preloads({"generate": (f"{MODULE}:AloneGenerator", None)})
+    assert not preloads({"train": ("deepspeed", None), "infer": ("hf", None)})

@@ -76,13 +76,14 @@ def fork_plan(specs: list) -> dict[str, list[tuple[str, str, Any]]]:
 
 
 def start_early(config: str, overrides: list[str]) -> bool:
-    """``xrlhf run``'s first step: where the config names an engine that preloads (``Engine.preload``:
-    vLLM's) for a local Ray, start the fork server before this process validates anything (the
-    driver's own imports take seconds before its Ray starts); the server validates the config itself
-    and imports what its handles' engines need (``fork_plan``). Anything unclear (a config that does
-    not read, an unknown engine) starts nothing: the run says why, and ``coordinator.init_ray``
-    starts a server from the validated topology just before Ray. Asking the engines' classes imports
-    torch here (their module's), which the validation right after needs anyway."""
+    """``xrlhf run``'s first step: where the config names an engine other than its section's default
+    for a local Ray, start the fork server before this process imports or validates anything (the
+    driver's own imports take seconds before its Ray starts). The server validates the config
+    itself, asks the engines' classes whether they preload (``Engine.preload``: vLLM's do) and
+    imports what its handles need (``fork_plan``); where none preloads it ends at once ("nothing to
+    preload"). Asking the classes here would import torch first (their modules'), ~2 s before the
+    server could start. Anything unclear (a config that does not read) starts nothing: the run says
+    why, and ``coordinator.init_ray`` starts a server from the validated topology just before Ray."""
     from xrlhf.config.loader import apply_overrides, read_yaml
 
     try:
@@ -92,7 +93,7 @@ def start_early(config: str, overrides: list[str]) -> bool:
     ray_cfg = data.get("ray") if isinstance(data.get("ray"), dict) else {}
     if ray_cfg.get("fork_server") is False or ray_cfg.get("address") or not fork_server_works():
         return False
-    if not any(_preloads(name, role) for role, name in _engines(data)):
+    if not _other_engines(data):  # the sections' defaults: the Transformers engines, which import at build
         return False
     data.setdefault("name", Path(config).stem)
     with environ(base_worker_env()):
@@ -127,13 +128,14 @@ def _engines(node: Any, key: str | None = None) -> Iterator[tuple[str, str]]:
                 yield from _engines(v, k)
 
 
-def _preloads(name: str, role: str) -> bool:
-    """Whether engine ``name`` of ``role`` preloads; ``False`` where the name is unknown (the
-    validation reports it)."""
-    try:
-        return preloads({role: (name, None)})
-    except Exception:  # noqa: BLE001 - an unknown engine or a class that fails to import
-        return False
+def _other_engines(data: dict) -> list[tuple[str, str]]:
+    """``(role, engine)`` of the sections of config dict ``data`` that name an engine other than
+    their section's default (the schema's, read without importing any engine)."""
+    from xrlhf.config.schema import GenerateConfig, InferConfig, TrainConfig
+
+    default = {role: cls.model_fields["engine"].default
+               for role, cls in (("train", TrainConfig), ("infer", InferConfig), ("generate", GenerateConfig))}
+    return [(role, name) for role, name in _engines(data) if name != default[role]]
 
 
 def fork_server_works() -> bool:
