@@ -81,8 +81,8 @@ def start_early(config: str, overrides: list[str]) -> bool:
     driver's own imports take seconds before its Ray starts). The server validates the config
     itself, asks the engines' classes whether they preload (``Engine.preload``: vLLM's do) and
     imports what its handles need (``fork_plan``); where none preloads it ends at once ("nothing to
-    preload"). Asking the classes here would import torch first (their modules'), ~2 s before the
-    server could start. Anything unclear (a config that does not read) starts nothing: the run says
+    preload"). Asking the classes here would import torch first (their modules'), and the server
+    would start that much later. Anything unclear (a config that does not read) starts nothing: the run says
     why, and ``coordinator.init_ray`` starts a server from the validated topology just before Ray."""
     from xrlhf.config.loader import apply_overrides, read_yaml
 
