@@ -44,9 +44,10 @@ the processes started since Ray's start die within about a second and a half."""
 
 def init_ray(options: RayConfig, preload: dict[str, list] | None = None) -> bool:
     """Start a local Ray, or join ``ray.address``; workers see the driver's import path. A local
-    Ray's processes die with this one, however it dies (``WATCHDOG``). ``preload``: the handles' ``forkserver.fork_plan``; where engines
-    import long (vLLM), a local Ray's fork server imports what every handle needs while Ray starts
-    (``coordinator.forkserver``, ``ray.fork_server``; ``shutdown_ray`` stops it).
+    Ray's processes die with this one, however it dies (``WATCHDOG``). ``preload``: the handles'
+    ``forkserver.fork_plan``; where engines import long (vLLM), a local Ray's fork server imports
+    what every handle needs while Ray starts (``coordinator.forkserver``, ``ray.fork_server``;
+    ``shutdown_ray`` stops it).
 
     Returns whether this call started (and so owns) the Ray connection; an already
     initialised Ray (a notebook's, a test session's) is used as it is.
