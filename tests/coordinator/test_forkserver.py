@@ -256,9 +256,9 @@ def test_a_local_ray_forks_the_preloading_handles_workers(tiny_model, tmp_path, 
 def test_the_cli_starts_a_server_from_the_raw_config_which_it_validates_itself(tiny_model, tmp_path):
     """``start_early`` (``xrlhf run``'s first step) starts a server only for a config naming an engine
     other than its section's default on a local Ray; the server validates the config, asks the
-    classes and preloads what its handles preload (nothing: it ends). Given the start-order config (its generator, a user's
-    class, preloads), the server imports it; given vLLM on this CPU machine (not installed), the
-    server reports its failure and ends, and a second one is not tried."""
+    classes and preloads what its handles preload (nothing: it ends). Given the start-order config
+    (its generator, a user's class, preloads), the server imports it; given vLLM on this CPU machine
+    (not installed), the server reports its failure and ends, and a second one is not tried."""
     import yaml
 
     from xrlhf.coordinator.forkserver import NOTHING, SERVER, start_early

@@ -82,8 +82,9 @@ def start_early(config: str, overrides: list[str]) -> bool:
     itself, asks the engines' classes whether they preload (``Engine.preload``: vLLM's do) and
     imports what its handles need (``fork_plan``); where none preloads it ends at once ("nothing to
     preload"). Asking the classes here would import torch first (their modules'), and the server
-    would start that much later. Anything unclear (a config that does not read) starts nothing: the run says
-    why, and ``coordinator.init_ray`` starts a server from the validated topology just before Ray."""
+    would start that much later. Anything unclear (a config that does not read) starts nothing:
+    the run says why, and ``coordinator.init_ray`` starts a server from the validated topology just
+    before Ray."""
     from xrlhf.config.loader import apply_overrides, read_yaml
 
     try:
