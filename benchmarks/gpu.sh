@@ -13,6 +13,7 @@
 #   bash benchmarks/gpu.sh w7model w7trl             # 4 GPUs: W7's 7B model built here, TRL's ZeRO-3 recipe on it
 #   bash benchmarks/gpu.sh w7plan w7                 # 4 GPUs: the plan, then W7 as planned (layout auto)
 #   bash benchmarks/gpu.sh w7co                      # 4 GPUs: W7 co-located (the plan's second choice)
+#   W7_GPUS=2 bash benchmarks/gpu.sh w7plan w7       # W7 planned and run on 2 GPUs (what fits there)
 #   bash benchmarks/gpu.sh learn                     # configs/gpu/grpo_learn.yaml: one warm-up, RL seeds 0 1 2 (sync)
 #   bash benchmarks/gpu.sh learn_sweep               # recipe candidates (LEARN_SWEEP) on seed 0 from the same warm-up
 #   bash benchmarks/gpu.sh learn_async               # the same one step off (two GPUs: the split layout too)
@@ -179,7 +180,7 @@ stage_hooks_async() {  # W one step off (where the pause mid-generation acts), t
 stage_w2() {  # the second workload (configs/gpu/grpo_w2.yaml: 1.5b, 32 x 8, <= 480 tokens) beside TRL's default
   TAIL=8 run w2 590 python -m benchmarks.w_vs_trl --config configs/gpu/grpo_w2.yaml --model artifacts/model-1.5b \
     --preset 1.5b --trl-args "--prompts-per-step 32 --micro-batch 16 --max-new-tokens 480 --gpu-memory-utilization 0.4" \
-    --trl-dtype float32 --trl-timeout 300 --steps 6 --variants "${W2_VARIANTS:-default}" --out "$OUT/w2"
+    --trl-dtype float32 --trl-timeout 300 --steps "${W2_STEPS:-6}" --variants "${W2_VARIANTS:-default}" --out "$OUT/w2"
   rm -rf /tmp/w_vs_trl-*
 }
 
@@ -202,7 +203,8 @@ W7_COLOCATED="layout=null|policy.resources.ranks=4|policy.resources.gpus_per_ran
 
 stage_w7() {  # xrlhf on W7 as planned (layout auto: split, one step off); ~4 minutes (checkpoints off)
   TAIL=12 run w7 590 python -m benchmarks.w_vs_trl --config configs/gpu/grpo_w7.yaml --model artifacts/model-7b \
-    --preset 7b --trl-dtype none --steps 5 --variants "${W7_VARIANTS:-default=layout=auto}" --out "$OUT/w7"
+    --preset 7b --trl-dtype none --steps 5 --variants "${W7_VARIANTS:-default=layout=auto|ray.num_gpus=${W7_GPUS:-4}}" \
+    --out "$OUT/w7"
   rm -rf /tmp/w_vs_trl-*
 }
 
@@ -213,7 +215,7 @@ stage_w7co() {  # xrlhf on W7 co-located (the plan's #2, by hand): 4 x ZeRO-3 ra
 }
 
 stage_w7plan() {  # what the plan says for W7 on this machine, written down before the runs (issue 50: within 10% / 25%)
-  TAIL=40 run w7plan 120 python -m xrlhf.cli plan configs/gpu/grpo_w7.yaml --gpus 4
+  TAIL=40 run w7plan 120 python -m xrlhf.cli plan configs/gpu/grpo_w7.yaml --gpus "${W7_GPUS:-4}"
 }
 
 stage_learn() {  # the learning recipe: its warm-up once (~2.5 min), then seeds 0 1 2 (~2 min each)
