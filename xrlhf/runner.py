@@ -337,6 +337,7 @@ def fork_plan(data: dict[str, Any]) -> dict[str, list]:
 def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resume: bool,
               healing: Healing) -> dict[str, Any]:
     from xrlhf.algorithms import ALGORITHMS
+    from xrlhf.algorithms.base import run_loop
     from xrlhf.algorithms.rewards import build_reward
     from xrlhf.algorithms.build import build_trainer
     from xrlhf.algorithms.rollout.build import episode_calls
@@ -379,7 +380,7 @@ def _run_once(cfg: XConfig, out: Path, tracker: Tracker, stop: StopRequest, resu
             coord.sync_weights(trainer.step_idx)  # the generator holds the version of the checkpoint
         saves = RLSaves(cfg, out, coord, trainer, tracker, stop, {"model_dir": model_dir, "extra": extra}, t_start)
         hooks.step_end = saves.on_step_end
-        result = trainer.fit()
+        result = run_loop(trainer)
         if result is None:
             saves.checkpoint(trainer.step_idx)  # a step given up on: the last one done (unless saved)
             raise stop.interrupted(out)

@@ -1,7 +1,8 @@
 """The trainer loops: ``Trainer`` (what every algorithm shares) and ``RLTrainer`` (online).
 
-``Trainer`` is the outer loop of every algorithm: evaluate, ``steps`` x ``step()``, evaluate;
-the trainer state for exact resume; the one progress line. ``RLTrainer`` here is the one online
+``run_loop(trainer)`` is the outer loop of every algorithm: evaluate, ``steps`` x ``step()``,
+evaluate. ``Trainer`` is what every algorithm's trainer shares: the evaluation, the memory marks,
+the trainer state for exact resume, the one progress line. ``RLTrainer`` here is the one online
 loop (rollout -> reward -> its ``update`` part -> weight sync); an online algorithm is a
 registration (``algorithms/spec.py:Algorithm``) that says which ``update`` it builds. The
 sibling ``OfflineTrainer`` (``algorithms/offline.py``: the next rows of a dataset -> its step
@@ -57,7 +58,7 @@ def register_algorithm(name: str):
 
 
 class Trainer(ABC):
-    """The outer loop of every algorithm: ``fit`` = evaluate, ``steps`` x ``step()``, evaluate.
+    """What every algorithm's trainer shares; ``run_loop`` (``fit``) drives its ``step``.
 
     Built by ``algorithms.build.build_trainer`` (the one place that reads the config for it).
 
@@ -109,49 +110,13 @@ class Trainer(ABC):
         """One training step (one or more optimizer steps); returns its metrics."""
 
     def fit(self) -> dict[str, Any] | None:
-        """Run the steps from ``step_idx + 1``; returns eval rewards before and after.
+        """``run_loop(self)``: the steps from ``step_idx + 1``; eval rewards before and after."""
+        return run_loop(self)
 
-        ``hooks.step_end(step)`` runs after each step (checkpoints, signals); when it returns
-        True the loop stops early and ``fit`` returns ``None``. So it does when a stopping run
-        (``utils.bounded.STOPPING``) gives up on a step whose rollout was held up (``step_idx``
-        is then the last step done), or on the evaluation before or after the steps.
-        """
-        try:
-            return self._fit()
-        except UserCodeAborted as e:
-            logger.warning(f"{e}; the run stops after step {self.step_idx}")
-            return None
+    def close(self) -> None:
+        """The end of ``run_loop``, however it ends (the online loop stops its producer)."""
 
-    def _fit(self) -> dict[str, Any] | None:
-        t = self.run
-        if self.initial_eval is None:
-            logger.info("eval before RL on the held-out split ...")
-            self.initial_eval = self.evaluate()
-            logger.info(f"eval before training: reward {self.initial_eval['eval/reward_mean']:.3f}")
-            self.hooks.log({"step": 0, **self.initial_eval})
-        for step in range(self.step_idx + 1, t.steps + 1):
-            t0 = time.time()
-            metrics = self.step()
-            metrics.update(self._memory)
-            self._memory = {}
-            self.step_idx = step
-            if self.evaluates_after(step):
-                metrics.update(self._step_evaluation(step))
-            metrics["time/step_s"] = time.time() - t0
-            metrics.update(self.throughput.metrics(metrics))
-            self.hooks.log({"step": step, **metrics, "timeline": self.timeline.drain()})
-            logger.info(self.progress_line(step, metrics))
-            if self.hooks.step_end(step):
-                return None
-        final = self.evaluate()
-        self.hooks.log({"step": t.steps, **final})
-        initial = self.initial_eval
-        logger.info(f"eval after training: reward {final['eval/reward_mean']:.3f} "
-                    f"(before {initial['eval/reward_mean']:.3f})")
-        return {"eval_reward_initial": initial["eval/reward_mean"], "eval_reward_final": final["eval/reward_mean"],
-                "eval_initial": initial, "eval_final": final, "steps": t.steps}
-
-    def _step_evaluation(self, step: int) -> dict[str, float]:
+    def step_evaluation(self, step: int) -> dict[str, float]:
         """The evaluation after step ``step``; none in a stopping run (the step's sync may have
         been skipped), and none when the stop gives up on it (its user code was held up)."""
         try:
@@ -172,6 +137,11 @@ class Trainer(ABC):
         """The end of a step's ``phase``: every handle's memory since the previous mark becomes
         ``memory/<phase>/...`` metrics of the step (``utils.memory``; ``logging.memory_timeline``)."""
         self._memory.update(self.memory_marks(phase))
+
+    def take_memory(self) -> dict[str, float]:
+        """The step's ``memory/...`` metrics marked so far, cleared for the next step."""
+        marks, self._memory = self._memory, {}
+        return marks
 
     def memory_marks(self, phase: str) -> dict[str, float]:
         """``memory/<phase>/...``: every handle's memory since the previous mark (none when the
@@ -211,6 +181,59 @@ class Trainer(ABC):
         if "perf/train_mfu" in m:
             parts.append(f"train MFU {m['perf/train_mfu']:.0%}")
         return " | ".join(parts + [f"{m['time/step_s']:.2f}s"])
+
+
+def run_loop(trainer: Trainer) -> dict[str, Any] | None:
+    """Every trainer's outer loop: evaluate, the steps from ``step_idx + 1`` to ``run.steps``
+    (each ``trainer.step()``, its metrics row logged), evaluate; returns eval rewards before and
+    after (and the evaluator's ``summary`` of them where it has one).
+
+    ``hooks.step_end(step)`` runs after each step (checkpoints, signals); when it returns True
+    the loop stops early and returns ``None``. So it does when a stopping run
+    (``utils.bounded.STOPPING``) gives up on a step whose rollout was held up (``step_idx`` is
+    then the last step done), or on the evaluation before or after the steps.
+    ``trainer.close()`` runs however the loop ends.
+    """
+    try:
+        return _loop(trainer)
+    except UserCodeAborted as e:
+        logger.warning(f"{e}; the run stops after step {trainer.step_idx}")
+        return None
+    finally:
+        trainer.close()
+
+
+def _loop(trainer: Trainer) -> dict[str, Any] | None:
+    t = trainer.run
+    if trainer.initial_eval is None:
+        logger.info("eval before RL on the held-out split ...")
+        trainer.initial_eval = trainer.evaluate()
+        logger.info(f"eval before training: reward {trainer.initial_eval['eval/reward_mean']:.3f}")
+        trainer.hooks.log({"step": 0, **trainer.initial_eval})
+    for step in range(trainer.step_idx + 1, t.steps + 1):
+        t0 = time.time()
+        metrics = trainer.step()
+        metrics.update(trainer.take_memory())
+        trainer.step_idx = step
+        if trainer.evaluates_after(step):
+            metrics.update(trainer.step_evaluation(step))
+        metrics["time/step_s"] = time.time() - t0
+        metrics.update(trainer.throughput.metrics(metrics))
+        trainer.hooks.log({"step": step, **metrics, "timeline": trainer.timeline.drain()})
+        logger.info(trainer.progress_line(step, metrics))
+        if trainer.hooks.step_end(step):
+            return None
+    final = trainer.evaluate()
+    trainer.hooks.log({"step": t.steps, **final})
+    initial = trainer.initial_eval
+    logger.info(f"eval after training: reward {final['eval/reward_mean']:.3f} "
+                f"(before {initial['eval/reward_mean']:.3f})")
+    result = {"eval_reward_initial": initial["eval/reward_mean"], "eval_reward_final": final["eval/reward_mean"],
+              "eval_initial": initial, "eval_final": final, "steps": t.steps}
+    summary = getattr(trainer.evaluator, "summary", None)  # (an offline evaluator's, over the result)
+    if summary is not None:
+        result["summary"] = summary(result)
+    return result
 
 
 class RLTrainer(Trainer):
@@ -294,9 +317,9 @@ class RLTrainer(Trainer):
         self.mark_memory("sync")
         producer.after_sync(s, hold=self.evaluates_after(s))  # the evaluation uses the generator next
 
-    def _step_evaluation(self, step: int) -> dict[str, float]:
+    def step_evaluation(self, step: int) -> dict[str, float]:
         try:
-            return super()._step_evaluation(step)
+            return super().step_evaluation(step)
         finally:  # the generator was held awake for it (``publish``), evaluated or not
             if self.producer is not None:
                 self.producer.release()
@@ -317,12 +340,9 @@ class RLTrainer(Trainer):
         self.handles.end_rollout()
         return {**metrics, "time/sleep_s": time.time() - t0, **self.memory_marks("sleep")}
 
-    def fit(self) -> dict[str, Any] | None:
-        try:
-            return super().fit()
-        finally:
-            if self.producer is not None:  # a stopping run does not wait for a generate call under way
-                self.producer.stop(timeout=0.5 if STOPPING.is_set() else 5.0)
+    def close(self) -> None:
+        if self.producer is not None:  # a stopping run does not wait for a generate call under way
+            self.producer.stop(timeout=0.5 if STOPPING.is_set() else 5.0)
 
     def state_dict(self) -> dict[str, Any]:
         state = {**super().state_dict(), **self.update.state_dict()}

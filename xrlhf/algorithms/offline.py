@@ -166,14 +166,6 @@ class OfflineTrainer(Trainer):
             self._stale = False
         return super().evaluate()
 
-    def fit(self) -> dict[str, Any] | None:
-        """``Trainer.fit``, and the evaluator's ``summary`` of the result where it has one."""
-        result = super().fit()
-        summary = getattr(self.evaluator, "summary", None)
-        if result is not None and summary is not None:  # (None: stopped early; the runner checkpoints)
-            result["summary"] = summary(result)
-        return result
-
 
 def offline_errors(cfg: XConfig, o: OfflineConfig, step: type[RowStep], reference: bool) -> list[str]:
     """The checks of every offline algorithm besides ``common_errors``: whole rows per rank, whole
