@@ -120,3 +120,23 @@ def test_preload_sets_the_environment_and_imports_vllm(vllm_module, monkeypatch,
     assert sys.modules["vllm"].LLM is FakeLLM
     # vLLM's model inspection now runs in this process (a fresh machine's cache miss: no new Python)
     assert sys.modules["vllm.model_executor.models.registry"]._run_in_subprocess(lambda: 7) == 7
+
+
+def test_vllms_chat_template_warmup_warning_is_dropped_and_other_warnings_are_kept(caplog):
+    """vLLM 0.33's ``LLM.__init__`` warms a chat template up, which fails without a tokenizer
+    (``skip_tokenizer_init``) and logs a traceback: the engine drops that one record."""
+    import logging
+
+    from xrlhf.engines.vllm.engine import quiet_chat_template_warmup
+
+    quiet_chat_template_warmup()
+    quiet_chat_template_warmup()  # once per process, however many engines
+    log = logging.getLogger("vllm.renderers.base")
+    assert sum(type(f).__name__ == "_NoChatTemplateWarmup" for f in log.filters) == 1
+    with caplog.at_level(logging.WARNING, logger="vllm.renderers.base"):
+        try:
+            raise ValueError("Tokenizer not available when `skip_tokenizer_init=True`")
+        except ValueError:
+            log.warning("Chat template warmup failed", exc_info=True)
+        log.warning("Multi-modal warmup failed")
+    assert [r.getMessage() for r in caplog.records] == ["Multi-modal warmup failed"]

@@ -18,6 +18,7 @@ described in docs/vllm.md:
 from __future__ import annotations
 
 import gc
+import logging
 import os
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -140,6 +141,7 @@ class VLLMGenerateEngine(GenerateEngine):
         # collections see only what the engine allocates; ``shutdown`` unfreezes, as vLLM's does.
         gc.collect()
         gc.freeze()
+        quiet_chat_template_warmup()
         self.llm = LLM(**kwargs)
         # vLLM's engine core runs in this process unless its multiprocessing is on (read by vLLM at start)
         self.model_in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0"
@@ -418,3 +420,20 @@ def _eos_ids(model_path: str) -> list[int]:
             if eos is not None:
                 return [int(e) for e in eos] if isinstance(eos, list) else [int(eos)]
     return []
+
+
+class _NoChatTemplateWarmup(logging.Filter):
+    """Drops vLLM's "Chat template warmup failed" warning (``LLM.__init__`` renders a chat message
+    to warm its template up, since vLLM 0.33): the engine starts without a tokenizer
+    (``skip_tokenizer_init``: xrlhf sends token ids), so that warm-up always fails, harmlessly, and
+    would print a traceback into every run's log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "Chat template warmup failed"
+
+
+def quiet_chat_template_warmup() -> None:
+    """Installs ``_NoChatTemplateWarmup`` on vLLM's renderer logger, once per process."""
+    log = logging.getLogger("vllm.renderers.base")
+    if not any(isinstance(f, _NoChatTemplateWarmup) for f in log.filters):
+        log.addFilter(_NoChatTemplateWarmup())
