@@ -139,7 +139,7 @@ def _run_xrlhf(name: str, overrides: list[str], env: dict[str, str], model: str,
     from xrlhf.validation import load_config
 
     cfg = load_config(Path(args.config), all_overrides)
-    used = machine[:max(1, cfg.ray.num_gpus or 1)]  # every GPU the run may use is sampled and counted
+    used = machine[:cfg.ray.num_gpus or 1]  # every GPU the run may use is sampled and counted
     ag.BusyLoop.samplers = samplers = [DeviceMemorySampler(gpu=g["index"]) for g in used]
     run_dir = Path(tempfile.mkdtemp(prefix=f"w_vs_trl-{name}-"))
     t0, error = time.time(), None
