@@ -3,14 +3,21 @@ run of a config with the learning figures read off its metrics (the learning ben
 
 from __future__ import annotations
 
+import atexit
+import cProfile
+import gc
+import io
 import json
 import os
+import pstats
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
+
+from loguru import logger
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_05B = ROOT / "artifacts" / "model-0.5b"
@@ -248,3 +255,94 @@ def run_one(path: Path, overrides: list[str], run_dir: Path) -> dict[str, Any]:
             "curve": curve(rows, per_step),
             "train_reward": [[r["step"], clock[r["step"]], r["reward/mean"]] for r in steps],
             "run_dir": str(run_dir), "error": error}
+
+
+# -- diagnostics inside a run's workers, through xrlhf's worker set-up hook ---------------------------
+# ``XRLHF_WORKER_SETUP=benchmarks.common:worker_diagnostics`` (``engines.host.SETUP_ENV``; the
+# repository root on ``PYTHONPATH``, as gpu.sh has it) and one or both of:
+# * ``XRLHF_PROFILE_SETUP=DIR``: each engine's build and each ``preload``'s imports under cProfile,
+#   their tables in ``DIR/<handle>-<rank>-<role>[-preload].txt``: where a start-up's seconds go, in
+#   the workers themselves (``benchmarks.startup``'s ``warm-profile``);
+# * ``XRLHF_GC_LOG=DIR``: every garbage collection of each worker's process (epoch start and end,
+#   generation, objects collected) in ``DIR/gc-<handle>-<rank>-<pid>.jsonl``: whether Python's
+#   collector is in a phase's seconds, lined up with the steps' timelines (``summary.json``'s
+#   ``timeline_origin``; docs/design/probes.md).
+WORKER_SETUP = "benchmarks.common:worker_diagnostics"
+PROFILE_ENV = "XRLHF_PROFILE_SETUP"
+GC_LOG_ENV = "XRLHF_GC_LOG"
+
+
+def diagnostics_env(profile_dir: str | None = None, gc_dir: str | None = None) -> dict[str, str]:
+    """The environment that turns these diagnostics on in a run's workers."""
+    out = {"XRLHF_WORKER_SETUP": WORKER_SETUP}
+    if profile_dir:
+        out[PROFILE_ENV] = profile_dir
+    if gc_dir:
+        out[GC_LOG_ENV] = gc_dir
+    return out
+
+
+def worker_diagnostics(host: Any) -> None:
+    """The worker set-up hook: the diagnostics the variables above name, for ``host`` (an
+    ``engines.host.EngineHost``)."""
+    if os.environ.get(GC_LOG_ENV):
+        log_gc(os.environ[GC_LOG_ENV], f"{host.handle}-{host.rank}")
+    if os.environ.get(PROFILE_ENV):
+        host.around = profiler(os.environ[PROFILE_ENV])
+
+
+def profiler(folder: str) -> Callable[..., Any]:
+    """``around(what, fn, *args)`` for ``EngineHost``: ``fn(*args)`` under cProfile, the tables
+    written to ``<folder>/<what>.txt`` even if ``fn`` raises."""
+
+    def around(what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        prof = cProfile.Profile()
+        try:
+            return prof.runcall(fn, *args)
+        finally:
+            text = io.StringIO()
+            stats = pstats.Stats(prof, stream=text)
+            stats.sort_stats("cumulative").print_stats(80)
+            stats.sort_stats("tottime").print_stats(40)
+            try:
+                os.makedirs(folder, exist_ok=True)
+                with open(os.path.join(folder, f"{what}.txt"), "w") as f:
+                    f.write(text.getvalue())
+            except OSError as e:  # a diagnostic: the build's own result or error comes first
+                logger.warning(f"{PROFILE_ENV}={folder}: cannot write the profile of {what} ({e})")
+
+    return around
+
+
+def log_gc(folder: str, name: str) -> Callable[..., None] | None:
+    """Record this process's collections (``gc.callbacks``) to ``<folder>/gc-<name>-<pid>.jsonl``,
+    written in batches (every 64 collections, a second after the last write, and at exit).
+    Returns the callback (None where the folder cannot be made)."""
+    path = os.path.join(folder, f"gc-{name}-{os.getpid()}.jsonl")
+    rows: list[list] = []
+    state = {"start": 0.0, "written": time.time()}
+
+    def write() -> None:
+        if rows:
+            with open(path, "a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in rows)
+            rows.clear()
+        state["written"] = time.time()
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            state["start"] = time.time()
+            return
+        end = time.time()
+        rows.append([round(state["start"], 6), round(end, 6), info.get("generation"), info.get("collected")])
+        if len(rows) >= 64 or end - state["written"] > 1.0:
+            write()
+
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        logger.warning(f"{GC_LOG_ENV}={folder}: cannot write there ({e}); collections not logged")
+        return None
+    gc.callbacks.append(callback)
+    atexit.register(write)
+    return callback

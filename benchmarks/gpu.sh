@@ -4,7 +4,7 @@
 # stack shipped to /root/wc as parts p0, p1, ... (docs/testing.md: benchmarks/stage_stack.sh) and,
 # for TRL, its wheels in .whl (carried; `setup` installs them):
 #
-#   bash benchmarks/gpu.sh setup versions tests      # install; what is installed; the GPU tests of vLLM and the hooks
+#   bash benchmarks/gpu.sh setup versions tests      # install; what is installed; vLLM's one-GPU tests and the hooks' probes
 #   bash benchmarks/gpu.sh w                         # W as shipped and on public APIs only, beside TRL's default
 #   bash benchmarks/gpu.sh hooks                     # W with each hook of xrlhf.internals off, beside W as shipped
 #   bash benchmarks/gpu.sh hooks_cold                # W's first start on an empty vLLM cache, inspection in-process or not
@@ -57,10 +57,17 @@ run() {  # run NAME LIMIT CMD...: under timeout, logged to $OUT/NAME.log, the ta
   shift 2
   t=$(date +%s)
   log "$name: $* (limit ${limit}s)"
-  PYTHONUNBUFFERED=1 timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  # -k: a command that outlives its TERM (Ray's children) is killed 20 s later, so the stage still packs
+  # what it has before the device call's own limit ends everything (2026-11-30: a stage lost all)
+  PYTHONUNBUFFERED=1 timeout -k 20 "$limit" "$@" > "$OUT/$name.log" 2>&1
   log "$name: exit $? after $(( $(date +%s) - t ))s"
   grep -v "^\s*$" "$OUT/$name.log" | grep -E -v "it/s\]|Loading weights|^\s+warnings.warn" | tail -${TAIL:-12} | cut -c1-260
 }
+
+# pytest on GPU tests: each test's name and outcome as it ends (a stage cut by its limit still says
+# which passed), every test's duration, and after FAULT_S seconds in one test the stack of every
+# thread (faulthandler): where a test that never ends waits
+GPU_PYTEST=(python -m pytest -m gpu -v -rA -p no:cacheprovider --durations=0 -o "faulthandler_timeout=${FAULT_S:-240}")
 
 stage_install() {  # the stack alone (what needs no model)
   if [ ! -d /root/site/vllm ]; then
@@ -136,10 +143,12 @@ PY
   TAIL=30 run hooks_table 120 python -m xrlhf.cli hooks
 }
 
-stage_tests() {  # the hooks' probes against the installed libraries, then vLLM's GPU tests
-  TAIL=12 run tests_hooks 300 python -m pytest -q -rA -p no:cacheprovider tests/internals/test_hooks.py
-  XRLHF_GPU_RUNS="$OUT/runs" TAIL=20 run tests_vllm 420 python -m pytest -m gpu -q -rA -p no:cacheprovider \
-    tests/gpu/test_vllm_engine.py tests/gpu/test_vllm_inflight.py tests/gpu/test_vllm_tp.py
+stage_tests() {  # the hooks' probes against the installed libraries, then vLLM's one-GPU tests
+  # (the tensor-parallel cases run where there are 2 GPUs, in a call of their own: stage tp. With
+  # them, this stage ran past its limit on two H200s, 2026-11-30)
+  TAIL=12 run tests_hooks 120 python -m pytest -q -rA -p no:cacheprovider tests/internals/test_hooks.py
+  XRLHF_GPU_RUNS="$OUT/runs" TAIL=40 run tests_vllm "${TESTS_LIMIT:-450}" "${GPU_PYTEST[@]}" \
+    tests/gpu/test_vllm_engine.py tests/gpu/test_vllm_inflight.py
 }
 
 stage_w() {  # W as shipped and with every hook off, beside TRL's default (6 steps each, one call)
@@ -259,7 +268,7 @@ stage_trl_learn() {  # TRL 1.16 (.whl, installed by setup) from the warm-up, the
 }
 
 stage_numerics() {  # the numerics guard: W's first 3 steps, sync and one step off, two runs each (~5 min)
-  XRLHF_GPU_RUNS="$OUT/runs" TAIL=30 run numerics "${NUMERICS_LIMIT:-585}" python -m pytest -m gpu -q -rA -p no:cacheprovider \
+  XRLHF_GPU_RUNS="$OUT/runs" TAIL=30 run numerics "${NUMERICS_LIMIT:-540}" "${GPU_PYTEST[@]}" \
     tests/gpu/test_numerics_guard.py
 }
 
@@ -307,13 +316,13 @@ stage_heal() {  # 2 GPUs: the split generator killed mid-step, twice, healed in 
 }
 
 stage_tp() {  # 2 GPUs: vLLM tensor parallel (TP 2): every transport to every rank by checksum, LoRA, sleep (3 GPUs: NCCL)
-  TAIL=20 run tp "${TP_LIMIT:-400}" python -m pytest -m gpu -q -rA -p no:cacheprovider --durations=0 tests/gpu/test_vllm_tp.py
+  TAIL=20 run tp "${TP_LIMIT:-400}" "${GPU_PYTEST[@]}" tests/gpu/test_vllm_tp.py
 }
 
 stage_tests2() {  # 2 GPUs: the split layout's PPO tests (NCCL, in-flight updates), LoRA on ZeRO-3, DeepSpeed's tests;
   # each run's metrics in runs/ (the plan's check against measured memory, tests/plan/test_measured.py)
-  XRLHF_LORA_OUT="$OUT/lora_gpu2.json" XRLHF_GPU_RUNS="$OUT/runs" TAIL=20 run tests2 "${TESTS2_LIMIT:-590}" \
-    python -m pytest -m gpu -q -rA -p no:cacheprovider --durations=0 ${TESTS2_K:+-k "$TESTS2_K"} \
+  XRLHF_LORA_OUT="$OUT/lora_gpu2.json" XRLHF_GPU_RUNS="$OUT/runs" TAIL=20 run tests2 "${TESTS2_LIMIT:-540}" \
+    "${GPU_PYTEST[@]}" ${TESTS2_K:+-k "$TESTS2_K"} \
     tests/gpu/test_ppo_vllm.py tests/gpu/test_lora_gpu.py tests/gpu/test_deepspeed_gpu.py
 }
 

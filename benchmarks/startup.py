@@ -24,7 +24,7 @@ Variants (``--variants``, in order; caches are directories of their own, so "col
   generator's actor and 4.7 s in a process alone); ``warm-fullhead``: Ray's whole head (``ENV``);
   ``warm-preload``: vLLM imported by every Ray worker before it takes work (``ENV``);
   ``warm-profile``: each worker's engine builds and ``preload`` imports under cProfile, their
-  tables in ``profile-<variant>/`` (``engines.host.PROFILE_ENV``); ``warm-fewgraphs``: vLLM
+  tables in ``profile-<variant>/`` (``common.worker_diagnostics``); ``warm-fewgraphs``: vLLM
   captures 11 decode batch sizes as CUDA graphs instead of 51 (2.0 s of capture warm);
   ``warm-noprestart``: Ray prestarts no idle workers (``ENV``).
 
@@ -71,8 +71,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import gpu_name, write_json
-from xrlhf.engines.host import PROFILE_ENV
+from benchmarks.common import diagnostics_env, gpu_name, write_json
 
 CONFIG = "configs/gpu/grpo_w.yaml"
 VARIANTS = ("cold", "warm", "warm-compile", "cold-compile", "warm-nocompile", "cold-nocompile", "warm-multiprocess",
@@ -175,7 +174,7 @@ def run_variant(name: str, work: Path, steps: int, model: str, timeout: float) -
     for word in name.split("-")[1:]:
         env.update(ENV.get(word, {}))
     if "profile" in name.split("-")[1:]:  # each worker's engine builds and imports under cProfile
-        env[PROFILE_ENV] = str(work / f"profile-{name}")
+        env.update(diagnostics_env(profile_dir=str(work / f"profile-{name}")))
     run_dir = work / f"run-{name}"
     shutil.rmtree(run_dir, ignore_errors=True)
     cwd = None

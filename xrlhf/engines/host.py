@@ -25,83 +25,32 @@ from xrlhf.engines.base import (DistInfo, EngineSpec, GenerateEngine, Generation
                                 SamplingParams, TrainEngine, build_engine, engine_class)
 from xrlhf.weight_sync import Message, build_transport, checksum, push_weights
 
-PROFILE_ENV = "XRLHF_PROFILE_SETUP"
-"""A folder: with it set, each engine's build and each ``preload``'s imports run under cProfile,
-and their tables go there (``<handle>-<rank>-<what>.txt``): where a start-up's seconds go, in
-the workers themselves (``benchmarks.startup``'s ``warm-profile``)."""
+SETUP_ENV = "XRLHF_WORKER_SETUP"
+"""``module:function``: with it set, every ``EngineHost`` (each worker's, and the in-process
+runner's) calls ``function(host)`` once made, before it builds an engine. A place for a
+process-wide diagnostic, without a change to xrlhf: a profiler set as ``host.around``, a log of
+the garbage collector (``benchmarks/diagnostics.py``)."""
 
 
-def profiled(what: str, fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)``; under cProfile where ``PROFILE_ENV`` names a folder, the tables (by
-    cumulative and by own time) written to ``<folder>/<what>.txt`` even if ``fn`` raises."""
-    folder = os.environ.get(PROFILE_ENV)
-    if not folder:
-        return fn(*args)
-    import cProfile
-    import io
-    import pstats
-
-    prof = cProfile.Profile()
-    try:
-        return prof.runcall(fn, *args)
-    finally:
-        text = io.StringIO()
-        stats = pstats.Stats(prof, stream=text)
-        stats.sort_stats("cumulative").print_stats(80)
-        stats.sort_stats("tottime").print_stats(40)
-        try:
-            os.makedirs(folder, exist_ok=True)
-            with open(os.path.join(folder, f"{what}.txt"), "w") as f:
-                f.write(text.getvalue())
-        except OSError as e:  # a diagnostic: the build's own result or error comes first
-            from loguru import logger
-
-            logger.warning(f"{PROFILE_ENV}={folder}: cannot write the profile of {what} ({e})")
+def _direct(what: str, fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
 
 
-GC_LOG_ENV = "XRLHF_GC_LOG"
-"""A folder: with it set, each worker appends every garbage collection of its process (epoch
-start and end, generation, objects collected) to ``<folder>/gc-<handle>-<rank>-<pid>.jsonl``:
-whether Python's collector is in a phase's seconds (the host probe of docs/design/probes.md
-lined them up with the steps' timelines)."""
-
-
-def log_gc(folder: str, name: str) -> None:
-    """Record this process's collections (``gc.callbacks``) to ``<folder>/gc-<name>-<pid>.jsonl``,
-    written in batches (every 64 collections, a second after the last write, and at exit)."""
-    import atexit
-    import gc
-    import json
-
-    path = os.path.join(folder, f"gc-{name}-{os.getpid()}.jsonl")
-    rows: list[list] = []
-    state = {"start": 0.0, "written": time.time()}
-
-    def write() -> None:
-        if rows:
-            with open(path, "a") as f:
-                f.writelines(json.dumps(r) + "\n" for r in rows)
-            rows.clear()
-        state["written"] = time.time()
-
-    def callback(phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            state["start"] = time.time()
-            return
-        end = time.time()
-        rows.append([round(state["start"], 6), round(end, 6), info.get("generation"), info.get("collected")])
-        if len(rows) >= 64 or end - state["written"] > 1.0:
-            write()
-
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as e:
-        from loguru import logger
-
-        logger.warning(f"{GC_LOG_ENV}={folder}: cannot write there ({e}); collections not logged")
+def run_setup_hook(host: "EngineHost") -> None:
+    """Call the function ``SETUP_ENV`` names with ``host``; a name that does not resolve raises
+    one line naming the variable and the fix."""
+    target = os.environ.get(SETUP_ENV)
+    if not target:
         return
-    gc.callbacks.append(callback)
-    atexit.register(write)
+    import importlib
+
+    module, _, name = target.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise RuntimeError(f"{SETUP_ENV}={target}: cannot load it ({e}); name an importable module:function "
+                           f"or unset it") from None
+    fn(host)
 
 
 class EngineHost:
@@ -117,8 +66,6 @@ class EngineHost:
         self.handle = handle
         self.rank = rank
         torch.set_num_threads(max(1, threads))
-        if os.environ.get(GC_LOG_ENV):
-            log_gc(os.environ[GC_LOG_ENV], f"{handle}-{rank}")
         self.train: TrainEngine | None = None
         self.infer_engine: InferEngine | None = None
         self.gen: GenerateEngine | None = None
@@ -127,6 +74,10 @@ class EngineHost:
         self._preload_s: float | None = None  # how long ``preload``'s imports took, once done
         self._preloading: threading.Thread | None = None
         self._preload_at: float | None = None  # when ``preload`` was called (the start-up timeline)
+        # How each engine's build and ``preload`` is called: ``around(what, fn, *args)``, ``what`` naming
+        # it (``<handle>-<rank>-<role>`` and ``...-preload``). A ``SETUP_ENV`` function may wrap it.
+        self.around: Callable[..., Any] = _direct
+        run_setup_hook(self)
 
     # -- set-up ---------------------------------------------------------------------------
     def setup(self, engines: dict[str, tuple[str, EngineSpec]], dist: DistInfo) -> dict[str, Any]:
@@ -145,7 +96,7 @@ class EngineHost:
             if spec.device == "cuda" and not torch.cuda.is_available():
                 raise RuntimeError(f"{self.handle} rank {self.rank}: a GPU was asked for but CUDA is not available")
             t0 = time.perf_counter()
-            engine = profiled(f"{self.handle}-{self.rank}-{role}", build_engine, name, spec, role)
+            engine = self.around(f"{self.handle}-{self.rank}-{role}", build_engine, name, spec, role)
             seconds[f"{role}_s"] = round(time.perf_counter() - t0, 2)
             setattr(self, {"train": "train", "infer": "infer_engine", "generate": "gen"}[role], engine)
         if self._preload_s:  # engines that import nothing at preload take ~0 s: not worth a word
@@ -163,8 +114,8 @@ class EngineHost:
             t0 = time.perf_counter()
             for role, (name, spec) in engines.items():
                 try:
-                    profiled(f"{self.handle}-{self.rank}-{role}-preload", engine_class(name, role).preload,
-                             spec.options)
+                    self.around(f"{self.handle}-{self.rank}-{role}-preload", engine_class(name, role).preload,
+                                spec.options)
                 except Exception:  # noqa: BLE001 - the build raises it with its context
                     pass
             self._preload_s = round(time.perf_counter() - t0, 2)
