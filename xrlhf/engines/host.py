@@ -29,7 +29,7 @@ SETUP_ENV = "XRLHF_WORKER_SETUP"
 """``module:function``: with it set, every ``EngineHost`` (each worker's, and the in-process
 runner's) calls ``function(host)`` once made, before it builds an engine. A place for a
 process-wide diagnostic, without a change to xrlhf: a profiler set as ``host.around``, a log of
-the garbage collector (``benchmarks/diagnostics.py``)."""
+the garbage collector (``benchmarks.common.worker_diagnostics``)."""
 
 
 def _direct(what: str, fn: Callable[..., Any], *args: Any) -> Any:
