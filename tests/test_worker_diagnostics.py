@@ -5,10 +5,13 @@ import gc
 import json
 
 import pytest
+import yaml
 
 from benchmarks.common import GC_LOG_ENV, PROFILE_ENV, diagnostics_env, log_gc, profiler
 from xrlhf.engines.base import DistInfo, EngineSpec
+from xrlhf.cli import main
 from xrlhf.engines.host import SETUP_ENV, EngineHost
+from xrlhf.utils.errors import UserError
 
 
 def _build_something(n: int) -> int:
@@ -31,10 +34,17 @@ def test_a_real_build_runs_under_the_profiler_the_variables_name(tiny_model, tmp
     assert "build_engine" in text and "cumulative" in text
 
 
-def test_a_name_that_does_not_resolve_is_one_line_naming_the_variable(monkeypatch):
+def test_a_name_that_does_not_resolve_is_one_line_naming_the_variable(base_config, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(SETUP_ENV, "benchmarks.common:no_such_function")
-    with pytest.raises(RuntimeError, match=f"^{SETUP_ENV}=benchmarks.common:no_such_function: cannot load it"):
+    with pytest.raises(UserError, match=f"^{SETUP_ENV}=benchmarks.common:no_such_function: cannot load it"):
         EngineHost("policy", 0)
+    # xrlhf run and validate say so before anything starts: one line, exit status 2
+    monkeypatch.setenv(SETUP_ENV, "no_such_module:setup")
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(base_config))
+    assert main(["validate", str(tmp_path / "cfg.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {SETUP_ENV}=no_such_module:setup: cannot load it (No module named 'no_such_module'); "
+                   "name an importable module:function or unset it"]
 
 
 def test_a_failing_build_still_leaves_its_tables(tmp_path):

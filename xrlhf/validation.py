@@ -74,9 +74,21 @@ def validate_dict(data: dict[str, Any]) -> XConfig:
     if not errors and cfg is not None and cfg.check_plan:
         errors += plan_errors(cfg)
     errors += [f"{HOOKS_OFF}: no hook is called {name!r}; xrlhf hooks lists them" for name in unknown_switched_off()]
+    errors += _setup_hook_errors()
     if errors:
         raise UserError(*errors)
     return cfg
+
+
+def _setup_hook_errors() -> list[str]:
+    """``XRLHF_WORKER_SETUP`` names a function that resolves here (the workers resolve it again)."""
+    from xrlhf.engines.host import setup_hook
+
+    try:
+        setup_hook()
+    except UserError as e:
+        return e.messages
+    return []
 
 
 def algorithm_options(cfg: XConfig) -> BaseModel:

@@ -23,6 +23,7 @@ import torch
 from xrlhf.data.batch import Batch
 from xrlhf.engines.base import (DistInfo, EngineSpec, GenerateEngine, GenerationOutput, InferEngine, LossFn,
                                 SamplingParams, TrainEngine, build_engine, engine_class)
+from xrlhf.utils.errors import UserError
 from xrlhf.weight_sync import Message, build_transport, checksum, push_weights
 
 SETUP_ENV = "XRLHF_WORKER_SETUP"
@@ -36,21 +37,21 @@ def _direct(what: str, fn: Callable[..., Any], *args: Any) -> Any:
     return fn(*args)
 
 
-def run_setup_hook(host: "EngineHost") -> None:
-    """Call the function ``SETUP_ENV`` names with ``host``; a name that does not resolve raises
-    one line naming the variable and the fix."""
+def setup_hook() -> Callable[["EngineHost"], Any] | None:
+    """The function ``SETUP_ENV`` names (None where it is unset); a name that does not resolve is a
+    ``UserError`` of one line naming the variable and the fix (``xrlhf run`` checks it before anything
+    starts)."""
     target = os.environ.get(SETUP_ENV)
     if not target:
-        return
+        return None
     import importlib
 
     module, _, name = target.partition(":")
     try:
-        fn = getattr(importlib.import_module(module), name)
+        return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError) as e:
-        raise RuntimeError(f"{SETUP_ENV}={target}: cannot load it ({e}); name an importable module:function "
-                           f"or unset it") from None
-    fn(host)
+        raise UserError(f"{SETUP_ENV}={target}: cannot load it ({e}); name an importable module:function "
+                        f"or unset it") from None
 
 
 class EngineHost:
@@ -77,7 +78,8 @@ class EngineHost:
         # How each engine's build and ``preload`` is called: ``around(what, fn, *args)``, ``what`` naming
         # it (``<handle>-<rank>-<role>`` and ``...-preload``). A ``SETUP_ENV`` function may wrap it.
         self.around: Callable[..., Any] = _direct
-        run_setup_hook(self)
+        if (hook := setup_hook()) is not None:
+            hook(self)
 
     # -- set-up ---------------------------------------------------------------------------
     def setup(self, engines: dict[str, tuple[str, EngineSpec]], dist: DistInfo) -> dict[str, Any]:
