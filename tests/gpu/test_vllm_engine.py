@@ -24,6 +24,9 @@ pytestmark = pytest.mark.gpu
 pytest.importorskip("vllm")
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=24)
+# The Transformers engines here are references, so eager: compiled layers (the GPU default) are
+# checked against eager in test_numerics_guard.py, and each engine built here would compile anew.
+HF = {"dtype": "float32", "compile": False}
 
 
 @pytest.fixture(scope="module")
@@ -54,13 +57,13 @@ def base_infer(model: str, device: str = "cuda"):
     """The model as saved, not perturbed: a scorer with other weights than the synced ones."""
     from xrlhf.engines.hf import HFInferEngine
 
-    return HFInferEngine(EngineSpec(model, device=device, options={"dtype": "float32"}))
+    return HFInferEngine(EngineSpec(model, device=device, options=HF))
 
 
 def trainer(model: str, device: str):
     from xrlhf.engines.hf import HFTrainEngine
 
-    return HFTrainEngine(EngineSpec(model, device=device, options={"lr": 1e-3, "dtype": "float32"}))
+    return HFTrainEngine(EngineSpec(model, device=device, options={"lr": 1e-3, **HF}))
 
 
 def test_greedy_tokens_and_logprobs_equal_transformers(vllm_engine, small_model, prompts):
@@ -82,7 +85,7 @@ def test_sampled_logprobs_are_the_temperature_scaled_distribution(vllm_engine, s
     out = vllm_engine.generate(prompts, params)
     tok = load_tokenizer(small_model)
     batch = build_sequences(prompts, out.token_ids, tok.pad_token_id, out.logprobs)
-    infer = HFInferEngine(EngineSpec(small_model, device="cuda", options={"dtype": "float32"}, temperature=0.7))
+    infer = HFInferEngine(EngineSpec(small_model, device="cuda", options=HF, temperature=0.7))
     recomputed, mask = infer.infer(batch)["logprobs"], batch["response_mask"].bool()
     diff = (batch["rollout_logprobs"] - recomputed)[mask]
     if top_p == 1.0:
