@@ -5,6 +5,7 @@
 # for TRL, its wheels in .whl (carried; `setup` installs them):
 #
 #   bash benchmarks/gpu.sh setup versions tests      # install; what is installed; vLLM's one-GPU tests and the hooks' probes
+#   bash benchmarks/gpu.sh tests_more                # the other one-GPU tests (speed options, episodes, distillation, archs, packing)
 #   bash benchmarks/gpu.sh w                         # W as shipped and on public APIs only, beside TRL's default
 #   bash benchmarks/gpu.sh hooks                     # W with each hook of xrlhf.internals off, beside W as shipped
 #   bash benchmarks/gpu.sh hooks_cold                # W's first start on an empty vLLM cache, inspection in-process or not
@@ -149,6 +150,13 @@ stage_tests() {  # the hooks' probes against the installed libraries, then vLLM'
   TAIL=12 run tests_hooks 120 python -m pytest -q -rA -p no:cacheprovider tests/internals/test_hooks.py
   XRLHF_GPU_RUNS="$OUT/runs" TAIL=40 run tests_vllm "${TESTS_LIMIT:-450}" "${GPU_PYTEST[@]}" \
     tests/gpu/test_vllm_engine.py tests/gpu/test_vllm_inflight.py
+}
+
+stage_tests_more() {  # the other one-GPU tests: vLLM's speed options, episodes and distillation through vLLM,
+  # real architectures through every transport, packing and compiled layers on the GPU
+  XRLHF_GPU_RUNS="$OUT/runs" TAIL=40 run tests_more "${TESTS_MORE_LIMIT:-540}" "${GPU_PYTEST[@]}" \
+    ${TESTS_MORE_K:+-k "$TESTS_MORE_K"} tests/gpu/test_vllm_speed_options.py tests/gpu/test_episodes_vllm.py \
+    tests/gpu/test_distill_vllm.py tests/gpu/test_real_archs_gpu.py tests/gpu/test_packing_gpu.py
 }
 
 stage_w() {  # W as shipped and with every hook off, beside TRL's default (6 steps each, one call)
