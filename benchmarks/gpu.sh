@@ -6,6 +6,7 @@
 #
 #   bash benchmarks/gpu.sh setup versions tests      # install; what is installed; vLLM's one-GPU tests and the hooks' probes
 #   bash benchmarks/gpu.sh tests_more                # the other one-GPU tests (speed options, episodes, distillation, archs, packing)
+#   bash benchmarks/gpu.sh tests_more+numerics       # two one-GPU stages at once, on GPU 0 and GPU 1
 #   bash benchmarks/gpu.sh w                         # W as shipped and on public APIs only, beside TRL's default
 #   bash benchmarks/gpu.sh hooks                     # W with each hook of xrlhf.internals off, beside W as shipped
 #   bash benchmarks/gpu.sh hooks_cold                # W's first start on an empty vLLM cache, inspection in-process or not
@@ -329,14 +330,30 @@ stage_tp() {  # 2 GPUs: vLLM tensor parallel (TP 2): every transport to every ra
 
 stage_tests2() {  # 2 GPUs: the split layout's PPO tests (NCCL, in-flight updates), LoRA on ZeRO-3, DeepSpeed's tests;
   # each run's metrics in runs/ (the plan's check against measured memory, tests/plan/test_measured.py)
+  # TESTS2_FILES: some of them (the three take ~20 minutes on two H200s: docs/testing.md)
+  # shellcheck disable=SC2086
   XRLHF_LORA_OUT="$OUT/lora_gpu2.json" XRLHF_GPU_RUNS="$OUT/runs" TAIL=20 run tests2 "${TESTS2_LIMIT:-540}" \
     "${GPU_PYTEST[@]}" ${TESTS2_K:+-k "$TESTS2_K"} \
-    tests/gpu/test_ppo_vllm.py tests/gpu/test_lora_gpu.py tests/gpu/test_deepspeed_gpu.py
+    ${TESTS2_FILES:-tests/gpu/test_ppo_vllm.py tests/gpu/test_lora_gpu.py tests/gpu/test_deepspeed_gpu.py}
 }
 
+# A stage argument A+B runs stage A on GPU 0 and stage B on GPU 1 at the same time (two stages
+# that need one GPU each, with logs of different names): their cases that need two GPUs skip.
 for s in "$@"; do
-  type "stage_$s" >/dev/null 2>&1 || { echo "unknown stage $s"; exit 2; }
+  [[ $s == *+*+* ]] && { echo "$s: at most two stages at once (two GPUs)"; exit 2; }
+  for part in ${s//+/ }; do
+    type "stage_$part" >/dev/null 2>&1 || { echo "unknown stage $part"; exit 2; }
+  done
+done
+for s in "$@"; do
+  if [[ $s == *+* ]]; then
+    log "stages ${s%%+*} on GPU 0 and ${s#*+} on GPU 1, at once"
+    (CUDA_VISIBLE_DEVICES=0 "stage_${s%%+*}") &
+    (CUDA_VISIBLE_DEVICES=1 "stage_${s#*+}") &
+    wait
+    continue
+  fi
   log "stage $s"
   "stage_$s"
 done
-pack "$@"
+pack "${@//+/-}"

@@ -146,6 +146,28 @@ def test_a_sync_with_nothing_running_does_not_pause(engine, tiny_model):
     assert llm.llm_engine.added[-1][3] == "xrlhf-1"  # and a new cache salt
 
 
+def test_a_sync_received_in_another_thread_frees_the_engine_when_it_ends(engine, tiny_model):
+    """A broadcast's receiver runs in a thread of its own (``push_weights``), so one thread begins
+    the sync and another ends it; then the ``LLM`` is free again (on a GPU, NCCL from the other GPU
+    hung in the checksum read-back that followed)."""
+    engine.generate([[1, 5]], SamplingParams(max_new_tokens=3), [1])
+    transport = build_transport("cpu", bucket_bytes=20_000, verify=True)
+    weights = trained_weights(tiny_model)
+    receiver = threading.Thread(target=lambda: [engine.receive_weights(transport, [m]) for m in transport.send(weights)])
+    receiver.start()
+    receiver.join(TIMEOUT)
+    assert not receiver.is_alive()
+    engine.end_sync(1)
+    reader = Caller(engine, [[1, 5]], SamplingParams(max_new_tokens=2), [1])
+    checksums = {}
+    looker = threading.Thread(target=lambda: checksums.update(engine.weight_checksums()), daemon=True)
+    looker.start()
+    looker.join(TIMEOUT)
+    assert not looker.is_alive(), "weight_checksums waited for a sync that had ended"
+    compare_checksums({k: checksum(v) for k, v in weights}, checksums, "vLLM")
+    assert reader.result().versions == [[1, 1]]
+
+
 def test_unkeyed_generate_waits_for_the_loop_and_uses_llm_generate(engine):
     llm = FakeLLM.last
     started = threading.Event()

@@ -74,8 +74,10 @@ def vllm_engine(model: str, sync: str, sleep_level: int):
     from xrlhf.engines.lora import LoraOptions
     from xrlhf.engines.vllm import VLLMGenerateEngine
 
+    # the engine core in a process of its own: the trainer is this test's process, and a process
+    # cannot map its own CUDA IPC handles (a run's trainer and generator are workers of their own)
     options = generate_options(gpu_memory_utilization=0.25, sleep_level=sleep_level, max_model_len=256,
-                               max_num_seqs=64, dtype="bfloat16")
+                               max_num_seqs=64, dtype="bfloat16", multiprocessing=True)
     adapter = LoraOptions(**LORA, sync="adapter") if sync == "adapter" else None
     return VLLMGenerateEngine(EngineSpec(model, device="cuda", seed=0, options=options, adapter=adapter))
 
@@ -88,7 +90,8 @@ def check_sampling(engine, trainer, model, prompts) -> dict[str, float]:
     batch = build_sequences(prompts, out.token_ids, load_tokenizer(model).pad_token_id, out.logprobs)
     mask = batch["response_mask"].bool()
     ours = (batch["rollout_logprobs"] - trainer.infer(batch)["logprobs"].cpu())[mask].abs()
-    base = HFInferEngine(EngineSpec(model, device="cuda", options={"dtype": "float32"})).infer(batch)["logprobs"]
+    reference = HFInferEngine(EngineSpec(model, device="cuda", options={"dtype": "float32", "compile": False}))
+    base = reference.infer(batch)["logprobs"]
     other = (batch["rollout_logprobs"] - base.cpu())[mask].abs()
     return {"mean": float(ours.mean()), "max": float(ours.max()), "base_mean": float(other.mean())}
 

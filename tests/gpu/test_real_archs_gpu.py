@@ -32,7 +32,9 @@ def arch(request, tmp_path_factory):
 
     path = str(build_arch_model(tmp_path_factory.mktemp(request.param) / "model", request.param,
                                 layers=4, hidden=256, heads=8))
-    options = generate_options(gpu_memory_utilization=0.2, sleep_level=2, max_model_len=256, max_num_seqs=64)
+    # the engine core in a process of its own: the trainer is this test's process (cuda_ipc)
+    options = generate_options(gpu_memory_utilization=0.2, sleep_level=2, max_model_len=256, max_num_seqs=64,
+                               multiprocessing=True)
     engine = VLLMGenerateEngine(EngineSpec(path, device="cuda", seed=0, options={**options, "dtype": "float32"}))
     yield request.param, path, engine
     engine.shutdown()

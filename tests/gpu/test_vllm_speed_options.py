@@ -49,6 +49,7 @@ def prompts(small_model):
 
 
 SEEDS = list(range(1000, 1048))
+HF = {"dtype": "float32", "compile": False}  # references: eager, no engine here compiles anew
 
 
 def contract_gap(model: str, prompts, out, temperature: float = 0.7) -> float:
@@ -56,7 +57,7 @@ def contract_gap(model: str, prompts, out, temperature: float = 0.7) -> float:
     from xrlhf.engines.hf import HFInferEngine
 
     batch = build_sequences(prompts, out.token_ids, load_tokenizer(model).pad_token_id, out.logprobs)
-    infer = HFInferEngine(EngineSpec(model, device="cuda", options={"dtype": "float32"}, temperature=temperature))
+    infer = HFInferEngine(EngineSpec(model, device="cuda", options=HF, temperature=temperature))
     diff = (batch["rollout_logprobs"] - infer.infer(batch)["logprobs"].cpu())[batch["response_mask"].bool()]
     return float(diff.abs().max())
 
@@ -99,7 +100,7 @@ def test_worker_logprobs_after_a_sleep_and_a_sync(engine, small_model, prompts):
     from xrlhf.engines.hf import HFTrainEngine
 
     assert engine.options.logprobs_path == "worker"
-    t = HFTrainEngine(EngineSpec(small_model, device="cuda", options={"lr": 1e-3, "dtype": "float32"}))
+    t = HFTrainEngine(EngineSpec(small_model, device="cuda", options={"lr": 1e-3, **HF}))
     engine.sleep()
     push_weights(build_transport("cpu"), t.named_weights(), engine.receive_weights)
     engine.end_sync(1)
@@ -113,7 +114,7 @@ def test_worker_logprobs_across_a_recompute_mid_generation(engine, small_model, 
     slots. The weights synced are the same, so every logprob must still be the model's."""
     from xrlhf.engines.hf import HFTrainEngine
 
-    t = HFTrainEngine(EngineSpec(small_model, device="cuda", options={"lr": 1e-3, "dtype": "float32"}))
+    t = HFTrainEngine(EngineSpec(small_model, device="cuda", options={"lr": 1e-3, **HF}))
     params = SamplingParams(temperature=0.7, max_new_tokens=150, ignore_eos=True, on_update="recompute",
                             in_flight=True)
     result: dict = {}

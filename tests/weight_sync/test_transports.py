@@ -182,6 +182,27 @@ def test_cuda_ipc_refuses_cpu_weights():
         next(transport.send(named()))
 
 
+def test_cuda_ipc_refuses_handles_of_its_own_process():
+    """A process cannot map its own CUDA IPC handles (an in-process vLLM engine beside its trainer):
+    one line naming the fix, before any GPU is touched. A forked child (the fork server's workers)
+    is another process."""
+    from xrlhf.weight_sync.cuda_ipc import process_key
+
+    message = Message(["w"], {"uuid": "GPU-0", "process": process_key(), "handles": []})
+    with pytest.raises(WeightSyncError, match="cannot map its own CUDA IPC handles; use transport in_process"):
+        build_transport("cuda_ipc").unpack(message)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its key, then gone without running the parent's exit handlers
+        os.write(write, process_key().encode())
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 200).decode()
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert child and child != process_key()
+
+
 def test_broadcast_transport_over_gloo_sends_metadata_and_data():
     """The NCCL transport's protocol (store metadata + buffer broadcast + end marker) on gloo."""
     transport = build_transport("nccl", bucket_bytes=100, verify=True, host="127.0.0.1", port=free_port(),

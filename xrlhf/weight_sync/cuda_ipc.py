@@ -12,12 +12,23 @@ engine uses ``in_process`` instead.
 
 from __future__ import annotations
 
+import os
+import secrets
 from typing import Any, Iterable, Iterator
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from xrlhf.weight_sync.base import TRANSPORTS, Message, Transport, WeightSyncError, cuda_device, flatten, unflatten
+
+
+_TOKEN = secrets.token_hex(8)
+
+
+def process_key() -> str:
+    """This process, as a receiver can tell it from any other on the host: the pid (a forked child
+    has its own) and a token drawn at import (another PID namespace draws another)."""
+    return f"{os.getpid()}-{_TOKEN}"
 
 
 def gpu_uuid(device: torch.device) -> str:
@@ -73,13 +84,17 @@ class CUDAIPCTransport(Transport):
         if self.packed:
             buf, layout = flatten(tensors)
             self._keep = buf
-            return {"uuid": uuid, "handles": [reduce_tensor(buf)[1]], "layout": layout}
+            return {"uuid": uuid, "process": process_key(), "handles": [reduce_tensor(buf)[1]], "layout": layout}
         self._keep = tensors
-        return {"uuid": uuid, "handles": [reduce_tensor(t)[1] for t in tensors]}
+        return {"uuid": uuid, "process": process_key(), "handles": [reduce_tensor(t)[1] for t in tensors]}
 
     def unpack(self, message: Message, device: torch.device | None = None) -> list[torch.Tensor]:
         from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
+        if message.payload.get("process") == process_key():
+            raise WeightSyncError("weight sync (cuda_ipc): the trainer is this process, and a process cannot map its "
+                                  "own CUDA IPC handles; use transport in_process here, or put vLLM's engine core "
+                                  "in a process of its own (policy.generate.multiprocessing: true)")
         device = cuda_device(device)
         mine = gpu_uuid(device)
         if mine != message.payload["uuid"]:

@@ -116,6 +116,7 @@ class RequestLoop:
         self._running: dict[str, tuple[Call, int]] = {}  # request id -> (call, row); the loop's own
         self._pause: str | None = None  # None | "asked" | "parked" | "resume"
         self._pause_by: int | None = None
+        self._sync_by: int | None = None  # the thread that began the sync: one thread may begin it, another end it
         self._resume_error: BaseException | None = None
         self._stopping = False
         self._error: BaseException | None = None
@@ -187,6 +188,7 @@ class RequestLoop:
         ends the sync either way."""
         me = threading.get_ident()
         with self._cv:
+            self._sync_by = me
             if self._owner == me:
                 return self._pause == "parked"
             self._waiting += 1
@@ -205,14 +207,16 @@ class RequestLoop:
                 self._waiting -= 1
 
     def finish_sync(self, paused: bool, error: BaseException | None = None) -> None:
-        """End a sync: new requests get a new cache salt; a paused loop applies ``on_update`` and
-        resumes (or, when ``error`` says the weights did not all load, fails its running calls)."""
+        """End a sync, from any thread (a broadcast's receiver thread may have begun it): new
+        requests get a new cache salt; a paused loop applies ``on_update`` and resumes (or, when
+        ``error`` says the weights did not all load, fails its running calls)."""
         with self._cv:
             self.epoch += 1
             if paused and not self._stopping:  # straight back to the loop: nobody else may take the LLM in between
                 self._pause, self._resume_error, self._owner = "resume", error, self._tid
-            elif self._owner == threading.get_ident():
+            elif self._owner is not None and self._owner in (self._sync_by, threading.get_ident()):
                 self._owner = None
+            self._sync_by = None
             self._cv.notify_all()
 
     def stop(self, timeout: float = 60.0) -> None:
