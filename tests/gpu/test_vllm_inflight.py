@@ -27,6 +27,7 @@ import pytest
 import torch
 
 from tests.gpu.gpu_helpers import generate_options
+from tests.gpu.test_vllm_engine import HF
 from xrlhf.data.batch import build_sequences
 from xrlhf.data.text import encode_prompt, load_tokenizer
 from xrlhf.engines.base import EngineSpec, SamplingParams
@@ -68,9 +69,7 @@ def trainer(model: str, noise_seed: int | None = None):
     """The model as a float32 trainer on the GPU; ``noise_seed``: weights perturbed by 0.05 N(0, 1)."""
     from xrlhf.engines.hf import HFTrainEngine
 
-    # eager: a reference, and compiled layers would compile anew for each trainer (test_numerics_guard.py
-    # checks them against eager)
-    t = HFTrainEngine(EngineSpec(model, device="cuda:0", options={"lr": 1e-3, "dtype": "float32", "compile": False}))
+    t = HFTrainEngine(EngineSpec(model, device="cuda:0", options={"lr": 1e-3, **HF}))
     if noise_seed is not None:
         g = torch.Generator(device="cuda:0").manual_seed(noise_seed)
         with torch.no_grad():

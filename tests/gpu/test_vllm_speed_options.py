@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.gpu.gpu_helpers import generate_options
+from tests.gpu.test_vllm_engine import HF
 from xrlhf.data.batch import build_sequences
 from xrlhf.data.text import encode_prompt, load_tokenizer
 from xrlhf.engines.base import EngineSpec, SamplingParams
@@ -49,7 +50,6 @@ def prompts(small_model):
 
 
 SEEDS = list(range(1000, 1048))
-HF = {"dtype": "float32", "compile": False}  # references: eager, no engine here compiles anew
 
 
 def contract_gap(model: str, prompts, out, temperature: float = 0.7) -> float:

@@ -214,7 +214,7 @@ class RequestLoop:
             self.epoch += 1
             if paused and not self._stopping:  # straight back to the loop: nobody else may take the LLM in between
                 self._pause, self._resume_error, self._owner = "resume", error, self._tid
-            elif self._owner is not None and self._owner in (self._sync_by, threading.get_ident()):
+            elif self._owner == self._sync_by:  # the sync's own hold (not a paused loop's)
                 self._owner = None
             self._sync_by = None
             self._cv.notify_all()
