@@ -95,6 +95,24 @@ def versions() -> dict[str, str]:
     return out
 
 
+def trl_env(site: str | None, gpus: int = 1) -> dict[str, str]:
+    """The environment of TRL's process: the first ``gpus`` of the visible GPUs and, with ``site``,
+    TRL's own stack (a ``pip --target`` folder: TRL on a vLLM release it supports, with that
+    vLLM's torch) in place of xrlhf's. The repository stays importable (``trl_grpo.py`` builds
+    W's prompts and reward from ``xrlhf.envs``)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(gpus))))
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(visible.split(",")[:gpus]))
+    if site is None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        return env
+    if not (Path(site) / "trl").is_dir():
+        raise SystemExit(f"--trl-site: {site} holds no trl package; install TRL's stack there "
+                         "(benchmarks/stage_stack.sh trl, then gpu.sh setup) or leave the option out")
+    env["PYTHONPATH"] = os.pathsep.join([site, str(ROOT)])
+    env["PATH"] = os.pathsep.join([str(Path(site) / "bin"), env.get("PATH", "")])
+    return env
+
+
 def table(rows: Iterable[Iterable[Any]], header: Iterable[str]) -> str:
     """A plain text table (what each benchmark prints at the end)."""
     rows = [[f"{c:.4g}" if isinstance(c, float) else str(c) for c in r] for r in rows]

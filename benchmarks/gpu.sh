@@ -8,6 +8,7 @@
 #   bash benchmarks/gpu.sh tests_more                # the other one-GPU tests (speed options, episodes, distillation, archs, packing)
 #   bash benchmarks/gpu.sh tests_more+numerics       # two one-GPU stages at once, on GPU 0 and GPU 1
 #   bash benchmarks/gpu.sh w                         # W as shipped and on public APIs only, beside TRL's default
+#                                                    # (TRL on its own stack when /root/site-trl holds one: TRL_SITE)
 #   bash benchmarks/gpu.sh hooks                     # W with each hook of xrlhf.internals off, beside W as shipped
 #   bash benchmarks/gpu.sh hooks_cold                # W's first start on an empty vLLM cache, inspection in-process or not
 #   bash benchmarks/gpu.sh hooks_async               # W one step off as shipped, then with the pause mid-generation off
@@ -21,6 +22,10 @@
 #   bash benchmarks/gpu.sh learn_async               # the same one step off (two GPUs: the split layout too)
 #   bash benchmarks/gpu.sh trl_learn                 # TRL's GRPOTrainer from the same warm-up beside xrlhf's seed 0
 #   bash benchmarks/gpu.sh numerics                  # W's first steps as shipped against eager, fp32 masters
+#
+# TRL runs on a vLLM release it supports: with TRL's stack shipped to /root/wct (benchmarks/stage_stack.sh trl:
+# TRL on vLLM 0.25.1 and the image's torch), `setup` installs it into /root/site-trl and every stage beside TRL
+# gives it that stack (TRL_SITE= puts TRL on xrlhf's stack instead, vLLM 0.33 outside TRL's range).
 #
 # Each stage's figures: $OUT/<stage>/*.json (w_vs_trl.json's rows); docs/benchmarks.md renders them.
 # The learning stages keep their warm-up and runs in runs/learning_gpu (ignored: it stays on a warm
@@ -71,6 +76,22 @@ run() {  # run NAME LIMIT CMD...: under timeout, logged to $OUT/NAME.log, the ta
 # thread (faulthandler): where a test that never ends waits
 GPU_PYTEST=(python -m pytest -m gpu -v -rA -p no:cacheprovider --durations=0 -o "faulthandler_timeout=${FAULT_S:-240}")
 
+TRL_SITE=${TRL_SITE-/root/site-trl}
+trl_site() {  # the benchmarks' option that gives TRL its own stack, where one is installed
+  if [ -n "$TRL_SITE" ] && [ -d "$TRL_SITE/trl" ]; then echo "--trl-site $TRL_SITE"; fi
+}
+
+install_trl_site() {  # TRL's own stack, shipped to /root/wct as `site/` parts, into $TRL_SITE
+  [ -n "$TRL_SITE" ] && [ ! -d "$TRL_SITE/trl" ] && ls /root/wct/p* >/dev/null 2>&1 || return 0
+  local t=$(date +%s) tmp
+  tmp=$(mktemp -d /root/trl-XXXX)
+  (cd /root/wct && cat $(ls p* | sort -V) | python3 -c "import sys, tarfile; tarfile.open(fileobj=sys.stdin.buffer, \
+    mode='r|*').extractall('$tmp', filter='fully_trusted')" && rm -f p* && mv "$tmp/site" "$TRL_SITE" && rm -rf "$tmp" && \
+    { grep -l '^#!.*python' "$TRL_SITE"/bin/* | xargs -r sed -i '1s|^#!.*python.*|#!/usr/bin/env python3|'; } && \
+    python3 -m compileall -q -j 0 "$TRL_SITE" > /dev/null 2>&1; echo "TRL's stack installed") 2>&1 | tail -2
+  log "TRL's stack in $TRL_SITE after $(( $(date +%s) - t ))s"
+}
+
 stage_install() {  # the stack alone (what needs no model)
   if [ ! -d /root/site/vllm ]; then
     log "installing the stack"
@@ -118,8 +139,9 @@ pack() {  # the archive of everything under $OUT (weights left out), named after
     --exclude='*.pt' --exclude='*.bin' . && log "done"
 }
 
-stage_setup() {  # the stack (and the wheels carried in .whl: TRL for the stages beside it), W's model
+stage_setup() {  # the stack (and the wheels carried in .whl: TRL for the stages beside it), TRL's own, W's model
   stage_install
+  install_trl_site
   if ls .whl/*.whl >/dev/null 2>&1 && [ ! -f /root/site/.whl-installed ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /root/site .whl/*.whl 2>&1 | tail -2
     python3 -m compileall -q -j 0 /root/site > /dev/null 2>&1
@@ -142,6 +164,10 @@ for p in ("vllm", "triton", "ray", "transformers", "deepspeed", "trl"):
 import vllm
 print("vllm imported from", vllm.__file__)
 PY
+  if [ -n "$(trl_site)" ]; then
+    TAIL=6 PYTHONPATH="$TRL_SITE:$PWD" run versions_trl 120 python -c "import importlib.metadata as md, torch; \
+print('TRL stack ($TRL_SITE): torch', torch.__version__, *(p + ' ' + md.version(p) for p in ('vllm', 'trl', 'transformers')))"
+  fi
   TAIL=30 run hooks_table 120 python -m xrlhf.cli hooks
 }
 
@@ -161,7 +187,7 @@ stage_tests_more() {  # the other one-GPU tests: vLLM's speed options, episodes 
 }
 
 stage_w() {  # W as shipped and with every hook off, beside TRL's default (6 steps each, one call)
-  TAIL=10 run w 590 python -m benchmarks.w_vs_trl --trl-dtype float32 --trl-timeout 200 --steps 6 \
+  TAIL=10 run w 590 python -m benchmarks.w_vs_trl $(trl_site) --trl-dtype float32 --trl-timeout 200 --steps 6 \
     --variants default,public-only --out "$OUT/w"
   rm -rf /tmp/w_vs_trl-*
 }
@@ -196,7 +222,7 @@ stage_hooks_async() {  # W one step off (where the pause mid-generation acts), t
 }
 
 stage_w2() {  # the second workload (configs/gpu/grpo_w2.yaml: 1.5b, 32 x 8, <= 480 tokens) beside TRL's default
-  TAIL=8 run w2 590 python -m benchmarks.w_vs_trl --config configs/gpu/grpo_w2.yaml --model artifacts/model-1.5b \
+  TAIL=8 run w2 590 python -m benchmarks.w_vs_trl $(trl_site) --config configs/gpu/grpo_w2.yaml --model artifacts/model-1.5b \
     --preset 1.5b --trl-args "--prompts-per-step 32 --micro-batch 16 --max-new-tokens 480 --gpu-memory-utilization 0.4" \
     --trl-dtype float32 --trl-timeout 300 --steps "${W2_STEPS:-6}" --variants "${W2_VARIANTS:-default}" --out "$OUT/w2"
   rm -rf /tmp/w_vs_trl-*
@@ -210,7 +236,7 @@ stage_w7model() {  # W7's model (Qwen2.5-7B's shape, random weights, 15 GB) buil
 }
 
 stage_w7trl() {  # TRL 1.16 on W7: accelerate launch, TRL's DeepSpeed ZeRO-3 recipe, vLLM co-located, 4 GPUs
-  TAIL=10 run w7trl 590 python -m benchmarks.w_vs_trl --config configs/gpu/grpo_w7.yaml --model artifacts/model-7b \
+  TAIL=10 run w7trl 590 python -m benchmarks.w_vs_trl $(trl_site) --config configs/gpu/grpo_w7.yaml --model artifacts/model-7b \
     --preset 7b --trl-processes 4 --trl-args "$W7_TRL" --trl-dtype float32 --trl-timeout 570 --steps 5 \
     --variants "" --out "$OUT/w7trl"
 }
@@ -272,7 +298,7 @@ stage_learn_async() {  # one step off (vLLM awake); with two GPUs on the split l
 stage_trl_learn() {  # TRL 1.16 (.whl, installed by setup) from the warm-up, then xrlhf's seed 0 in the same call
   # TRL_LEARN_ARGS=--reuse-runs: xrlhf's seed 0 kept from an earlier `learn` on this machine (~2.5 min saved)
   # shellcheck disable=SC2086
-  TAIL=14 run trl_learn 585 python -m benchmarks.learning_gpu --trl --seeds 0 --budget-s 575 --trl-timeout 420 \
+  TAIL=14 run trl_learn 585 python -m benchmarks.learning_gpu --trl $(trl_site) --seeds 0 --budget-s 575 --trl-timeout 420 \
     $TRL_LEARN_ARGS ${LEARN_RL_SET:+--rl-set $LEARN_RL_SET} --out "$OUT/trl_learn"
 }
 

@@ -45,7 +45,7 @@ from typing import Any
 
 from benchmarks.async_grpo import SPLIT
 from benchmarks.common import (ROOT, at_or_above, compile_excess, gpu_label, run_one, save_figure, steady,
-                               time_to_reach, write_json)
+                               time_to_reach, trl_env, write_json)
 
 CONFIG = "configs/gpu/grpo_learn.yaml"
 DATA = "artifacts/data/arithmetic.jsonl"
@@ -85,6 +85,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--trl-script", default=str(ROOT / "benchmarks" / "trl_grpo.py"), help="the TRL side (its `learn`)")
     p.add_argument("--trl-timeout", type=float, default=400)
     p.add_argument("--trl-args", default="", help="more arguments of the TRL script, one string")
+    p.add_argument("--trl-site", default=None, help="TRL's own stack on its PYTHONPATH instead of xrlhf's "
+                   "(benchmarks.common.trl_env)")
     p.add_argument("--cpu-smoke", action="store_true", help="the tiny CPU model, a few steps (no GPU)")
     p.add_argument("--dry-run", action="store_true", help="validate the variants' configs (vLLM may be absent)")
     args = p.parse_args(argv)
@@ -327,14 +329,11 @@ def run_trl(args: argparse.Namespace, warm: dict[str, Any], overrides: list[str]
             timeout: float) -> dict[str, Any]:
     """``benchmarks/trl_grpo.py learn`` from the warmed model, in a process of its own (the first GPU
     alone): its eval curve (``rl_s`` without its evaluations), its summary, how it ended."""
-    import os
-
     run_dir = out / "trl"
     recipe = [o for o in overrides if not o.startswith(("policy.model=", "warmup.steps="))]
     cmd = [sys.executable, args.trl_script, "learn", "--model", warm["model"], "--out", str(run_dir), "--config", args.config,
            *args.trl_args.split(), *(["--smoke", "--micro-batch", "8"] if args.cpu_smoke else []), "--set", *recipe]
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0],
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env = trl_env(args.trl_site)
     print(f"[{time.strftime('%H:%M:%S')}] TRL -> {run_dir} (limit {timeout:.0f} s)", flush=True)
     t0 = time.time()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -348,7 +347,7 @@ def run_trl(args: argparse.Namespace, warm: dict[str, Any], overrides: list[str]
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
     return {"rc": rc, "wall_s": round(time.time() - t0, 1), "complete": rc == 0, "summary": summary,
             "curve": [{"step": r["step"], "eval_reward": r["eval_reward"], "rl_s": r["rl_s"]} for r in rows],
-            "command": " ".join(cmd)}
+            "command": " ".join(cmd), "site": args.trl_site}
 
 
 def trl_verdict(xrlhf: list[dict[str, Any]], trl: list[dict[str, Any]]) -> dict[str, Any]:

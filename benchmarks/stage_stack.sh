@@ -6,16 +6,20 @@
 #                  parts at ~40 minutes of two cores);
 #   .gpu33n/x-K/p  torch's own NVIDIA libraries that the GPU image's are too old for: a tar of
 #                  their wheels (xz packs them only ~10% smaller than their zip);
-#   .whl           TRL and what it adds, carried by `gpu.sh setup`.
+#   .whl           TRL and what it adds, carried by `gpu.sh setup`;
+#   .gputrl/x-K/p  TRL's own stack (`trl`: benchmarks/trl_stack.lock, TRL on vLLM 0.25.1, a release it
+#                  supports, and the image's torch), packed as `site/` like the first.
 # All are ignored by git.
 #
 #   bash benchmarks/stage_stack.sh                     # ~2.6 GB of downloads, cached in ~/.cache/gpu-wheels33
+#   bash benchmarks/stage_stack.sh trl                 # TRL's stack only (~0.5 GB, cached in ~/.cache/gpu-wheels-trl)
 #   bash benchmarks/stage_stack.sh site WHEELS PARTS   # one wheel folder as `site/` parts (e.g. the 0.25.1
 #                                                      # stack of ../shared/gpu/stage: its cache's selected/wheels)
 # Ship one call per part, carrying the part's folder, then `gpu.sh setup` (its stage_install
 # unpacks either stream, xz or gzip, and pip-installs a tar of wheels):
 #   mkdir -p /root/wc  && mv .gpu33/x-K/p  /root/wc/pK
 #   mkdir -p /root/wcn && mv .gpu33n/x-K/p /root/wcn/pK
+#   mkdir -p /root/wct && mv .gputrl/x-K/p /root/wct/pK
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # A transfer holds 64 MiB with the tracked tree: each part is what is left, less 2 MiB of slack.
@@ -59,12 +63,41 @@ if [ "${1:-}" = site ]; then
   exit 0
 fi
 
-cache=${GPU_WHEEL_CACHE:-$HOME/.cache/gpu-wheels33}
-mkdir -p "$cache/wheels" "$cache/nvidia" "$cache/trl"
 plat=(--only-binary=:all: --python-version 3.12 --implementation cp --platform linux_x86_64)
 for i in $(seq 5 35); do plat+=(--platform "manylinux_2_${i}_x86_64"); done
 plat+=(--platform manylinux2014_x86_64 --platform manylinux1_x86_64)
 dl() { python3 -m pip download -q --no-deps "${plat[@]}" -d "$@"; }
+
+deepspeed_wheel() {  # deepspeed_wheel LOCK CACHE: DeepSpeed as a pure-Python wheel (its CUDA ops compile on first use there)
+  local ds
+  ds=$(grep '^deepspeed==' "$1" | cut -d= -f3)
+  if ! ls "$2/wheels"/deepspeed-"$ds"-*.whl >/dev/null 2>&1; then
+    echo "building deepspeed $ds as a pure-Python wheel"
+    [ -x "$2/buildenv/bin/pip" ] || python3 -m venv "$2/buildenv"
+    "$2/buildenv/bin/pip" install -q setuptools wheel
+    DS_BUILD_OPS=0 "$2/buildenv/bin/pip" wheel -q --no-deps --no-build-isolation -w "$2/wheels" "deepspeed==$ds"
+  fi
+}
+
+if [ "${1:-}" = trl ]; then  # the wheels of the lock alone (the cache may hold others)
+  cache=${GPU_TRL_CACHE:-$HOME/.cache/gpu-wheels-trl}
+  mkdir -p "$cache/wheels"
+  grep -v -e '^#' -e '^deepspeed==' -e '^$' benchmarks/trl_stack.lock > "$cache/req.txt"
+  echo "downloading $(wc -l < "$cache/req.txt") wheels into $cache/wheels"
+  dl "$cache/wheels" -r "$cache/req.txt"
+  deepspeed_wheel benchmarks/trl_stack.lock "$cache"
+  rm -rf "$cache/selected" && mkdir -p "$cache/selected"
+  while IFS='=' read -r name _ version; do
+    f=$(ls "$cache/wheels" | grep -i -E "^${name//[-_.]/[-_.]}-${version}-" | head -1)
+    [ -n "$f" ] || { echo "no wheel of $name $version in $cache/wheels" >&2; exit 2; }
+    cp "$cache/wheels/$f" "$cache/selected/"
+  done < <(grep -v -e '^#' -e '^$' benchmarks/trl_stack.lock)
+  pack_site "$cache/selected" .gputrl
+  exit 0
+fi
+
+cache=${GPU_WHEEL_CACHE:-$HOME/.cache/gpu-wheels33}
+mkdir -p "$cache/wheels" "$cache/nvidia" "$cache/trl"
 
 # torch's NVIDIA libraries newer than the image's (NCCL: torch 2.14 needs ncclCommResume; cuDNN:
 # a compiled SDPA backward failed in 9.19's frontend), cuBLAS and cuSPARSELt with them.
@@ -74,13 +107,7 @@ TRL=${GPU_TRL:-"trl==1.16.0 datasets==5.2.0 multiprocess==0.70.19"}
 grep -v -e '^#' -e '^deepspeed==' -e '^$' benchmarks/gpu_stack.lock > "$cache/req.txt"
 echo "downloading $(wc -l < "$cache/req.txt") wheels into $cache/wheels"
 dl "$cache/wheels" -r "$cache/req.txt"
-ds=$(grep '^deepspeed==' benchmarks/gpu_stack.lock | cut -d= -f3)
-if ! ls "$cache/wheels"/deepspeed-"$ds"-*.whl >/dev/null 2>&1; then
-  echo "building deepspeed $ds as a pure-Python wheel (its CUDA ops compile on first use there)"
-  [ -x "$cache/buildenv/bin/pip" ] || python3 -m venv "$cache/buildenv"
-  "$cache/buildenv/bin/pip" install -q setuptools wheel
-  DS_BUILD_OPS=0 "$cache/buildenv/bin/pip" wheel -q --no-deps --no-build-isolation -w "$cache/wheels" "deepspeed==$ds"
-fi
+deepspeed_wheel benchmarks/gpu_stack.lock "$cache"
 # shellcheck disable=SC2086  # lists of requirements
 dl "$cache/nvidia" $NVIDIA
 # shellcheck disable=SC2086

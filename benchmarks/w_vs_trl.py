@@ -25,6 +25,9 @@ Writes ``<out>/w_vs_trl.json``: one object per xrlhf run with ``gpu``, ``trl_dty
     python -m benchmarks.w_vs_trl --trl-dtype bfloat16 --variants bf16,async --out $OUT
     python -m benchmarks.w_vs_trl --trl-dtype none --variants sync-awake,async --out $OUT
 
+TRL 1.16 supports vLLM 0.22-0.31: ``--trl-site DIR`` runs it on a stack of its own (``gpu.sh``'s
+/root/site-trl: vLLM 0.25.1 on the image's torch) while xrlhf runs on its own in the same call.
+
 W2, the second workload (another size and response length, ``configs/gpu/grpo_w2.yaml``)::
 
     python -m benchmarks.w_vs_trl --config configs/gpu/grpo_w2.yaml --model artifacts/model-1.5b --preset 1.5b \
@@ -81,10 +84,13 @@ def median_from(values: list[float]) -> float | None:
 
 
 def run_trl(dtype: str, model: str, out: Path, steps: int, timed_from: int, timeout: float,
-            extra: list[str] | None = None, processes: int = 1) -> dict[str, Any]:
+            extra: list[str] | None = None, processes: int = 1, site: str | None = None) -> dict[str, Any]:
     """TRL's GRPOTrainer on W in a process of its own (``processes`` > 1: ``accelerate launch``
     with TRL's ZeRO-3 recipe, one process per GPU); the median step time of the timed steps.
-    ``extra``: more arguments of ``trl_grpo.py`` (another workload's shape: ``--trl-args``)."""
+    ``extra``: more arguments of ``trl_grpo.py`` (another workload's shape: ``--trl-args``);
+    ``site``: TRL's own stack (``common.trl_env``)."""
+    from benchmarks.common import trl_env
+
     bench = Path("benchmarks/trl_grpo.py")
     run_dir = out / f"trl-{dtype}"
     launch = [sys.executable] if processes == 1 else [
@@ -96,9 +102,8 @@ def run_trl(dtype: str, model: str, out: Path, steps: int, timed_from: int, time
     with open(out / f"trl-{dtype}.log", "w") as log:
         try:
             # one process: TRL's recipe is one GPU, so on a machine of several it gets the first alone
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(processes))))
-            env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(visible.split(",")[:processes]))
-            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, env=env).returncode
+            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
+                                env=trl_env(site, processes)).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
     rows = [json.loads(x) for x in (run_dir / "steps.jsonl").read_text().splitlines()] \
@@ -109,7 +114,7 @@ def run_trl(dtype: str, model: str, out: Path, steps: int, timed_from: int, time
             "trl_wall_s": round(time.time() - t0, 1), "trl_init_s": summary.get("init_s"),
             "trl_peak_gib": max((r.get("torch_max_reserved_gb", 0.0) for r in rows), default=None),
             "trl_versions": {k: summary.get(k) for k in ("trl", "torch", "vllm")}, "trl_args": extra or [],
-            "trl_processes": processes}
+            "trl_processes": processes, "trl_site": site}
 
 
 def run_xrlhf(name: str, overrides: list[str], model: str, args: argparse.Namespace,
@@ -186,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timed-from", type=int, default=3)
     p.add_argument("--eval-size", type=int, default=16)
     p.add_argument("--trl-timeout", type=float, default=330)
+    p.add_argument("--trl-site", default=None, help="TRL's own stack, a `pip --target` folder put first on its "
+                   "PYTHONPATH instead of xrlhf's (TRL on a vLLM it supports: benchmarks/gpu.sh's /root/site-trl)")
     p.add_argument("--out", default="benchmarks/results")
     args = p.parse_args(argv)
     out = Path(args.out)
@@ -196,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = gpus()
     model = ensure_model(args.model, preset=args.preset)
     trl = run_trl(args.trl_dtype, model, out, args.steps, args.timed_from, args.trl_timeout, args.trl_args.split(),
-                  args.trl_processes) \
+                  args.trl_processes, args.trl_site) \
         if args.trl_dtype != "none" else {"trl_dtype": None, "trl_step_s": None}
     print(f"[w_vs_trl] TRL {args.trl_dtype}: {trl.get('trl_step_s')} s/step", flush=True)
     entries = []

@@ -327,7 +327,8 @@ def w_vs_trl(entries: list | None, link) -> list[str]:
            "(`bash benchmarks/gpu.sh w`): TRL 1.16's GRPOTrainer on W (../shared/bench) and "
            "xrlhf's `configs/gpu/grpo_w.yaml` in the same call, steps 3.. medians, 0.5b model, 512 x <= 256 "
            "tokens per step; W2: `configs/gpu/grpo_w2.yaml` (`--config`, `--trl-args`: the 1.5b preset, 256 x <= 480 "
-           "tokens, TRL's micro-batch 16). `ratio` = xrlhf / TRL of that call. Phases are xrlhf's step medians (s); busy: "
+           "tokens, TRL's micro-batch 16). TRL: its dtype and, where recorded, the vLLM it ran on (1.16 declares "
+           "0.22-0.31; `--trl-site`). `ratio` = xrlhf / TRL of that call. Phases are xrlhf's step medians (s); busy: "
            "nvidia-smi's utilisation over the timed steps; peak: the device's; tok/s/GPU: the step's prompt and "
            "generated tokens over its time and the GPUs; MFU: the train phase's model FLOPs over its time and "
            "the GPUs' peak bf16 FLOP/s (both step medians, printed by every run on a GPU).", "",
@@ -337,9 +338,10 @@ def w_vs_trl(entries: list | None, link) -> list[str]:
     for e in entries:
         ph = e.get("phases") or {}
         workload = "W2" if "grpo_w2" in e.get("config", "") else "W"
+        trl_vllm = (e.get("trl_versions") or {}).get("vllm")
         out.append(f"| {e.get('gpu', '')} | {e.get('call', '')} | {workload} | {e['xrlhf_variant']} "
                    f"{' '.join(e.get('overrides') or [])} "
-                   f"| {e.get('trl_dtype') or '-'} | {fmt(e.get('trl_step_s'))} | {fmt(e.get('xrlhf_step_s'))} "
+                   f"| {e.get('trl_dtype') or '-'}{f' (vLLM {trl_vllm})' if trl_vllm else ''} | {fmt(e.get('trl_step_s'))} | {fmt(e.get('xrlhf_step_s'))} "
                    f"| {fmt(e.get('ratio'))} | {fmt(ph.get('generate'))} | {fmt(ph.get('infer'))} | {fmt(ph.get('train'))} "
                    f"| {fmt(ph.get('sync'))} | {fmt(e.get('gpu_busy'))} | {fmt(e.get('peak_gib'))} "
                    f"| {fmt(e.get('tokens_per_s_per_gpu'), 0)} | {fmt(e.get('train_mfu'), 2)} |")
