@@ -165,8 +165,10 @@ import vllm
 print("vllm imported from", vllm.__file__)
 PY
   if [ -n "$(trl_site)" ]; then
-    TAIL=6 PYTHONPATH="$TRL_SITE:$PWD" run versions_trl 120 python -c "import importlib.metadata as md, torch; \
-print('TRL stack ($TRL_SITE): torch', torch.__version__, *(p + ' ' + md.version(p) for p in ('vllm', 'trl', 'transformers')))"
+    # imported, not only read from metadata: a stack that does not import fails here, before a stage beside TRL
+    TAIL=6 PYTHONPATH="$TRL_SITE:$PWD" run versions_trl 120 python -c "import torch, transformers, trl, vllm; \
+print('TRL stack ($TRL_SITE): torch', torch.__version__, 'vllm', vllm.__version__, 'from', vllm.__file__, \
+'trl', trl.__version__, 'transformers', transformers.__version__)"
   fi
   TAIL=30 run hooks_table 120 python -m xrlhf.cli hooks
 }
