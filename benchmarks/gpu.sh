@@ -81,14 +81,22 @@ trl_site() {  # the benchmarks' option that gives TRL its own stack, where one i
   if [ -n "$TRL_SITE" ] && [ -d "$TRL_SITE/trl" ]; then echo "--trl-site $TRL_SITE"; fi
 }
 
+unpack_site() {  # unpack_site PARTS DEST: a stack installed beforehand (benchmarks/stage_stack.sh: `site/` as xz
+  # or gzip, smaller than its wheels), shipped as PARTS/p0, p1, ..., becomes DEST; its scripts run this machine's python3
+  local tmp
+  tmp=$(mktemp -d /root/unpack-XXXX)
+  (cd "$1" && cat $(ls p* | sort -V) | python3 -c "import sys, tarfile; tarfile.open(fileobj=sys.stdin.buffer, \
+    mode='r|*').extractall('$tmp', filter='fully_trusted')" && rm -f p* && \
+    if [ -e "$2" ]; then cp -a "$tmp/site/." "$2"; else mv "$tmp/site" "$2"; fi && rm -rf "$tmp" && \
+    { grep -l '^#!.*python' "$2"/bin/* | xargs -r sed -i '1s|^#!.*python.*|#!/usr/bin/env python3|'; } && \
+    echo "installed $2") 2>&1 | tail -2
+}
+
 install_trl_site() {  # TRL's own stack, shipped to /root/wct as `site/` parts, into $TRL_SITE
   [ -n "$TRL_SITE" ] && [ ! -d "$TRL_SITE/trl" ] && ls /root/wct/p* >/dev/null 2>&1 || return 0
-  local t=$(date +%s) tmp
-  tmp=$(mktemp -d /root/trl-XXXX)
-  (cd /root/wct && cat $(ls p* | sort -V) | python3 -c "import sys, tarfile; tarfile.open(fileobj=sys.stdin.buffer, \
-    mode='r|*').extractall('$tmp', filter='fully_trusted')" && rm -f p* && mv "$tmp/site" "$TRL_SITE" && rm -rf "$tmp" && \
-    { grep -l '^#!.*python' "$TRL_SITE"/bin/* | xargs -r sed -i '1s|^#!.*python.*|#!/usr/bin/env python3|'; } && \
-    python3 -m compileall -q -j 0 "$TRL_SITE" > /dev/null 2>&1; echo "TRL's stack installed") 2>&1 | tail -2
+  local t=$(date +%s)
+  unpack_site /root/wct "$TRL_SITE"
+  python3 -m compileall -q -j 0 "$TRL_SITE" > /dev/null 2>&1
   log "TRL's stack in $TRL_SITE after $(( $(date +%s) - t ))s"
 }
 
@@ -98,11 +106,7 @@ stage_install() {  # the stack alone (what needs no model)
     local magic
     magic=$(cd /root/wc && cat $(ls p* | sort -V) | head -c 6 | od -An -tx1 | tr -d ' ')
     if [ "$magic" = "fd377a585a00" ] || [ "${magic:0:4}" = "1f8b" ]; then
-      # the stack installed here beforehand (benchmarks/stage_stack.sh: `site/` as xz or gzip, smaller than its wheels)
-      (cd /root/wc && cat $(ls p* | sort -V) | python3 -c "import sys, tarfile; tarfile.open(fileobj=sys.stdin.buffer, \
-        mode='r|*').extractall('/root', filter='fully_trusted')" && rm -f p* && \
-        grep -l '^#!.*python' /root/site/bin/* | xargs sed -i '1s|^#!.*python.*|#!/usr/bin/env python3|' && \
-        echo installed) 2>&1 | tail -2
+      unpack_site /root/wc /root/site
     else
       (cd /root/wc && cat $(ls p* | sort -V) > s.tar && tar xf s.tar && rm -f s.tar p* && \
         python3 -m pip install -q --no-index --no-deps --no-compile --target /root/site wheels/*.whl && echo installed) \

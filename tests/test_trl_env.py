@@ -1,5 +1,6 @@
 """TRL's process beside xrlhf's benchmarks: on its own stack (``--trl-site``) or on xrlhf's."""
 
+import json
 import os
 import subprocess
 import sys
@@ -12,8 +13,6 @@ PROBE = "import json, sys, trl, xrlhf; print(json.dumps([trl.__file__, xrlhf.__f
 
 
 def _probe(env: dict[str, str]) -> list:
-    import json
-
     out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
