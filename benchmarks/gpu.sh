@@ -13,6 +13,7 @@
 #   bash benchmarks/gpu.sh hooks_cold                # W's first start on an empty vLLM cache, inspection in-process or not
 #   bash benchmarks/gpu.sh hooks_async               # W one step off as shipped, then with the pause mid-generation off
 #   bash benchmarks/gpu.sh w2                        # the second workload beside TRL's default
+#   bash benchmarks/gpu.sh generation_w2             # W2's generation alone: vLLM's floor against xrlhf's path
 #   bash benchmarks/gpu.sh w7model w7trl             # 4 GPUs: W7's 7B model built here, TRL's ZeRO-3 recipe on it
 #   bash benchmarks/gpu.sh w7plan w7                 # 4 GPUs: the plan, then W7 as planned (layout auto)
 #   bash benchmarks/gpu.sh w7co                      # 4 GPUs: W7 co-located (the plan's second choice)
@@ -316,6 +317,14 @@ stage_numerics() {  # the numerics guard: W's first 3 steps, sync and one step o
 stage_generation() {  # vLLM against the Transformers engine (256 x 512 tokens), then vLLM's host overhead
   TAIL=10 run generation 300 python -m benchmarks.generation --out "$OUT/generation"
   TAIL=10 run vllm_overhead 280 python -m benchmarks.generation overhead --out "$OUT/generation"
+}
+
+stage_generation_w2() {  # W2's generation alone, 5 rounds interleaved on one engine: vLLM's floor (no logprobs),
+  # vLLM's own logprobs, xrlhf's keyed worker path as W2's rollout calls it, and W2's sleep-sync-generate cycle
+  TAIL=12 run generation_w2 400 python -m benchmarks.generation --engines vllm --preset 1.5b --model artifacts/model-1.5b \
+    --prompts 256 --samples-per-prompt 8 --new-tokens 480 --gpu-memory-utilization 0.4 --rounds "${GEN_ROUNDS:-5}" \
+    --configs '{"w2": {"sleep_level": 2, "max_model_len": 512, "max_num_seqs": 256, "kv_cache_tokens": "batch"}}' \
+    --variants raw_no_logprobs,raw_logprobs,worker_keyed,worker_w_cycle --name w2 --out "$OUT/generation"
 }
 
 stage_weight_sync() {  # each transport (cpu, cuda_ipc, nccl) against a device-to-device copy of the same weights
