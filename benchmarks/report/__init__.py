@@ -149,6 +149,48 @@ def vllm_runner(r: dict | None) -> list[str]:
                   "separate start-ups of the same engine differ by up to ~15%.", ""]
 
 
+GENERATION_VARIANTS = {
+    "raw_no_logprobs": "`vllm.LLM.generate` alone, no logprobs (the floor)",
+    "raw_logprobs": "`vllm.LLM.generate`, the sampled tokens' logprobs",
+    "engine_logprobs": "xrlhf's generate, logprobs from vLLM's outputs",
+    "engine_no_logprobs": "xrlhf's generate, no logprobs",
+    "engine_keyed": "xrlhf's keyed generate (the request loop), logprobs from vLLM's outputs",
+    "engine_keyed_no_logprobs": "xrlhf's keyed generate, no logprobs",
+    "w_cycle": "sleep, new weights, wake, generate (logprobs from vLLM's outputs)",
+    "worker_logprobs": "xrlhf's generate, logprobs kept in vLLM's worker",
+    "worker_keyed": "xrlhf's keyed generate, logprobs kept in vLLM's worker (how a rollout samples)",
+    "worker_w_cycle": "sleep, new weights, wake, generate (logprobs kept in vLLM's worker: a step's cycle)",
+}
+
+
+def generation_configs(name: str, r: dict | None) -> list[str]:
+    """``benchmarks/generation.py --configs``: per engine configuration, each variant's median round
+    against the same configuration's floor (``raw_no_logprobs``, vLLM alone without logprobs)."""
+    if not r or not r.get("configs"):
+        return []
+    shape = r.get("model_shape") or {}
+    versions = ", ".join(f"{k} {v}" for k, v in (r.get("versions") or {}).items()) or "versions not recorded"
+    out = [f"### vLLM configurations, variants on one engine: `{name}`", "",
+           f"GPU: **{r['gpu']}**. Model: {r['model_params']:,} parameters ({r.get('model_preset', '?')} preset"
+           + (f", {shape.get('num_hidden_layers')} layers, width {shape.get('hidden_size')}, "
+              f"{shape.get('num_key_value_heads')} key/value heads" if shape else "")
+           + f"), {r['prompts']} prompts ({r.get('samples_per_prompt', 1)} per distinct prompt) × {r['new_tokens']} "
+           f"new tokens (ignore EOS), temperature 1; {versions}, {r.get('date', '')}. Seconds: each "
+           "variant's median round (rounds interleaved on one engine; min-max over the rounds). "
+           f"Command: `{r.get('command', '')}`.", "",
+           "| configuration | start-up (s) | variant | seconds | min-max | tokens/s | ms/step | GPU busy (%) | vs floor |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for config, entry in r["configs"].items():
+        floor = (entry["variants"].get("raw_no_logprobs") or {}).get("seconds")
+        for variant, v in entry["variants"].items():
+            spread = f"{fmt(v['min_s'])}-{fmt(v['max_s'])}" if "min_s" in v else "—"
+            ratio = f"{v['seconds'] / floor:.2f}x" if floor else "—"
+            out.append(f"| {config} | {fmt(entry.get('startup_s'), 1)} | {GENERATION_VARIANTS.get(variant, variant)} | "
+                       f"{fmt(v['seconds'])} | {spread} | {fmt(v.get('tokens_per_s'))} | {fmt(v.get('ms_per_step'), 2)} | "
+                       f"{fmt(v.get('gpu_utilization'), 0)} | {ratio} |")
+    return out + [""]
+
+
 def weight_sync(r: dict | None) -> list[str]:
     out = ["## Weight sync", ""]
     if r is None:
@@ -474,6 +516,8 @@ def main() -> None:
     lines += vllm_overhead(load(res / "vllm_overhead.json"))
     lines += vllm_engines_w(load(res / "vllm_engines_w.json"))
     lines += vllm_runner(load(res / "vllm_runner.json"))
+    for f in sorted(res.glob("generation[-_]*.json")):  # --configs runs (generation-<name>.json)
+        lines += generation_configs(f.name, load(f))
     lines += weight_sync(load(res / "weight_sync.json"))
     lines += weight_sync_cpu(load(res / "weight_sync_cpu.json"))
     lines += ppo(load(res / "ppo_step.json"))
