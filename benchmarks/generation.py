@@ -226,18 +226,32 @@ def _w_cycle(engine, prompts, new_tokens, sampler) -> dict[str, Any]:
 
 
 VARIANTS: dict[str, Callable] = {
-    "raw_no_logprobs": _outputs(_raw_run(None)),  # vllm.LLM.generate alone: the ceiling
-    "raw_logprobs": _outputs(_raw_run(0)),  # the same with the sampled tokens' logprobs (flat)
-    "engine_logprobs": _outputs(_engine_run()),  # xrlhf's generate, as W calls it, logprobs from vLLM's outputs
-    "engine_no_logprobs": _outputs(_engine_run(logprobs=False)),  # SamplingParams(logprobs=False)
-    "engine_keyed": _outputs(_engine_run(keyed=True)),  # seeds given: the request loop (how every rollout samples)
+    "raw_no_logprobs": _outputs(_raw_run(None)),
+    "raw_logprobs": _outputs(_raw_run(0)),
+    "engine_logprobs": _outputs(_engine_run()),
+    "engine_no_logprobs": _outputs(_engine_run(logprobs=False)),
+    "engine_keyed": _outputs(_engine_run(keyed=True)),
     "engine_keyed_no_logprobs": _outputs(_engine_run(logprobs=False, keyed=True)),
     "w_cycle": _outputs(_w_cycle),
-    "worker_logprobs": _worker(_engine_run()),  # logprobs_path: worker
+    "worker_logprobs": _worker(_engine_run()),
     "worker_keyed": _worker(_engine_run(keyed=True)),
     "worker_w_cycle": _worker(_w_cycle),
 }
 """What ``--variants`` may name; each sets its logprobs path first (module docstring)."""
+
+VARIANT_NOTES = {
+    "raw_no_logprobs": "`vllm.LLM.generate` alone, no logprobs (the floor)",
+    "raw_logprobs": "`vllm.LLM.generate`, the sampled tokens' logprobs",
+    "engine_logprobs": "xrlhf's generate, logprobs from vLLM's outputs",
+    "engine_no_logprobs": "xrlhf's generate, no logprobs",
+    "engine_keyed": "xrlhf's keyed generate (the request loop), logprobs from vLLM's outputs",
+    "engine_keyed_no_logprobs": "xrlhf's keyed generate, no logprobs",
+    "w_cycle": "sleep, new weights, wake, generate (logprobs from vLLM's outputs)",
+    "worker_logprobs": "xrlhf's generate, logprobs kept in vLLM's worker",
+    "worker_keyed": "xrlhf's keyed generate, logprobs kept in vLLM's worker (how a rollout samples)",
+    "worker_w_cycle": "sleep, new weights, wake, generate (logprobs kept in vLLM's worker: a step's cycle)",
+}
+"""Each variant in words, as docs/benchmarks.md's tables name it."""
 
 
 def interleaved(names: list[str], rounds: int) -> list[tuple[int, str]]:

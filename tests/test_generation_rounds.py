@@ -18,6 +18,10 @@ import torch
 from benchmarks import generation as gb
 
 
+def test_every_variant_is_described_for_the_report():
+    assert sorted(gb.VARIANT_NOTES) == sorted(gb.VARIANTS)
+
+
 def test_interleaved_runs_every_variant_once_per_round():
     assert gb.interleaved(["a", "b"], 3) == [(1, "a"), (1, "b"), (2, "a"), (2, "b"), (3, "a"), (3, "b")]
     assert gb.interleaved(["a"], 1) == [(1, "a")]

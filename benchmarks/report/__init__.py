@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from benchmarks.common import ROOT
+from benchmarks.generation import VARIANT_NOTES
 from benchmarks.report.learning import (
     _met,
     current_command,
@@ -149,20 +150,6 @@ def vllm_runner(r: dict | None) -> list[str]:
                   "separate start-ups of the same engine differ by up to ~15%.", ""]
 
 
-GENERATION_VARIANTS = {
-    "raw_no_logprobs": "`vllm.LLM.generate` alone, no logprobs (the floor)",
-    "raw_logprobs": "`vllm.LLM.generate`, the sampled tokens' logprobs",
-    "engine_logprobs": "xrlhf's generate, logprobs from vLLM's outputs",
-    "engine_no_logprobs": "xrlhf's generate, no logprobs",
-    "engine_keyed": "xrlhf's keyed generate (the request loop), logprobs from vLLM's outputs",
-    "engine_keyed_no_logprobs": "xrlhf's keyed generate, no logprobs",
-    "w_cycle": "sleep, new weights, wake, generate (logprobs from vLLM's outputs)",
-    "worker_logprobs": "xrlhf's generate, logprobs kept in vLLM's worker",
-    "worker_keyed": "xrlhf's keyed generate, logprobs kept in vLLM's worker (how a rollout samples)",
-    "worker_w_cycle": "sleep, new weights, wake, generate (logprobs kept in vLLM's worker: a step's cycle)",
-}
-
-
 def generation_configs(name: str, r: dict | None) -> list[str]:
     """``benchmarks/generation.py --configs``: per engine configuration, each variant's median round
     against the same configuration's floor (``raw_no_logprobs``, vLLM alone without logprobs)."""
@@ -185,7 +172,7 @@ def generation_configs(name: str, r: dict | None) -> list[str]:
         for variant, v in entry["variants"].items():
             spread = f"{fmt(v['min_s'])}-{fmt(v['max_s'])}" if "min_s" in v else "—"
             ratio = f"{v['seconds'] / floor:.2f}x" if floor else "—"
-            out.append(f"| {config} | {fmt(entry.get('startup_s'), 1)} | {GENERATION_VARIANTS.get(variant, variant)} | "
+            out.append(f"| {config} | {fmt(entry.get('startup_s'), 1)} | {VARIANT_NOTES.get(variant, variant)} | "
                        f"{fmt(v['seconds'])} | {spread} | {fmt(v.get('tokens_per_s'))} | {fmt(v.get('ms_per_step'), 2)} | "
                        f"{fmt(v.get('gpu_utilization'), 0)} | {ratio} |")
     return out + [""]
