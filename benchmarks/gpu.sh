@@ -193,9 +193,10 @@ stage_tests_more() {  # the other one-GPU tests: vLLM's speed options, episodes 
     tests/gpu/test_distill_vllm.py tests/gpu/test_real_archs_gpu.py tests/gpu/test_packing_gpu.py
 }
 
-stage_w() {  # W as shipped and with every hook off, beside TRL's default (6 steps each, one call)
+stage_w() {  # W as shipped and with every hook off, beside TRL's default (6 steps each, one call); SAMPLE_MS=0:
+  # no nvidia-smi beside either side (it polls each GPU every 50 ms beside TRL and xrlhf alike)
   TAIL=10 run w 590 python -m benchmarks.w_vs_trl $(trl_site) --trl-dtype float32 --trl-timeout 200 --steps 6 \
-    --variants default,public-only --out "$OUT/w"
+    --variants "${W_VARIANTS:-default,public-only}" --sample-ms "${SAMPLE_MS:-50}" --out "$OUT/w"
   rm -rf /tmp/w_vs_trl-*
 }
 
@@ -231,7 +232,8 @@ stage_hooks_async() {  # W one step off (where the pause mid-generation acts), t
 stage_w2() {  # the second workload (configs/gpu/grpo_w2.yaml: 1.5b, 32 x 8, <= 480 tokens) beside TRL's default
   TAIL=8 run w2 590 python -m benchmarks.w_vs_trl $(trl_site) --config configs/gpu/grpo_w2.yaml --model artifacts/model-1.5b \
     --preset 1.5b --trl-args "--prompts-per-step 32 --micro-batch 16 --max-new-tokens 480 --gpu-memory-utilization 0.4" \
-    --trl-dtype float32 --trl-timeout 300 --steps "${W2_STEPS:-6}" --variants "${W2_VARIANTS:-default}" --out "$OUT/w2"
+    --trl-dtype float32 --trl-timeout 300 --steps "${W2_STEPS:-6}" --variants "${W2_VARIANTS:-default}" \
+    --sample-ms "${SAMPLE_MS:-50}" --out "$OUT/w2"
   rm -rf /tmp/w_vs_trl-*
 }
 

@@ -83,12 +83,23 @@ def median_from(values: list[float]) -> float | None:
     return round(statistics.median(values), 3) if values else None
 
 
+def samplers_for(used: list[dict[str, Any]], period_ms: int) -> list:
+    """A ``DeviceMemorySampler`` per GPU of ``used`` (none when ``period_ms`` is 0). Both sides of a
+    comparison run beside the same samplers: an ``nvidia-smi`` polling the driver is the same load
+    on each, whatever it costs a host-bound step."""
+    from benchmarks.common import DeviceMemorySampler
+
+    return [DeviceMemorySampler(gpu=g["index"], period_ms=period_ms) for g in used] if period_ms > 0 else []
+
+
 def run_trl(dtype: str, model: str, out: Path, steps: int, timed_from: int, timeout: float,
-            extra: list[str] | None = None, processes: int = 1, site: str | None = None) -> dict[str, Any]:
+            extra: list[str] | None = None, processes: int = 1, site: str | None = None,
+            samplers: list | None = None) -> dict[str, Any]:
     """TRL's GRPOTrainer on W in a process of its own (``processes`` > 1: ``accelerate launch``
     with TRL's ZeRO-3 recipe, one process per GPU); the median step time of the timed steps.
     ``extra``: more arguments of ``trl_grpo.py`` (another workload's shape: ``--trl-args``);
-    ``site``: TRL's own stack (``common.trl_env``)."""
+    ``site``: TRL's own stack (``common.trl_env``); ``samplers``: the GPUs sampled while it runs
+    (closed here; their mean busy share over the whole run, start-up included, is ``trl_gpu_busy``)."""
     from benchmarks.common import trl_env
 
     bench = Path("benchmarks/trl_grpo.py")
@@ -106,6 +117,9 @@ def run_trl(dtype: str, model: str, out: Path, steps: int, timed_from: int, time
                                 env=trl_env(site, processes)).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
+    busy = [b for b in (s.utilization() for s in samplers or []) if b is not None]
+    for s in samplers or []:
+        s.close()
     rows = [json.loads(x) for x in (run_dir / "steps.jsonl").read_text().splitlines()] \
         if (run_dir / "steps.jsonl").is_file() else []
     timed = [r["step_s"] for r in rows if r["step"] >= timed_from]
@@ -114,12 +128,14 @@ def run_trl(dtype: str, model: str, out: Path, steps: int, timed_from: int, time
             "trl_wall_s": round(time.time() - t0, 1), "trl_init_s": summary.get("init_s"),
             "trl_peak_gib": max((r.get("torch_max_reserved_gb", 0.0) for r in rows), default=None),
             "trl_versions": {k: summary.get(k) for k in ("trl", "torch", "vllm")}, "trl_args": extra or [],
-            "trl_processes": processes, "trl_site": site}
+            "trl_processes": processes, "trl_site": site,
+            "trl_gpu_busy": round(sum(busy) / len(busy), 1) if busy else None}
 
 
 def run_xrlhf(name: str, overrides: list[str], model: str, args: argparse.Namespace,
               machine: list[dict[str, Any]]) -> dict[str, Any]:
-    """One xrlhf variant of W in this process, with the GPU sampled (``async_grpo.BusyGRPO``); an
+    """One xrlhf variant of W in this process, with the GPU sampled (``async_grpo.BusyGRPO``, every
+    ``args.sample_ms``; 0: not sampled); an
     override ``env:NAME=value`` is set in the environment for that variant (``env:XRLHF_PUBLIC_ONLY=1``)."""
     env = dict(o[4:].split("=", 1) for o in overrides if o.startswith("env:"))
     overrides = [o for o in overrides if not o.startswith("env:")]
@@ -138,14 +154,13 @@ def _run_xrlhf(name: str, overrides: list[str], env: dict[str, str], model: str,
     import traceback
 
     import benchmarks.async_grpo as ag
-    from benchmarks.common import DeviceMemorySampler
     from xrlhf.report import read_metrics
     from xrlhf.runner import run
     from xrlhf.validation import load_config
 
     cfg = load_config(Path(args.config), all_overrides)
     used = machine[:cfg.ray.num_gpus or 1]  # every GPU the run may use is sampled and counted
-    ag.BusyLoop.samplers = samplers = [DeviceMemorySampler(gpu=g["index"]) for g in used]
+    ag.BusyLoop.samplers = samplers = samplers_for(used, args.sample_ms)
     run_dir = Path(tempfile.mkdtemp(prefix=f"w_vs_trl-{name}-"))
     t0, error = time.time(), None
     try:
@@ -193,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trl-timeout", type=float, default=330)
     p.add_argument("--trl-site", default=None, help="TRL's own stack, a `pip --target` folder put first on its "
                    "PYTHONPATH instead of xrlhf's (TRL on a vLLM it supports: benchmarks/gpu.sh's /root/site-trl)")
+    p.add_argument("--sample-ms", type=int, default=50, help="nvidia-smi samples each GPU used this often, beside "
+                   "TRL and xrlhf alike (the busy share); 0: no sampling on either side")
     p.add_argument("--out", default="benchmarks/results")
     args = p.parse_args(argv)
     out = Path(args.out)
@@ -203,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = gpus()
     model = ensure_model(args.model, preset=args.preset)
     trl = run_trl(args.trl_dtype, model, out, args.steps, args.timed_from, args.trl_timeout, args.trl_args.split(),
-                  args.trl_processes, args.trl_site) \
+                  args.trl_processes, args.trl_site, samplers_for(machine[:args.trl_processes], args.sample_ms)) \
         if args.trl_dtype != "none" else {"trl_dtype": None, "trl_step_s": None}
     print(f"[w_vs_trl] TRL {args.trl_dtype}: {trl.get('trl_step_s')} s/step", flush=True)
     entries = []
@@ -211,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         x = run_xrlhf(name, overrides, model, args, machine)
         ratio = round(x["xrlhf_step_s"] / trl["trl_step_s"], 3) if x["xrlhf_step_s"] and trl.get("trl_step_s") else None
         entry = {"gpu": machine[0]["name"] if machine else "none", "config": args.config, **trl, **x, "ratio": ratio,
+                 "sample_ms": args.sample_ms,
                  "command": " ".join([Path(sys.executable).name, "-m", "benchmarks.w_vs_trl", *sys.argv[1:]]),
                  "date": time.strftime("%Y-%m-%d %H:%M:%S"), "versions": versions()}
         entries.append(entry)

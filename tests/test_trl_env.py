@@ -50,3 +50,31 @@ def test_without_a_site_trl_runs_on_the_callers_stack(tmp_path, monkeypatch):
 def test_a_site_without_trl_is_refused_by_name(tmp_path):
     with pytest.raises(SystemExit, match="--trl-site: .* holds no trl package"):
         trl_env(str(tmp_path))
+
+
+class _Sampler:
+    def __init__(self, busy):
+        self.busy, self.closed = busy, False
+
+    def utilization(self):
+        return self.busy
+
+    def close(self):
+        self.closed = True
+
+
+def test_trls_run_is_sampled_as_xrlhfs_is(tmp_path):
+    """The GPU samplers beside xrlhf's runs run beside TRL's too (the same load on each side): read
+    and closed when TRL's process ends, even one that failed, their mean busy share recorded."""
+    from benchmarks.w_vs_trl import run_trl, samplers_for
+
+    site = tmp_path / "site-trl"  # a stack whose TRL cannot be imported: the process fails at once
+    (site / "trl").mkdir(parents=True)
+    (site / "trl" / "__init__.py").write_text("raise ImportError('no TRL here')")
+    samplers = [_Sampler(40.0), _Sampler(None), _Sampler(60.0)]
+    out = run_trl("float32", "no-model", tmp_path, steps=1, timed_from=1, timeout=120, site=str(site),
+                  samplers=samplers)
+    assert out["trl_rc"] not in (0, "timeout") and out["trl_step_s"] is None
+    assert out["trl_gpu_busy"] == 50.0
+    assert all(s.closed for s in samplers)
+    assert samplers_for([{"index": 0}], period_ms=0) == []  # --sample-ms 0: neither side sampled
