@@ -15,9 +15,10 @@ speed-up, GPU utilisation, the settings; with ``--breakdown`` also ``vllm.LLM.ge
 directly with and without logprobs).
 
 **Configurations and variants** (issue 25): ``--configs`` names vLLM engine configurations (JSON:
-name -> ``policy.generate`` options over this benchmark's), built one after the other in this
-process; each runs ``--variants`` (``VARIANTS`` below) back to back on the same engine, so they
-compare on one start-up. On workload W's shape::
+name -> ``policy.generate`` options over this benchmark's), built one after the other, each in a
+process of its own (``--passes N``: the list N times over, A B A B); each runs ``--variants``
+(``VARIANTS`` below) back to back on the same engine, so they compare on one start-up. On
+workload W's shape::
 
     python -m benchmarks.generation --engines vllm --prompts 512 --new-tokens 256 \
         --configs '{"w": {"sleep_level": 2, "gpu_memory_utilization": 0.3}}' \
@@ -270,38 +271,61 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_configs(args, model: str, prompts: list[list[int]], result: dict[str, Any]) -> None:
-    """Each configuration of ``--configs`` in turn: start its engine (timed), warm it up, run the
-    variants ``--rounds`` times interleaved; ``result`` is written after every variant's round (a
-    cut-off run keeps what it measured)."""
-    import torch
-
-    from xrlhf.engines.base import SamplingParams
+    """Each configuration of ``--configs`` in turn, ``--passes`` times in alternation (A B A B ...),
+    each engine in a process of its own (vLLM's sleep mode takes one engine per process): start it
+    (timed), warm it up, run the variants ``--rounds`` times interleaved. A variant's figures pool
+    its rounds over the passes; ``result`` is written after every round (a cut-off run keeps what
+    it measured)."""
+    import multiprocessing
 
     names = [v for v in args.variants.split(",") if v]
     unknown = set(names) - set(VARIANTS)
     if unknown:
         raise SystemExit(f"--variants: unknown {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
-    if args.rounds < 1:
-        raise SystemExit(f"--rounds: at least 1, got {args.rounds}")
+    if args.rounds < 1 or args.passes < 1:
+        raise SystemExit(f"--rounds and --passes: at least 1, got {args.rounds} and {args.passes}")
+    path, failed = Path(args.out) / f"generation-{args.name}.json", []
+    path.unlink(missing_ok=True)  # read back after each pass: an older run's must not be
+    for n in range(1, args.passes + 1):
+        for config, fields in json.loads(args.configs).items():
+            child = multiprocessing.get_context("spawn").Process(  # not a pool's daemon: vLLM may start processes
+                target=config_pass, args=(args, model, prompts, config, fields, result, n))
+            child.start()
+            child.join()
+            if path.is_file():  # what the pass wrote, round by round
+                result.update(json.loads(path.read_text()))
+            if child.exitcode:
+                failed.append(f"{config} pass {n} (exit {child.exitcode})")
+    if failed:
+        raise SystemExit(f"generation: failed: {', '.join(failed)}; the others' figures are in {path}")
+
+
+def config_pass(args, model: str, prompts: list[list[int]], config: str, fields: dict[str, Any],
+                result: dict[str, Any], n: int) -> None:
+    """Pass ``n`` of one configuration (``run_configs``), in a process of its own: this pass's
+    rounds added to the configuration's entry of ``result``, written after each."""
+    import torch
+
+    from xrlhf.engines.base import SamplingParams
+
+    names = [v for v in args.variants.split(",") if v]
     sampler = DeviceMemorySampler()
-    out_name = f"generation-{args.name}.json"
-    for config, fields in json.loads(args.configs).items():
-        t0 = time.perf_counter()
-        engine, options = vllm_engine(model, len(prompts), args.gpu_memory_utilization, **fields)
-        entry: dict[str, Any] = {"startup_s": round(time.perf_counter() - t0, 1), "variants": {},
-                                 "options": {k: v for k, v in options.items() if k in fields or k == "engine_options"}}
-        result["configs"][config] = entry
-        print(f"{config}: engine ready in {entry['startup_s']} s", flush=True)
-        engine.generate(prompts[:64], SamplingParams(temperature=1.0, max_new_tokens=32, ignore_eos=True))
-        torch.cuda.synchronize()
-        measured: dict[str, list[dict[str, Any]]] = {v: [] for v in names}
-        for r, v in interleaved(names, args.rounds):
-            measured[v].append(VARIANTS[v](engine, prompts, args.new_tokens, sampler))
-            entry["variants"][v] = summarize(measured[v])
-            print(f"{config} {v} round {r}/{args.rounds}: {measured[v][-1]}", flush=True)
-            write_json(args.out, out_name, result)
-        engine.shutdown()
-        del engine
+    t0 = time.perf_counter()
+    engine, options = vllm_engine(model, len(prompts), args.gpu_memory_utilization, **fields)
+    entry = result["configs"].setdefault(config, {"variants": {}, "startup_s_passes": [], "options": {
+        k: v for k, v in options.items() if k in fields or k == "engine_options"}})
+    entry["startup_s_passes"].append(round(time.perf_counter() - t0, 1))
+    entry["startup_s"] = round(statistics.median(entry["startup_s_passes"]), 1)
+    print(f"{config} pass {n}: engine ready in {entry['startup_s_passes'][-1]} s", flush=True)
+    engine.generate(prompts[:64], SamplingParams(temperature=1.0, max_new_tokens=32, ignore_eos=True))
+    torch.cuda.synchronize()
+    measured = {v: list(entry["variants"].get(v, {}).get("rounds", [])) for v in names}
+    for r, v in interleaved(names, args.rounds):
+        measured[v].append({**VARIANTS[v](engine, prompts, args.new_tokens, sampler), "pass": n})
+        entry["variants"][v] = summarize(measured[v])
+        print(f"{config} pass {n} {v} round {r}/{args.rounds}: {measured[v][-1]}", flush=True)
+        write_json(args.out, f"generation-{args.name}.json", result)
+    engine.shutdown()
     sampler.close()
 
 
@@ -352,6 +376,8 @@ def engines(argv: list[str] | None = None) -> None:
     p.add_argument("--name", default="configs", help="with --configs: the JSON is generation-<name>.json")
     p.add_argument("--rounds", type=int, default=1, help="with --configs: run the variants this many times, "
                    "interleaved, in one engine; each reports its median round (odd counts give a real median)")
+    p.add_argument("--passes", type=int, default=1, help="with --configs: run the configurations this many times in "
+                   "alternation (A B A B: one engine's start-up and the machine's drift fall on each)")
     p.add_argument("--out", default="benchmarks/results")
     args = p.parse_args(argv)
 

@@ -1,4 +1,4 @@
-"""``benchmarks/generation.py --rounds`` on CPU, with a fake engine (no vLLM, no CUDA).
+"""``benchmarks/generation.py --rounds`` and ``--passes`` on CPU, with a fake engine (no vLLM, no CUDA).
 
 Rounds interleave the variants on one engine and each variant reports its median round; every
 variant sets its logprobs path first, so vLLM alone and the worker-recorded path alternate in
@@ -102,7 +102,7 @@ def test_rounds_alternate_the_paths_and_write_after_every_variant(monkeypatch, s
     args = SimpleNamespace(variants="a,worker_b", rounds=3, configs=json.dumps({"w": {"logprobs_path": start}}),
                            gpu_memory_utilization=0.3, new_tokens=4, out="unused", name="t")
     result = {"configs": {}}
-    gb.run_configs(args, "model", [[1, 2]] * 4, result)
+    gb.config_pass(args, "model", [[1, 2]] * 4, "w", {"logprobs_path": start}, result, 1)  # run_configs' child
 
     assert seen == [("a", "outputs", False), ("worker_b", "worker", True)] * 3
     assert [r[1:] for r in engines[0].rpcs] == ([(False,), (True,)] if start == "worker" else [(True,)]) + \
@@ -111,3 +111,48 @@ def test_rounds_alternate_the_paths_and_write_after_every_variant(monkeypatch, s
     variants = result["configs"]["w"]["variants"]
     assert (variants["a"]["seconds"], variants["a"]["min_s"], variants["a"]["max_s"]) == (2.5, 2.4, 3.0)
     assert variants["worker_b"]["median_s"] == 2.2 and len(variants["worker_b"]["rounds"]) == 3
+
+
+class _PassEngine:
+    def generate(self, prompts, params):
+        return None
+
+    def shutdown(self):
+        pass
+
+
+class _Sampler:
+    def close(self):
+        pass
+
+
+def test_a_configurations_passes_pool_their_rounds(tmp_path, monkeypatch):
+    """Pass 2 of a configuration adds its rounds to pass 1's: each round says its pass, the
+    variant's figures are over all of them, and each pass's start-up is kept."""
+    seconds = iter([3.0, 5.0, 4.0, 3.5])
+    monkeypatch.setattr(gb, "VARIANTS", {"v": lambda engine, prompts, n, sampler: {"seconds": next(seconds)}})
+    monkeypatch.setattr(gb, "vllm_engine", lambda model, n, memory, **fields: (_PassEngine(), {**fields}))
+    monkeypatch.setattr(gb, "DeviceMemorySampler", _Sampler)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    args = SimpleNamespace(variants="v", rounds=2, gpu_memory_utilization=0.4, new_tokens=4, name="t", out=str(tmp_path))
+    result = {"configs": {}}
+    for n in (1, 2):
+        gb.config_pass(args, "model", [[1, 2]], "a", {"enable_prefix_caching": False}, result, n)
+    entry = json.loads((tmp_path / "generation-t.json").read_text())["configs"]["a"]
+    v = entry["variants"]["v"]
+    assert [(r["seconds"], r["pass"]) for r in v["rounds"]] == [(3.0, 1), (5.0, 1), (4.0, 2), (3.5, 2)]
+    assert (v["median_s"], v["min_s"], v["max_s"]) == (3.75, 3.0, 5.0)
+    assert len(entry["startup_s_passes"]) == 2 and entry["options"] == {"enable_prefix_caching": False}
+
+
+def test_configurations_alternate_each_in_a_process_of_its_own(tmp_path):
+    """A B A B, each pass a new process: here every one fails (no GPU), the run goes on to the next
+    and then names them all; an older run's file is not read back as this run's."""
+    (tmp_path / "generation-t.json").write_text(json.dumps({"configs": {"old": {}}}))
+    args = SimpleNamespace(variants="raw_no_logprobs", rounds=1, passes=2, gpu_memory_utilization=0.4,
+                           new_tokens=4, name="t", out=str(tmp_path), configs='{"a": {}, "b": {}}')
+    result = {"configs": {}}
+    with pytest.raises(SystemExit, match=r"a pass 1 \(exit 1\), b pass 1 \(exit 1\), a pass 2 \(exit 1\), "
+                                         r"b pass 2 \(exit 1\)"):
+        gb.run_configs(args, "no-model", [[1, 2]], result)
+    assert result == {"configs": {}} and not (tmp_path / "generation-t.json").exists()
