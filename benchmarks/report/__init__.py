@@ -175,7 +175,7 @@ def generation_configs(name: str, r: dict | None) -> list[str]:
             out.append(f"| {config} | {fmt(entry.get('startup_s'), 1)} | {VARIANT_NOTES.get(variant, variant)} | "
                        f"{fmt(v['seconds'])} | {spread} | {fmt(v.get('tokens_per_s'))} | {fmt(v.get('ms_per_step'), 2)} | "
                        f"{fmt(v.get('gpu_utilization'), 0)} | {ratio} |")
-    return out + [""]
+    return out + ([""] + [r["note"]] if r.get("note") else []) + [""]
 
 
 def weight_sync(r: dict | None) -> list[str]:
