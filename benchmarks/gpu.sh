@@ -326,13 +326,13 @@ GEN_W2='"sleep_level": 2, "max_model_len": 512, "max_num_seqs": 256, "kv_cache_t
 stage_generation_w2() {  # W2's generation alone, 5 rounds interleaved on one engine: vLLM's floor (no logprobs),
   # vLLM's own logprobs, xrlhf's keyed worker path as W2's rollout calls it, and W2's sleep-sync-generate cycle;
   # GEN_W2_CONFIGS: other engine configurations instead (JSON, as --configs; each an engine in a process of its
-  # own, in turn), GEN_PASSES times over (A B A B)
+  # own, in turn), GEN_PASSES times over (A B A B); GEN_VARIANTS: other variants (benchmarks/generation.py's)
   local configs="{\"w2\": {$GEN_W2}}"
   [ -n "${GEN_W2_CONFIGS:-}" ] && configs=$GEN_W2_CONFIGS
   TAIL=12 run generation_w2 400 python -m benchmarks.generation --engines vllm --preset 1.5b --model artifacts/model-1.5b \
     --prompts 256 --samples-per-prompt 8 --new-tokens 480 --gpu-memory-utilization 0.4 --rounds "${GEN_ROUNDS:-5}" \
     --passes "${GEN_PASSES:-1}" --configs "$configs" \
-    --variants raw_no_logprobs,raw_logprobs,worker_keyed,worker_w_cycle --name w2 --out "$OUT/generation"
+    --variants "${GEN_VARIANTS:-raw_no_logprobs,raw_logprobs,worker_keyed,worker_w_cycle}" --name w2 --out "$OUT/generation"
 }
 
 stage_weight_sync() {  # each transport (cpu, cuda_ipc, nccl) against a device-to-device copy of the same weights
