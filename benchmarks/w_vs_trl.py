@@ -134,9 +134,9 @@ def run_trl(dtype: str, model: str, out: Path, steps: int, timed_from: int, time
 
 def run_xrlhf(name: str, overrides: list[str], model: str, args: argparse.Namespace,
               machine: list[dict[str, Any]]) -> dict[str, Any]:
-    """One xrlhf variant of W in this process, with the GPU sampled (``async_grpo.BusyGRPO``, every
-    ``args.sample_ms``; 0: not sampled); an
-    override ``env:NAME=value`` is set in the environment for that variant (``env:XRLHF_PUBLIC_ONLY=1``)."""
+    """One xrlhf variant of W in this process, with the GPU sampled every ``args.sample_ms``
+    (``async_grpo.BusyGRPO``; 0: not sampled); an override ``env:NAME=value`` is set in the
+    environment for that variant (``env:XRLHF_PUBLIC_ONLY=1``)."""
     env = dict(o[4:].split("=", 1) for o in overrides if o.startswith("env:"))
     overrides = [o for o in overrides if not o.startswith("env:")]
     all_overrides = [f"policy.model={model}", f"trainer.steps={args.steps}", "trainer.eval_every=0",
