@@ -163,7 +163,7 @@ def generation_configs(name: str, r: dict | None) -> list[str]:
               f"{shape.get('num_key_value_heads')} key/value heads" if shape else "")
            + f"), {r['prompts']} prompts ({r.get('samples_per_prompt', 1)} per distinct prompt) × {r['new_tokens']} "
            f"new tokens (ignore EOS), temperature 1; {versions}, {r.get('date', '')}. Seconds: each "
-           "variant's median round (rounds interleaved on one engine; min-max over the rounds). "
+           "variant's median round (rounds interleaved on one engine, pooled over `--passes`; min-max over the rounds). "
            f"Command: `{r.get('command', '')}`.", "",
            "| configuration | start-up (s) | variant | seconds | min-max | tokens/s | ms/step | GPU busy (%) | vs floor |",
            "|---|---|---|---|---|---|---|---|---|"]
