@@ -135,6 +135,7 @@ def main() -> None:
         torch.cuda.synchronize()
         copies.append(time.perf_counter() - t0)
     d2d = statistics.median(copies[1:])
+    sums = checksum_seconds(weights, args.repeats)
     engine.shutdown()
 
     result = {"gpu": gpu_name(), "bytes": sent_bytes, "model_bytes": model_bytes, "tensors": len(weights),
@@ -142,7 +143,7 @@ def main() -> None:
               **{f"{k}_seconds": v for k, v in extra.items()},
               "verified_seconds": verified, "verified_is": "median of steady-state syncs after a warm-up",
               "nccl_setup_seconds": setup.get("nccl"), "disk_dir": args.disk_dir or "TMPDIR",
-              "nccl_note": nccl_note, "repeats": args.repeats}
+              "nccl_note": nccl_note, "repeats": args.repeats, "checksum_seconds": sums}
     write_json(args.out, "weight_sync.json", result)
     rows = [(k, v, sent_bytes / v / 2**30 if v else None, verified.get(k)) for k, v in
             [*seconds.items(), ("cuda_ipc_packed", extra["cuda_ipc_packed"]),
@@ -153,6 +154,31 @@ def main() -> None:
               f"{setup['nccl']['verify_on']:.3f} s for the verified transport's group")
     print(f"{result['gpu']}, {sent_bytes / 2**30:.2f} GiB in {len(weights)} tensors "
           f"(targets: cuda_ipc < 0.2 s, nccl < 0.5 s, cpu >= 2 GiB/s)" + (f"; nccl: {nccl_note}" if nccl_note else ""))
+    print(f"checksums of every tensor (one side of a verified sync): {sums['one_wait_per_tensor']:.3f} s waiting "
+          f"for the GPU after each tensor, {sums['one_wait']:.3f} s waiting once")
+
+
+def checksum_seconds(weights, repeats: int) -> dict[str, float]:
+    """What verify costs one side of a sync: ``checksum`` of every tensor, the device waited for after each
+    (how a sync checked before ``checksums``) and once for all of them (how it checks now); medians after a
+    warm-up."""
+    import torch
+
+    from xrlhf.weight_sync import checksum, checksums
+
+    wait = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    ways = {"one_wait_per_tensor": lambda: [checksum(t) for _, t in weights],
+            "one_wait": lambda: checksums(t for _, t in weights)}
+    out = {}
+    for name, fn in ways.items():
+        times = []
+        for _ in range(repeats + 1):
+            wait()
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        out[name] = statistics.median(times[1:])
+    return out
 
 
 if __name__ == "__main__":

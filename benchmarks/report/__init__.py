@@ -208,6 +208,10 @@ def weight_sync(r: dict | None) -> list[str]:
     if setup:
         out += ["", "NCCL group set-up, once per run and not part of a sync: "
                 + ", ".join(f"{fmt(v)} s ({k.replace('_', ' ')})" for k, v in setup.items()) + "."]
+    sums = r.get("checksum_seconds")
+    if sums:
+        out += ["", f"What verify costs one side of a sync, the checksum of every tensor: {fmt(sums['one_wait'])} s "
+                f"waiting for the GPU once, {fmt(sums['one_wait_per_tensor'])} s waiting after each tensor."]
     note = f" NCCL: {r['nccl_note']}." if r.get("nccl_note") else ""
     note += f" cpu: {r['cpu_note']}." if r.get("cpu_note") else ""
     out += ["", "Targets: CUDA IPC < 0.2 s, NCCL < 0.5 s, cpu >= 2 GiB/s." + note, ""]

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from xrlhf.weight_sync import (ALIGN, TRANSPORTS, Message, WeightSyncError, buckets, build_transport, checksum,
-                               compare_checksums, flat_layout, flatten, push_weights, unflatten)
+                               checksums, compare_checksums, flat_layout, flatten, push_weights, unflatten)
 
 
 def named(seed: int = 0) -> list[tuple[str, torch.Tensor]]:
@@ -66,6 +66,36 @@ def test_checksum_is_exact_and_order_sensitive(dtype):
     assert checksum(t.reshape(10, 100).t()) == checksum(t.reshape(10, 100).t().contiguous())
     assert checksum(torch.empty(0)) == 0
     assert torch.equal(t, before)  # the tensor is left as it was
+
+
+def _one_pass_checksum(t: torch.Tensor) -> int:
+    """The checksum's definition, written out by hand: the element bits as integers, times an odd
+    hash of the position, summed modulo 2**64 (as a signed int64)."""
+    words = t.contiguous().reshape(-1).view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[
+        t.element_size()] if t.dtype != torch.bool else torch.uint8).tolist()
+    total = sum(w * ((((i * 2654435761) + 0x9E3779B9) & 0xFFFFFFFF) | 1) for i, w in enumerate(words)) % (1 << 64)
+    return total - (1 << 64) if total >= 1 << 63 else total
+
+
+def test_checksums_in_passes_equal_the_definition(monkeypatch):
+    """Passes of a few elements (a tensor larger than one pass), many tensors with one wait, an int64
+    tensor left untouched, an empty tensor, a generator of converted copies: all as defined."""
+    import xrlhf.weight_sync.base as base
+
+    g = torch.Generator().manual_seed(0)
+    tensors = [(torch.randn(37, generator=g) * 1e3).to(torch.bfloat16), torch.randn(5, 3, generator=g),
+               torch.randint(-2**62, 2**62, (29,), generator=g), torch.randint(0, 255, (11,), generator=g).to(torch.uint8),
+               torch.rand(13, generator=g) > 0.5, torch.empty(0), torch.randn(40, generator=g, dtype=torch.float64)]
+    before = [t.clone() for t in tensors]
+    want = [_one_pass_checksum(t) for t in tensors]
+    assert checksums(tensors) == want  # one pass per tensor
+    monkeypatch.setattr(base, "_CHUNK", 7)  # several passes per tensor
+    assert checksums(tensors) == want
+    assert [checksum(t) for t in tensors] == want
+    assert all(torch.equal(a, b) for a, b in zip(tensors, before))
+    assert checksums(t.to(torch.bfloat16) for t in tensors[:2]) == [_one_pass_checksum(t.to(torch.bfloat16))
+                                                                    for t in tensors[:2]]
+    assert checksums([]) == []
 
 
 def options(name: str, tmp_path) -> dict:

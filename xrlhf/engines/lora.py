@@ -282,13 +282,10 @@ class LoraModel:
     def base_fingerprint(self) -> int:
         """One checksum of the frozen tensors (this rank's partitions under ZeRO-3): a checkpoint
         holds the adapters only, so on resume the base must be the very one they were trained on."""
-        from xrlhf.weight_sync import checksum
+        from xrlhf.weight_sync import checksums
 
-        total = 0
-        for _, p in self.model.named_parameters():
-            if not p.requires_grad:
-                total = (total + checksum(getattr(p, "ds_tensor", p))) % (1 << 64)
-        return total
+        frozen = (getattr(p, "ds_tensor", p) for p in self.model.parameters() if not p.requires_grad)
+        return sum(checksums(frozen)) % (1 << 64)
 
     def check_base(self, fingerprint: int | None) -> None:
         """Raise ``ValueError`` if ``fingerprint`` (saved with a checkpoint) is not this base's."""

@@ -56,6 +56,11 @@ class WeightSyncError(RuntimeError):
 _WORDS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
+_CHUNK = 1 << 24
+"""Elements a checksum reads per pass: its int64 temporaries stay under ~400 MB however large the
+tensor (a 7B model's embedding would otherwise need three int64 copies of 0.5G elements)."""
+
+
 def checksum(t: torch.Tensor) -> int:
     """An exact, order-sensitive checksum of a tensor's bits, computed on its own device.
 
@@ -64,14 +69,36 @@ def checksum(t: torch.Tensor) -> int:
     and a GPU agree exactly). Equal checksums mean equal bits up to a 2**-64 chance; a single
     flipped bit always changes it.
     """
+    return checksums([t])[0]
+
+
+def checksums(tensors: Iterable[torch.Tensor]) -> list[int]:
+    """``checksum`` of each tensor, with one wait for the device per device, not one per tensor.
+
+    ``tensors`` may be a generator: each is reduced to a 0-d sum before the next is drawn, so
+    converted copies (``t.to(dtype) for ...``) never pile up.
+    """
+    sums = [_device_checksum(t) for t in tensors]
+    out: list[int] = [0] * len(sums)
+    for device in {s.device for s in sums}:
+        at = [i for i, s in enumerate(sums) if s.device == device]
+        for i, v in zip(at, torch.stack([sums[i] for i in at]).tolist()):
+            out[i] = v
+    return out
+
+
+def _device_checksum(t: torch.Tensor) -> torch.Tensor:
+    """``checksum(t)`` as a 0-d int64 tensor on ``t``'s device, in passes of ``_CHUNK`` elements."""
     flat = t.detach().contiguous().reshape(-1)
-    if flat.numel() == 0:
-        return 0
     word = _WORDS.get(flat.element_size())
-    words = (flat.view(torch.uint8) if word is None or flat.dtype == torch.bool else flat.view(word)).to(torch.int64)
-    pos = torch.arange(words.numel(), device=words.device, dtype=torch.int64)
-    pos.mul_(2654435761).add_(0x9E3779B9).bitwise_and_(0xFFFFFFFF).bitwise_or_(1)
-    return int((words * pos).sum())  # not in place: ``words`` may be the caller's int64 tensor
+    words = flat.view(torch.uint8) if word is None or flat.dtype == torch.bool else flat.view(word)
+    total = torch.zeros((), dtype=torch.int64, device=flat.device)
+    for start in range(0, words.numel(), _CHUNK):
+        part = words[start:start + _CHUNK].to(torch.int64, copy=True)  # a copy: ``words`` may be the caller's
+        pos = torch.arange(start, start + part.numel(), device=part.device, dtype=torch.int64)
+        pos.mul_(2654435761).add_(0x9E3779B9).bitwise_and_(0xFFFFFFFF).bitwise_or_(1)
+        total.add_(part.mul_(pos).sum())
+    return total
 
 
 def compare_checksums(want: dict[str, int], got: dict[str, int], where: str = "generator") -> None:
@@ -252,7 +279,7 @@ class Transport(ABC):
         """
         for index, bucket in enumerate(buckets(weights, self.bucket_bytes)):
             tensors = [t.detach() if self.dtype is None else t.detach().to(self.dtype) for _, t in bucket]
-            sums = [checksum(t) for t in tensors] if self.verify else None
+            sums = checksums(tensors) if self.verify else None
             names = [n for n, _ in bucket]
             yield Message(names, self.pack(tensors, names, index), sums, self.describe(tensors))
 
@@ -290,8 +317,7 @@ class Transport(ABC):
             raise WeightSyncError(f"weight sync ({self.name}): {len(tensors)} tensors arrived for "
                                   f"{len(message.names)} names")
         if message.checksums is not None:
-            for name, t, want in zip(message.names, tensors, message.checksums):
-                got = checksum(t)
+            for name, got, want in zip(message.names, checksums(tensors), message.checksums):
                 if got != want:
                     raise WeightSyncError(f"weight sync ({self.name}): tensor {name!r} arrived with checksum "
                                           f"{got!r}, sent {want!r}")
@@ -398,6 +424,11 @@ def build_transport(name: str, **options) -> Transport:
     return check_options(name, options)(**options)
 
 
+def _checksums_by_name(params: Iterable[tuple[str, torch.Tensor]]) -> dict[str, int]:
+    pairs = list(params)
+    return dict(zip([n for n, _ in pairs], checksums(t for _, t in pairs)))
+
+
 class LoadRecord:
     """A receiver's record of its last sync, for the read-back (see the module docstring).
 
@@ -429,7 +460,7 @@ class LoadRecord:
         """The sync is complete; ``params``: the generator's own parameters, by its names."""
         ok = self.verified and bool(self.checked)
         self.given = self.checked if ok else {}
-        self.made = {n: checksum(p) for n, p in params} if ok else None
+        self.made = _checksums_by_name(params) if ok else None
         self.checked, self.verified = {}, True
 
     def read_back(self, params: Iterable[tuple[str, torch.Tensor]], where: str = "generator") -> dict[str, int]:
@@ -446,7 +477,7 @@ class LoadRecord:
             raise WeightSyncError(f"weight read-back ({where}): the last sync ran without verify, and the read-back "
                                   f"reports a verified sync's tensors; sync with verify on "
                                   f"(policy.weight_sync.verify: true)")
-        now = {n: checksum(p) for n, p in params}
+        now = _checksums_by_name(params)
         changed = sorted(n for n in self.made if now.get(n) != self.made[n])
         if changed:
             raise WeightSyncError(f"weight read-back ({where}): {len(changed)} parameter(s) changed since the last "

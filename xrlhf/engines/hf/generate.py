@@ -175,9 +175,10 @@ class HFGenerateEngine(GenerateEngine):
         self._calls = state.get("calls", self._calls)
 
     def weight_checksums(self) -> dict[str, int]:
-        from xrlhf.weight_sync import checksum
+        from xrlhf.weight_sync import checksums
 
-        return {name: checksum(t) for name, t in self.model.state_dict().items()}
+        state = self.model.state_dict()
+        return dict(zip(state, checksums(state.values())))
 
 
 def _as_list(x) -> list[int]:
