@@ -39,7 +39,7 @@ import torch
 from loguru import logger
 
 from xrlhf.algorithms.rollout.types import Group, Reward, Sampling, Tally
-from xrlhf.data.batch import Batch, build_sequences
+from xrlhf.data.batch import Batch, build_sequences, right_padded
 from xrlhf.data.chat import ChatFormat
 from xrlhf.data.text import encode_prompt
 from xrlhf.engines.base import GenerationOutput, SamplingParams
@@ -273,13 +273,11 @@ def episode_batch(trajs: list[Trajectory], pad_id: int, mask_truncated: bool = F
     batch = build_sequences([t.prompt_ids for t in trajs], [t.tokens for t in trajs], pad_id,
                             [t.logprobs for t in trajs], response_masks=masks)
     shape = batch["response_mask"].shape
-    versions = torch.zeros(shape, dtype=torch.long)
     rewards = torch.zeros(shape, dtype=torch.float32)
     for i, t in enumerate(trajs):
-        versions[i, :len(t.versions)] = torch.tensor(t.versions, dtype=torch.long)
         for end, r in zip(t.turn_ends, t.turn_rewards):
             rewards[i, end] += r
-    batch["token_versions"] = versions
+    batch["token_versions"] = right_padded([t.versions for t in trajs], shape[1])
     batch["turn_rewards"] = rewards
     batch["truncated"] = torch.tensor([float(t.truncated) for t in trajs])
     return batch

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import time
 
-import torch
-
 from xrlhf.algorithms.rollout.types import Group, Reward, Sampling, Tally
-from xrlhf.data.batch import Batch, build_sequences
+from xrlhf.data.batch import Batch, build_sequences, right_padded
 from xrlhf.data.lengths import check_prompt_lengths
 from xrlhf.data.text import decode_responses, encode_prompt
 from xrlhf.envs import Prompt
@@ -86,10 +84,8 @@ class SingleTurn:
         tokens = [t for g in groups for t in g.tokens]
         logprobs = [lp for g in groups for lp in g.logprobs] if self.s.params.logprobs else None
         batch = build_sequences(rows, tokens, self.tok.pad_token_id, logprobs)
-        versions = torch.zeros(batch["response_mask"].shape, dtype=torch.long)
-        for i, v in enumerate(v for g in groups for v in g.versions):
-            versions[i, :len(v)] = torch.tensor(v, dtype=torch.long)
-        batch["token_versions"] = versions
+        versions = [v for g in groups for v in g.versions]
+        batch["token_versions"] = right_padded(versions, batch["response_mask"].shape[1])
         return batch, {}
 
 
