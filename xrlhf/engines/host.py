@@ -24,7 +24,7 @@ from xrlhf.data.batch import Batch
 from xrlhf.engines.base import (DistInfo, EngineSpec, GenerateEngine, GenerationOutput, InferEngine, LossFn,
                                 SamplingParams, TrainEngine, build_engine, engine_class)
 from xrlhf.utils.errors import UserError
-from xrlhf.weight_sync import Message, build_transport, checksums, push_weights
+from xrlhf.weight_sync import Message, build_transport, checksums_by_name, push_weights
 
 SETUP_ENV = "XRLHF_WORKER_SETUP"
 """``module:function``: with it set, every ``EngineHost`` (each worker's, and the in-process
@@ -229,8 +229,7 @@ class EngineHost:
         if role == "generate":
             return self.gen.weight_checksums()
         dtype = getattr(self.transport, "dtype", None)
-        named = list(self.train.weights_for_sync())
-        return dict(zip([n for n, _ in named], checksums(t if dtype is None else t.to(dtype) for _, t in named)))
+        return checksums_by_name((n, t if dtype is None else t.to(dtype)) for n, t in self.train.weights_for_sync())
 
     def memory_stats(self, reset: bool = True) -> dict[str, float]:
         """This process's memory (GiB): its resident set ``rss_gb`` now; on a GPU also its peak

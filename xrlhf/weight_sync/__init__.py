@@ -11,10 +11,11 @@ is ``xrlhf.coordinator.weight_routes``.
 
 from xrlhf.weight_sync.base import (ALIGN, TRANSPORTS, LoadRecord, Message, NamedTensorList, Receiver, Transport,
                                     WeightSyncError, buckets, build_transport, check_options, checksum, checksums,
-                                    choose_transport, compare_checksums, flat_layout, flatten, push_weights,
-                                    transport_errors, unflatten)
+                                    checksums_by_name, choose_transport, compare_checksums, flat_layout, flatten,
+                                    push_weights, transport_errors, unflatten)
 from xrlhf.weight_sync.memory import HostBuffers, SharedFiles, map_shared
 
 __all__ = ["ALIGN", "TRANSPORTS", "HostBuffers", "SharedFiles", "map_shared", "LoadRecord", "Message", "NamedTensorList", "Receiver", "Transport",
-           "WeightSyncError", "buckets", "build_transport", "check_options", "checksum", "checksums", "choose_transport",
-           "compare_checksums", "flat_layout", "flatten", "push_weights", "transport_errors", "unflatten"]
+           "WeightSyncError", "buckets", "build_transport", "check_options", "checksum", "checksums", "checksums_by_name",
+           "choose_transport", "compare_checksums", "flat_layout", "flatten", "push_weights", "transport_errors",
+           "unflatten"]

@@ -87,6 +87,19 @@ def checksums(tensors: Iterable[torch.Tensor]) -> list[int]:
     return out
 
 
+def checksums_by_name(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, int]:
+    """``{name: checksum}`` of ``(name, tensor)`` pairs, drawn one at a time (``checksums``)."""
+    names: list[str] = []
+
+    def tensors() -> Iterator[torch.Tensor]:
+        for name, t in named:
+            names.append(name)
+            yield t
+
+    sums = checksums(tensors())
+    return dict(zip(names, sums))
+
+
 def _device_checksum(t: torch.Tensor) -> torch.Tensor:
     """``checksum(t)`` as a 0-d int64 tensor on ``t``'s device, in passes of ``_CHUNK`` elements."""
     flat = t.detach().contiguous().reshape(-1)
@@ -424,11 +437,6 @@ def build_transport(name: str, **options) -> Transport:
     return check_options(name, options)(**options)
 
 
-def _checksums_by_name(params: Iterable[tuple[str, torch.Tensor]]) -> dict[str, int]:
-    pairs = list(params)
-    return dict(zip([n for n, _ in pairs], checksums(t for _, t in pairs)))
-
-
 class LoadRecord:
     """A receiver's record of its last sync, for the read-back (see the module docstring).
 
@@ -460,7 +468,7 @@ class LoadRecord:
         """The sync is complete; ``params``: the generator's own parameters, by its names."""
         ok = self.verified and bool(self.checked)
         self.given = self.checked if ok else {}
-        self.made = _checksums_by_name(params) if ok else None
+        self.made = checksums_by_name(params) if ok else None
         self.checked, self.verified = {}, True
 
     def read_back(self, params: Iterable[tuple[str, torch.Tensor]], where: str = "generator") -> dict[str, int]:
@@ -477,7 +485,7 @@ class LoadRecord:
             raise WeightSyncError(f"weight read-back ({where}): the last sync ran without verify, and the read-back "
                                   f"reports a verified sync's tensors; sync with verify on "
                                   f"(policy.weight_sync.verify: true)")
-        now = _checksums_by_name(params)
+        now = checksums_by_name(params)
         changed = sorted(n for n in self.made if now.get(n) != self.made[n])
         if changed:
             raise WeightSyncError(f"weight read-back ({where}): {len(changed)} parameter(s) changed since the last "

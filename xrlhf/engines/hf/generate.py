@@ -175,10 +175,9 @@ class HFGenerateEngine(GenerateEngine):
         self._calls = state.get("calls", self._calls)
 
     def weight_checksums(self) -> dict[str, int]:
-        from xrlhf.weight_sync import checksums
+        from xrlhf.weight_sync import checksums_by_name
 
-        state = self.model.state_dict()
-        return dict(zip(state, checksums(state.values())))
+        return checksums_by_name(self.model.state_dict().items())
 
 
 def _as_list(x) -> list[int]:
