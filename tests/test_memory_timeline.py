@@ -13,6 +13,10 @@ def test_metrics_take_each_handles_largest_rank_and_the_device():
            "reference": [{"max_allocated_gb": 1.25, "rss_gb": 2.0, "device_used_gb": 40.5}]}
     assert memory_metrics("train", gpu) == {"memory/train/policy_gib": 12.5, "memory/train/reference_gib": 1.25,
                                             "memory/train/device_gib": 41.0}
+    gpu["policy"][1]["alloc_retries"] = 2  # a full device during the phase: counted where it happened
+    gpu["reference"][0]["alloc_retries"] = 0
+    assert memory_metrics("train", gpu)["memory/train/policy_retries"] == 2.0
+    assert "memory/train/reference_retries" not in memory_metrics("train", gpu)
     cpu = {"policy": [{"rss_gb": 1.5}], "critic": [{"rss_gb": 0.75}]}
     assert memory_metrics("sync", cpu) == {"memory/sync/policy_gib": 1.5, "memory/sync/critic_gib": 0.75}
 

@@ -233,8 +233,10 @@ class EngineHost:
 
     def memory_stats(self, reset: bool = True) -> dict[str, float]:
         """This process's memory (GiB): its resident set ``rss_gb`` now; on a GPU also its peak
-        allocated (since the last reset) and reserved memory and the device's use by every
-        process (``device_used_gb``). ``reset``: start a new peak."""
+        allocated (since the last reset) and reserved memory, the device's use by every process
+        (``device_used_gb``) and ``alloc_retries``: how often torch's allocator found the device
+        full since the last reset, freed its whole cache and tried again (each time a device-wide
+        wait, and every freed block allocated anew later). ``reset``: start a new peak and count."""
         stats = {"rss_gb": _rss_bytes() / 2**30, "pid": os.getpid()}
         if not torch.cuda.is_available():
             return stats
@@ -242,9 +244,11 @@ class EngineHost:
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         stats.update({"gpu": str(props.uuid), "gpu_name": props.name})  # which GPU: throughput per GPU, MFU
         stats.update({"max_allocated_gb": torch.cuda.max_memory_allocated() / 2**30,
-                      "reserved_gb": torch.cuda.memory_reserved() / 2**30, "device_used_gb": (total - free) / 2**30})
+                      "reserved_gb": torch.cuda.memory_reserved() / 2**30, "device_used_gb": (total - free) / 2**30,
+                      "alloc_retries": int(torch.cuda.memory_stats().get("num_alloc_retries", 0))})
         if reset:
             torch.cuda.reset_peak_memory_stats()
+            torch.cuda.reset_accumulated_memory_stats()
         return stats
 
     def save_pretrained(self, path: str) -> str:

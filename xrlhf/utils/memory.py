@@ -8,7 +8,10 @@ resident set at the mark). ``memory_metrics`` turns one such answer into metrics
 * ``memory/<phase>/<handle>_gib``: the largest of the handle's ranks (its ranks are alike):
   GPU: the peak torch allocation during the phase; CPU: the resident set at its end;
 * ``memory/<phase>/device_gib``: GPU only: the device's memory in use at the phase's end, by
-  every process (vLLM's KV cache included), the largest over the devices.
+  every process (vLLM's KV cache included), the largest over the devices;
+* ``memory/<phase>/<handle>_retries``: GPU only, where it happened: how often the handle's
+  allocator found the device full during the phase and freed its cache to try again (the most of
+  its ranks). A few a step mean its token budget leaves too little room (docs/training.md).
 
 No Ray here: a leaf of the layer graph.
 """
@@ -30,6 +33,9 @@ def memory_metrics(phase: str, stats: dict[str, list[dict[str, Any]]]) -> dict[s
         values = [v for v in values if v is not None]
         if values:
             out[f"memory/{phase}/{handle}_gib"] = round(max(values), 4)
+        retries = max((r.get("alloc_retries", 0) for r in ranks), default=0)
+        if retries:
+            out[f"memory/{phase}/{handle}_retries"] = float(retries)
         device += [r["device_used_gb"] for r in ranks if "device_used_gb" in r]
     if device:
         out[f"memory/{phase}/device_gib"] = round(max(device), 4)
