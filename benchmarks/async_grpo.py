@@ -85,19 +85,27 @@ engine process, as it was measured on two GPUs (the in-process default has not r
 
 class BusyLoop(RLTrainer):
     """The online loop whose every step also reports each sampled GPU's busy share and peak memory
-    (``gpu<i>/busy``, ``gpu<i>/peak_gib``), the samplers reset at the step's start."""
+    (``gpu<i>/busy``, ``gpu<i>/peak_gib``), the samplers reset at the step's start; and where the
+    driver reports clocks, their means while the step waited for its rollout (``gpu<i>/gen_sm_mhz``,
+    ``_power_w``, ``_temp_c``, ``_slowed``: a synchronous step generates then) and over the rest of
+    it (``gpu<i>/rest_...``): whether a slow generation ran on a slowed GPU."""
 
     samplers: list = []  # DeviceMemorySampler per GPU used, set by main() on the imported module
 
     def step(self) -> dict[str, float]:
         for s in self.samplers:
             s.reset()
+        t0 = time.time()
         metrics = super().step()
+        t1 = time.time()
+        gen_end = t0 + float(metrics.get("time/wait_rollout_s") or 0.0)
         for i, s in enumerate(self.samplers):
             busy = s.utilization()
             if busy is not None:
                 metrics[f"gpu{i}/busy"] = busy
             metrics[f"gpu{i}/peak_gib"] = s.peak()
+            for part, (a, b) in (("gen", (t0, gen_end)), ("rest", (gen_end, t1))):
+                metrics.update({f"gpu{i}/{part}_{k}": v for k, v in s.window(a, b).items()})
         return metrics
 
 

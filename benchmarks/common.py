@@ -122,12 +122,22 @@ def table(rows: Iterable[Iterable[Any]], header: Iterable[str]) -> str:
     return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
 
 
+CLOCK_FIELDS = ("clocks.sm", "power.draw", "temperature.gpu", "clocks_event_reasons.active")
+"""What the sampler also reads where the driver knows these names: SM clock (MHz), board power (W),
+temperature (C) and the bitmask of why the clocks are held down."""
+SLOWDOWN_BITS = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
+"""Of ``clocks_event_reasons``: power cap, hardware slowdown, software and hardware thermal
+slowdown, power brake (idle and the application's clock setting are not slowdowns)."""
+
+
 class DeviceMemorySampler:
     """The GPU's used memory and utilisation sampled by ``nvidia-smi`` every ``period_ms`` (no CUDA
     context in this process, so it perturbs nothing): ``peak()`` memory in GiB and mean
     ``utilization()`` in % (the share of time a kernel ran, as the driver reports it), both since
     the last ``reset()``. A utilisation well under 100% while generating means the host, not the
-    GPU, sets the pace."""
+    GPU, sets the pace. Where the driver has them, each sample also holds ``CLOCK_FIELDS``, and
+    ``window(t0, t1)`` gives their means over a span of wall-clock time (``time.time()``): whether
+    the GPU ran slower in one phase than in another."""
 
     def __init__(self, gpu: int | None = None, period_ms: int = 50):
         """``gpu``: nvidia-smi's index; default the first of ``CUDA_VISIBLE_DEVICES`` (else 0)."""
@@ -135,29 +145,45 @@ class DeviceMemorySampler:
 
         if gpu is None:
             gpu = int((os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0])
-
+        fields = ["memory.used", "utilization.gpu", *CLOCK_FIELDS]
+        probe = subprocess.run(["nvidia-smi", f"--id={gpu}", f"--query-gpu={','.join(fields)}",
+                                "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30)
+        if probe.returncode != 0:  # an older driver without one of the names: memory and busy alone
+            fields = fields[:2]
         self.proc = subprocess.Popen(
-            ["nvidia-smi", f"--id={gpu}", "--query-gpu=memory.used,utilization.gpu", "--format=csv,noheader,nounits",
+            ["nvidia-smi", f"--id={gpu}", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits",
              f"-lms={period_ms}"], stdout=subprocess.PIPE, text=True)
         self._peak = 0.0
         self._util: list[float] = []
+        self._samples: list[tuple[float, ...]] = []  # (time, sm MHz, W, C, slowed 0/1)
         self._lock = threading.Lock()
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
         for line in self.proc.stdout:
+            parts = [x.strip() for x in line.split(",")]
             try:
-                mib, util = (float(x) for x in line.split(","))
-            except ValueError:
+                mib, util = float(parts[0]), float(parts[1])
+            except (ValueError, IndexError):
                 continue
+            sample = None
+            if len(parts) == 2 + len(CLOCK_FIELDS):
+                try:
+                    sample = (time.time(), float(parts[2]), float(parts[3]), float(parts[4]),
+                              float(bool(int(parts[5], 16) & SLOWDOWN_BITS)))
+                except ValueError:  # [N/A] on this board
+                    pass
             with self._lock:
                 self._peak = max(self._peak, mib / 1024)
                 self._util.append(util)
+                if sample is not None:
+                    self._samples.append(sample)
 
     def reset(self) -> None:
         with self._lock:
             self._peak = 0.0
             self._util = []
+            self._samples = []
 
     def peak(self) -> float:
         with self._lock:
@@ -166,6 +192,18 @@ class DeviceMemorySampler:
     def utilization(self) -> float | None:
         with self._lock:
             return round(sum(self._util) / len(self._util), 1) if self._util else None
+
+    def window(self, t0: float, t1: float) -> dict[str, float]:
+        """Means over the samples taken in ``[t0, t1)`` (wall clock): ``sm_mhz``, ``power_w``,
+        ``temp_c`` and ``slowed`` (the share of samples with a slowdown reason); empty without
+        such samples."""
+        with self._lock:
+            rows = [s for s in self._samples if t0 <= s[0] < t1]
+        if not rows:
+            return {}
+        n = len(rows)
+        return {k: round(sum(r[i] for r in rows) / n, 3 if k == "slowed" else 1)
+                for i, k in enumerate(("sm_mhz", "power_w", "temp_c", "slowed"), start=1)}
 
     def close(self) -> None:
         self.proc.terminate()

@@ -59,9 +59,11 @@ def main() -> None:
     from xrlhf.weight_sync import build_transport, checksum, compare_checksums, push_weights
 
     model = ensure_model(args.model or MODEL_05B)
+    # vLLM's engine core in a process of its own, as the trainer and the generator are in a run: a
+    # process cannot map its own CUDA IPC handles, and vLLM in-process sets this one's torch to one thread
     engine = VLLMGenerateEngine(EngineSpec(model, device="cuda", options=vllm_options(
         gpu_memory_utilization=args.gpu_memory_utilization, sleep_level=2, max_model_len=1024, max_num_seqs=64,
-        dtype="bfloat16")))
+        dtype="bfloat16", multiprocessing=True)))
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16).to("cuda:0")
     weights = list(hf.state_dict().items())  # what HFTrainEngine.named_weights yields (tied lm_head included)
     sent_bytes = sum(t.numel() * t.element_size() for _, t in weights)

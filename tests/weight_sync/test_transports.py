@@ -172,6 +172,19 @@ def test_a_corrupted_byte_is_caught_by_name(name, tmp_path):
     assert len(transport.receive(message)) == len(message.names)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["cpu", "disk"])
+def test_a_host_bucket_checked_for_a_gpu_receiver_is_checked_there(name, tmp_path):
+    """Verified buckets of host memory reach a GPU receiver on its GPU (checksummed there, not by
+    the host), equal to what was sent; unverified ones stay where the transport put them."""
+    for verify in (True, False):
+        transport = build_transport(name, verify=verify, **options(name, tmp_path))
+        message = next(transport.send([(n, t.to("cuda")) for n, t in named()]))
+        got = transport.receive(message, "cuda:0")
+        assert [t.device.type for _, t in got] == ["cuda" if verify else "cpu"] * len(got)
+        assert all(torch.equal(a, b.cpu()) for (_, a), (_, b) in zip(named(), got))
+
+
 def test_receiver_gets_each_bucket_before_the_next_is_packed():
     events = []
 

@@ -330,6 +330,10 @@ class Transport(ABC):
             raise WeightSyncError(f"weight sync ({self.name}): {len(tensors)} tensors arrived for "
                                   f"{len(message.names)} names")
         if message.checksums is not None:
+            if device is not None and torch.device(device).type != "cpu":
+                # checked where the weights go: a bucket in host memory (``cpu``, ``disk``) would be
+                # read on the host, by one thread inside vLLM's process (vLLM sets its torch so)
+                tensors = [t.to(device) if t.device.type == "cpu" else t for t in tensors]
             for name, got, want in zip(message.names, checksums(tensors), message.checksums):
                 if got != want:
                     raise WeightSyncError(f"weight sync ({self.name}): tensor {name!r} arrived with checksum "
