@@ -230,9 +230,10 @@ stage_hooks_async() {  # W one step off (where the pause mid-generation acts), t
 }
 
 stage_w2() {  # the second workload (configs/gpu/grpo_w2.yaml: 1.5b, 32 x 8, <= 480 tokens) beside TRL's default
+  # (TRL_DTYPE=none: xrlhf alone, e.g. on a machine whose TRL stack was not shipped)
   TAIL=8 run w2 590 python -m benchmarks.w_vs_trl $(trl_site) --config configs/gpu/grpo_w2.yaml --model artifacts/model-1.5b \
     --preset 1.5b --trl-args "--prompts-per-step 32 --micro-batch 16 --max-new-tokens 480 --gpu-memory-utilization 0.4" \
-    --trl-dtype float32 --trl-timeout 300 --steps "${W2_STEPS:-6}" --variants "${W2_VARIANTS:-default}" \
+    --trl-dtype "${TRL_DTYPE:-float32}" --trl-timeout 300 --steps "${W2_STEPS:-6}" --variants "${W2_VARIANTS:-default}" \
     --sample-ms "${SAMPLE_MS:-50}" --out "$OUT/w2"
   rm -rf /tmp/w_vs_trl-*
 }
