@@ -11,7 +11,7 @@ resident set at the mark). ``memory_metrics`` turns one such answer into metrics
   every process (vLLM's KV cache included), the largest over the devices;
 * ``memory/<phase>/<handle>_retries``: GPU only, where it happened: how often the handle's
   allocator found the device full during the phase and freed its cache to try again (the most of
-  its ranks). A few a step mean its token budget leaves too little room (docs/training.md).
+  its ranks): its token budget fills the device (what that costs: docs/training.md).
 
 No Ray here: a leaf of the layer graph.
 """
