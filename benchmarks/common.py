@@ -43,6 +43,18 @@ def gpu_label() -> str:
     return names.strip()
 
 
+def host_label() -> str:
+    """The host's CPU model and count, e.g. ``AMD EPYC 9654 96-Core Processor x16`` (from
+    ``/proc/cpuinfo``; ``unknown`` where it has no model name): a host-bound step's speed moves
+    with it, so each GPU row names it beside the card."""
+    try:
+        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")]
+    except OSError:
+        names = []
+    return f"{names[0] if names else 'unknown'} x{os.cpu_count()}"
+
+
 def ensure_model(path: str | Path = MODEL_05B, preset: str = "0.5b", dtype: str = "bfloat16") -> str:
     """The locally built model at ``path`` (built from ``preset`` if missing); absolute path."""
     from xrlhf.models.tiny import PRESETS, build_model

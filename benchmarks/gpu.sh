@@ -168,6 +168,8 @@ for p in ("vllm", "triton", "ray", "transformers", "deepspeed", "trl"):
         print(p, "absent")
 import vllm
 print("vllm imported from", vllm.__file__)
+from benchmarks.common import host_label
+print("host", host_label())
 PY
   if [ -n "$(trl_site)" ]; then
     # imported, not only read from metadata: a stack that does not import fails here, before a stage beside TRL

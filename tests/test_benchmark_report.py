@@ -1,8 +1,10 @@
-"""docs/benchmarks.md's table of ``benchmarks/generation.py --configs`` runs, from hand-made results."""
+"""docs/benchmarks.md's tables of ``benchmarks/generation.py --configs`` and ``benchmarks.w_vs_trl`` runs,
+from hand-made results."""
 
 from __future__ import annotations
 
-from benchmarks.report import generation_configs
+from benchmarks.common import host_label
+from benchmarks.report import generation_configs, w_vs_trl
 
 
 def result(variants: dict) -> dict:
@@ -29,3 +31,16 @@ def test_without_a_floor_or_configurations():
     assert rows == ["| w2 | 40.0 | custom | 3.000 | — | — | — | — | — |"]
     assert generation_configs("g.json", None) == []
     assert generation_configs("g.json", {"gpu": "GPU X", "configs": {}}) == []  # a run without --configs
+
+
+def test_a_w_vs_trl_row_names_its_host_where_recorded():
+    entry = {"gpu": "GPU X", "config": "configs/gpu/grpo_w2.yaml", "xrlhf_variant": "default", "trl_dtype": "float32",
+             "trl_step_s": 12.0, "xrlhf_step_s": 6.0, "ratio": 0.5, "phases": {"generate": 3.3}}
+    with_host, without = (w_vs_trl([e], None)[-2] for e in ({**entry, "host": "CPU Y x16"}, entry))
+    assert with_host.startswith("| GPU X (CPU Y x16) |") and "| W2 |" in with_host
+    assert without.startswith("| GPU X |")
+
+
+def test_host_label_names_a_cpu_count():
+    label = host_label()
+    assert label.rsplit(" x", 1)[1].isdigit() and label.rsplit(" x", 1)[0]

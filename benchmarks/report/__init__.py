@@ -362,7 +362,7 @@ def w_vs_trl(entries: list | None, link) -> list[str]:
            "tokens per step; W2: `configs/gpu/grpo_w2.yaml` (`--config`, `--trl-args`: the 1.5b preset, 256 x <= 480 "
            "tokens, TRL's micro-batch 16). TRL: its dtype and, where recorded, the vLLM it ran on (1.16 declares "
            "0.22-0.31; `--trl-site`). `ratio` = xrlhf / TRL of that call. Phases are xrlhf's step medians (s); busy: "
-           "nvidia-smi's utilisation over the timed steps; peak: the device's; tok/s/GPU: the step's prompt and "
+           "nvidia-smi's utilisation over the timed steps; the card's host CPU where recorded; peak: the device's; tok/s/GPU: the step's prompt and "
            "generated tokens over its time and the GPUs; MFU: the train phase's model FLOPs over its time and "
            "the GPUs' peak bf16 FLOP/s (both step medians, printed by every run on a GPU).", "",
            "| card | call | workload | xrlhf variant | TRL | TRL s/step | xrlhf s/step | ratio | generate | infer | train "
@@ -372,7 +372,8 @@ def w_vs_trl(entries: list | None, link) -> list[str]:
         ph = e.get("phases") or {}
         workload = "W2" if "grpo_w2" in e.get("config", "") else "W"
         trl_vllm = (e.get("trl_versions") or {}).get("vllm")
-        out.append(f"| {e.get('gpu', '')} | {e.get('call', '')} | {workload} | {e['xrlhf_variant']} "
+        host = f" ({e['host']})" if e.get("host") else ""
+        out.append(f"| {e.get('gpu', '')}{host} | {e.get('call', '')} | {workload} | {e['xrlhf_variant']} "
                    f"{' '.join(e.get('overrides') or [])} "
                    f"| {e.get('trl_dtype') or '-'}{f' (vLLM {trl_vllm})' if trl_vllm else ''} | {fmt(e.get('trl_step_s'))} | {fmt(e.get('xrlhf_step_s'))} "
                    f"| {fmt(e.get('ratio'))} | {fmt(ph.get('generate'))} | {fmt(ph.get('infer'))} | {fmt(ph.get('train'))} "
