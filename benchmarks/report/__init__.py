@@ -362,8 +362,9 @@ def w_vs_trl(entries: list | None, link) -> list[str]:
            "tokens per step; W2: `configs/gpu/grpo_w2.yaml` (`--config`, `--trl-args`: the 1.5b preset, 256 x <= 480 "
            "tokens, TRL's micro-batch 16). TRL: its dtype and, where recorded, the vLLM it ran on (1.16 declares "
            "0.22-0.31; `--trl-site`). `ratio` = xrlhf / TRL of that call. Phases are xrlhf's step medians (s); busy: "
-           "nvidia-smi's utilisation over the timed steps; the card's host CPU where recorded; peak: the device's; tok/s/GPU: the step's prompt and "
-           "generated tokens over its time and the GPUs; MFU: the train phase's model FLOPs over its time and "
+           "nvidia-smi's utilisation over the timed steps; the card's host CPU where recorded; peak: the device's; "
+           "tok/s/GPU: the step's prompt and generated tokens over its time and the GPUs; MFU: the train phase's "
+           "model FLOPs over its time and "
            "the GPUs' peak bf16 FLOP/s (both step medians, printed by every run on a GPU).", "",
            "| card | call | workload | xrlhf variant | TRL | TRL s/step | xrlhf s/step | ratio | generate | infer | train "
            "| sync | busy % | peak GiB | tok/s/GPU | train MFU |",
