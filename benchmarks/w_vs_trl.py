@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.async_grpo import gpus
     from benchmarks.common import ensure_model, host_label, versions
 
-    machine = gpus()
+    machine, host = gpus(), host_label()
     model = ensure_model(args.model, preset=args.preset)
     trl = run_trl(args.trl_dtype, model, out, args.steps, args.timed_from, args.trl_timeout, args.trl_args.split(),
                   args.trl_processes, args.trl_site, samplers_for(machine[:args.trl_processes], args.sample_ms)) \
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         x = run_xrlhf(name, overrides, model, args, machine)
         ratio = round(x["xrlhf_step_s"] / trl["trl_step_s"], 3) if x["xrlhf_step_s"] and trl.get("trl_step_s") else None
         entry = {"gpu": machine[0]["name"] if machine else "none", "config": args.config, **trl, **x, "ratio": ratio,
-                 "host": host_label(), "sample_ms": args.sample_ms,
+                 "host": host, "sample_ms": args.sample_ms,
                  "command": " ".join([Path(sys.executable).name, "-m", "benchmarks.w_vs_trl", *sys.argv[1:]]),
                  "date": time.strftime("%Y-%m-%d %H:%M:%S"), "versions": versions()}
         entries.append(entry)
