@@ -11,7 +11,9 @@ to whom. The generators are always a handle of their own, ``rollout``; two layou
   worker to worker through Ray's object store, never through the driver. Between the rollout
   and the update the generators may sleep (vLLM frees its KV cache, and its weights at
   ``sleep_level: 2``); a sync wakes the weights, and the KV cache once the trainer has returned
-  its cached memory (``release_memory``, then ``end_sync``: the order of verl and OpenRLHF).
+  its cached memory (``release_memory``, then ``end_sync``: the order of verl and OpenRLHF). The
+  trainer also returns it before the first bucket: the KV cache then wakes faster
+  (docs/vllm.md, "Facts worth keeping (vLLM 0.33)").
 * **split** (``policy.generate.resources`` set): the generators run on devices of their own.
   Policy rank 0 sends (every trainer rank holds the same weights after a step). A message
   transport (``cpu``, ``disk``): rank 0's messages go to the object store once and every
@@ -106,6 +108,7 @@ class WeightRoutes:
 
     def _route(self, epoch: int, version: int | None) -> None:
         if self.plan.colocated:
+            self.policy.release_memory()  # the train step's cached blocks, before anything wakes
             self._pairwise(epoch)
         elif self.kind == "broadcast":
             receiving = self.rollout.receive_weights(None, wait=False)  # they wait for the sender's buckets

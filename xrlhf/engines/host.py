@@ -167,6 +167,8 @@ class EngineHost:
     def sync_weights_local(self, version: int | None = None) -> int:
         """Train engine -> generate engine of this worker, through the configured transport;
         ``version``: the policy version sent (stamped on the tokens sampled with it)."""
+        if torch.cuda.is_available() and self.gen.frees_memory_when_asleep:
+            torch.cuda.empty_cache()  # the train step's cached blocks, before anything wakes
         n = push_weights(self.transport, self.train.weights_for_sync(), self.gen.receive_weights)
         self._end_sync(version)
         return n
