@@ -167,8 +167,8 @@ class EngineHost:
     def sync_weights_local(self, version: int | None = None) -> int:
         """Train engine -> generate engine of this worker, through the configured transport;
         ``version``: the policy version sent (stamped on the tokens sampled with it)."""
-        if torch.cuda.is_available() and self.gen.frees_memory_when_asleep:
-            torch.cuda.empty_cache()  # the train step's cached blocks, before anything wakes
+        if self.gen.frees_memory_when_asleep:
+            self.release_memory()  # the train step's cached blocks, before anything wakes
         n = push_weights(self.transport, self.train.weights_for_sync(), self.gen.receive_weights)
         self._end_sync(version)
         return n
@@ -214,8 +214,8 @@ class EngineHost:
             torch.cuda.empty_cache()
 
     def _end_sync(self, version: int | None = None) -> None:
-        if torch.cuda.is_available() and self.gen.frees_memory_when_asleep:
-            torch.cuda.empty_cache()  # this process's cached blocks go back before vLLM's KV cache does
+        if self.gen.frees_memory_when_asleep:
+            self.release_memory()  # this process's cached blocks go back before vLLM's KV cache does
         self.gen.end_sync(version)
 
     def join_weight_gather(self) -> int:
