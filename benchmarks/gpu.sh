@@ -14,6 +14,7 @@
 #   bash benchmarks/gpu.sh hooks_async               # W one step off as shipped, then with the pause mid-generation off
 #   bash benchmarks/gpu.sh w2                        # the second workload beside TRL's default
 #   bash benchmarks/gpu.sh generation_w2             # W2's generation alone: vLLM's floor against xrlhf's path
+#   bash benchmarks/gpu.sh attention                 # vLLM's attention backends (FA3, Triton) on W's, W2's and a grouped-KV shape
 #   bash benchmarks/gpu.sh w7model w7trl             # 4 GPUs: W7's 7B model built here, TRL's ZeRO-3 recipe on it
 #   bash benchmarks/gpu.sh w7plan w7                 # 4 GPUs: the plan, then W7 as planned (layout auto)
 #   bash benchmarks/gpu.sh w7co                      # 4 GPUs: W7 co-located (the plan's second choice)
@@ -336,6 +337,27 @@ stage_generation_w2() {  # W2's generation alone, 5 rounds interleaved on one en
     --prompts 256 --samples-per-prompt 8 --new-tokens 480 --gpu-memory-utilization 0.4 --rounds "${GEN_ROUNDS:-5}" \
     --passes "${GEN_PASSES:-1}" --configs "$configs" \
     --variants "${GEN_VARIANTS:-raw_no_logprobs,raw_logprobs,worker_keyed,worker_w_cycle}" --name w2 --out "$OUT/generation"
+}
+
+ATTN_TRITON='"engine_options": {"attention_config": {"backend": "TRITON_ATTN"}}'
+
+stage_attention() {  # vLLM's attention backends, its default (FlashAttention 3 on Hopper) against Triton, generation
+  # alone on each shape of ATTN_SHAPES (engines in turn, A B A B, two rounds each, xrlhf's keyed path): W's (0.5b,
+  # 512 x 256 tokens), W2's (1.5b, 256 x 480), W's on grouped KV heads (0.5b-gqa: 16 query heads over 2)
+  local shape preset prompts tokens mem base
+  for shape in ${ATTN_SHAPES:-w w2 w-gqa}; do
+    case $shape in
+      w) preset=0.5b prompts=512 tokens=256 mem=0.3 ;;
+      w2) preset=1.5b prompts=256 tokens=480 mem=0.4 ;;
+      w-gqa) preset=0.5b-gqa prompts=512 tokens=256 mem=0.3 ;;
+      *) log "attention: no shape $shape (w, w2, w-gqa)"; continue ;;
+    esac
+    base="\"sleep_level\": 2, \"max_model_len\": 512, \"max_num_seqs\": $prompts, \"kv_cache_tokens\": \"batch\""
+    TAIL=6 run "attention_$shape" "${ATTN_LIMIT:-190}" python -m benchmarks.generation --engines vllm --preset $preset \
+      --model artifacts/model-$preset --prompts $prompts --samples-per-prompt 8 --new-tokens $tokens \
+      --gpu-memory-utilization $mem --rounds 2 --passes 2 --configs "{\"fa3\": {$base}, \"triton\": {$base, $ATTN_TRITON}}" \
+      --variants worker_keyed --name "attention-$shape" --out "$OUT/generation"
+  done
 }
 
 stage_weight_sync() {  # each transport (cpu, cuda_ipc, nccl) against a device-to-device copy of the same weights
